@@ -1,0 +1,4 @@
+"""Routing: traces, their statistics, maximum-entropy prediction and synthetic routing.
+
+numpy and scipy only: nothing here imports torch.
+"""
