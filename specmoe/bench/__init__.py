@@ -1,0 +1,1 @@
+"""The expert-operation benchmark: kernel timings, cache flushing, bandwidth fits (torch)."""

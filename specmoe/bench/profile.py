@@ -1,0 +1,196 @@
+"""The bandwidth profile: what the expert-operation benchmark measured and fitted.
+
+``specmoe bench`` writes it (JSON); the cost model (``specmoe plan``) and the validation read it.
+numpy only, so the cost model can read a profile without torch.
+
+Units are SI: seconds, bytes, bytes per second (bandwidths in the JSON are GB/s, 1 GB = 1e9 B).
+Legend: ``n`` pass sizes 1..n_max, ``L`` timed layers (the trace's MoE layers), kernels
+``per_slot`` and ``dedup``.
+
+Fields (paper 002 Section 2, Appendix E):
+
+``model``           the ModelSpec (``ModelSpec.to_dict()``) whose shapes were timed
+``device``          "cpu" or "cuda"; ``device_name`` the processor or GPU name; ``dtype``
+``ceiling_gbps``    measured read bandwidth of a buffer much larger than the last-level cache
+``peak_gflops``     measured matrix-multiply peak at the timed dtype (roofline), or None
+``n``               [n_max] pass sizes
+``beta_slot``       [n_max] per-slot effective bandwidth on requested bytes n·m·b (GB/s), over
+                    recorded windows (times summed over layers and windows, like Table 1)
+``beta_dedup``      [n_max] dedup effective bandwidth on union bytes U·b (GB/s)
+``r``               [n_max] beta_dedup / beta_slot
+``u_bar``           [n_max] E_dedup(n)/E_slot(n) on the recorded windows
+``reread_cost``     c_re / c_u of the per-slot fit Eq. (4) (median over layers)
+``epsilon``         {"per_slot": ε, "dedup": ε}: median relative error of each fit on recorded
+                    windows it did not see (paper 002 Section 4)
+``crossover``       first n from which dedup stays faster on recorded windows, or None
+``fits``            {"per_slot": {"t_op", "c_u", "c_re"}, "dedup": {"t_op", "c_g", "c_t"}}:
+                    Eq. (4) and Eq. (E.1) constants in seconds, s/byte and s/token
+``op_time``         {"per_slot": {"predicted": [L][n_max], "measured": [L][n_max]}, "dedup": ...}:
+                    one layer's expert-operation time (s): the fit evaluated at the union bytes
+                    of recorded windows of layer l (mean over windows), and the measured median
+                    time over the same windows (the "measured-time version" of Eq. (22))
+``layers``          [L] the trace's MoE layer indices behind ``op_time``
+``source``          what produced it (command, trace path, date)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specmoe._io import atomic_write_json, to_jsonable
+from specmoe.errors import InputError
+
+SCHEMA = "specmoe.bandwidth_profile/1"
+KERNELS = ("per_slot", "dedup")
+
+
+@dataclass(frozen=True)
+class BandwidthProfile:
+    model: dict[str, Any]
+    device: str
+    dtype: str
+    ceiling_gbps: float
+    n: list[int]
+    beta_slot: list[float]
+    beta_dedup: list[float]
+    r: list[float]
+    u_bar: list[float]
+    reread_cost: float | None
+    epsilon: dict[str, float]
+    crossover: int | None
+    fits: dict[str, dict[str, float]]
+    op_time: dict[str, dict[str, list[list[float]]]]
+    layers: list[int]
+    device_name: str = ""
+    peak_gflops: float | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.model.get("name", ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = to_jsonable(self)
+        d["schema"] = SCHEMA
+        return d
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+
+def _finite_list(name: str, path: str, values: Any, length: int | None = None) -> list[float]:
+    if not isinstance(values, list):
+        raise InputError(f"{path}: {name} must be a list, got {type(values).__name__}")
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, list):
+            out.append(_finite_list(f"{name}[{i}]", path, v))
+            continue
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise InputError(f"{path}: {name}[{i}] is {v!r}, not a finite number")
+        out.append(float(v))
+    if length is not None and len(out) != length:
+        raise InputError(f"{path}: {name} has {len(out)} entries, expected {length}")
+    return out
+
+
+def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthProfile:
+    """Validate a profile dict; every problem is a one-line ``InputError`` naming ``path``."""
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: a bandwidth profile must be a JSON object")
+    if d.get("schema") != SCHEMA:
+        raise InputError(f"{path}: not a bandwidth profile (schema {d.get('schema')!r}, "
+                         f"expected {SCHEMA!r})")
+    required = ("model", "device", "dtype", "ceiling_gbps", "n", "beta_slot", "beta_dedup", "r",
+                "u_bar", "epsilon", "fits", "op_time", "layers")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise InputError(f"{path}: missing {', '.join(missing)}")
+    n = d["n"]
+    if not isinstance(n, list) or not n or any(not isinstance(x, int) or x < 1 for x in n):
+        raise InputError(f"{path}: n must be a non-empty list of positive integers")
+    k = len(n)
+    (ceiling,) = _finite_list("ceiling_gbps", path, [d["ceiling_gbps"]])
+    if ceiling <= 0:
+        raise InputError(f"{path}: ceiling_gbps must be positive, got {ceiling}")
+    lists = {name: _finite_list(name, path, d[name], k)
+             for name in ("beta_slot", "beta_dedup", "r", "u_bar")}
+    for name in ("beta_slot", "beta_dedup"):
+        if any(v <= 0 for v in lists[name]):
+            raise InputError(f"{path}: {name} must be positive at every n")
+    eps = d["epsilon"]
+    if not isinstance(eps, dict) or set(eps) != set(KERNELS):
+        raise InputError(f"{path}: epsilon must give per_slot and dedup")
+    eps = dict(zip(KERNELS, _finite_list("epsilon", path, [eps[p] for p in KERNELS])))
+    if any(not 0 <= v < 1 for v in eps.values()):
+        raise InputError(f"{path}: epsilon must lie in [0, 1), got {eps}")
+    fits = d["fits"]
+    if not isinstance(fits, dict) or set(fits) < set(KERNELS):
+        raise InputError(f"{path}: fits must give per_slot and dedup")
+    fits = {p: dict(zip(fits[p], _finite_list(f"fits.{p}", path, list(fits[p].values()))))
+            for p in KERNELS}
+    op = d["op_time"]
+    if not isinstance(op, dict) or set(op) < set(KERNELS):
+        raise InputError(f"{path}: op_time must give per_slot and dedup")
+    layers = d["layers"]
+    op_time = {}
+    for p in KERNELS:
+        op_time[p] = {}
+        for which in ("predicted", "measured"):
+            rows = _finite_list(f"op_time.{p}.{which}", path, op[p].get(which), len(layers))
+            for i, row in enumerate(rows):
+                if not isinstance(row, list) or len(row) != k:
+                    raise InputError(f"{path}: op_time.{p}.{which}[{i}] must have {k} entries")
+                if any(v <= 0 for v in row):
+                    raise InputError(f"{path}: op_time.{p}.{which}[{i}] has a non-positive time")
+            op_time[p][which] = rows
+    cross = d.get("crossover")
+    if cross is not None and (not isinstance(cross, int) or cross not in n):
+        raise InputError(f"{path}: crossover {cross!r} is not one of n")
+    rc = d.get("reread_cost")
+    if rc is not None:
+        (rc,) = _finite_list("reread_cost", path, [rc])
+    model = d["model"]
+    if not isinstance(model, dict) or "name" not in model:
+        raise InputError(f"{path}: model must be a ModelSpec object")
+    return BandwidthProfile(
+        model=model, device=str(d["device"]), dtype=str(d["dtype"]), ceiling_gbps=ceiling,
+        n=list(n), **lists, reread_cost=rc, epsilon=eps, crossover=cross, fits=fits,
+        op_time=op_time, layers=list(layers), device_name=str(d.get("device_name", "")),
+        peak_gflops=d.get("peak_gflops"), source=dict(d.get("source", {})),
+        extra=dict(d.get("extra", {})),
+    )
+
+
+def load_profile(path: str | os.PathLike, *, spec: Any = None) -> BandwidthProfile:
+    """Read and validate a profile; with ``spec``, check that it was measured for that model.
+
+    A profile matches a spec when N, m, hidden size and expert width agree (the timed shapes).
+    """
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such bandwidth profile") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable JSON profile ({exc})".splitlines()[0]) from None
+    prof = profile_from_dict(d, path=str(path))
+    if spec is not None:
+        check_profile_matches(prof, spec, path=str(path))
+    return prof
+
+
+def check_profile_matches(prof: BandwidthProfile, spec: Any, *, path: str = "profile") -> None:
+    keys = ("num_experts", "top_k", "hidden_size", "expert_intermediate")
+    theirs = tuple(prof.model.get(k) for k in keys)
+    ours = tuple(getattr(spec, k) for k in keys)
+    if theirs != ours:
+        raise InputError(
+            f"{path}: profile is for model {prof.model_name!r} "
+            f"(N, m, hidden, inter = {theirs}), not {spec.name!r} {ours}")
