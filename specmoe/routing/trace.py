@@ -16,8 +16,10 @@ On-disk format (one canonical format, ``.npz``, written by :func:`save_trace`):
                  ``source`` and ``documents`` (document names).
 
 A large trace is a directory of such ``.npz`` shards (read in sorted name order); every shard
-holds whole documents and the shards agree on N, L and m. :func:`open_trace` reads a file or a
-directory as one trace without loading every shard at once (:meth:`TraceReader.iter_shards`).
+holds whole documents and the shards agree on N, L, m and ``layers``. :func:`open_trace` reads
+a file or a directory as one trace without loading every shard at once
+(:meth:`TraceReader.iter_shards`). ``layers`` must list L distinct non-negative indices and
+``documents``, when present, D names.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe._io import atomic_path, to_jsonable
 from specmoe.errors import InputError
 
 __all__ = ["RoutingTrace", "TraceReader", "load_trace", "open_trace", "save_trace"]
@@ -60,9 +62,12 @@ class RoutingTrace:
         validate_arrays(self.experts, self.doc_offsets, self.num_experts, self.weights,
                         name=self.name)
         object.__setattr__(self, "doc_offsets", np.asarray(self.doc_offsets, dtype=np.int64))
+        if not isinstance(self.meta, dict):
+            raise InputError(f"{self.name}: 'meta' must be a dict, got {type(self.meta).__name__}")
         meta = dict(self.meta)
         meta["num_experts"] = int(self.num_experts)
         meta.setdefault("layers", list(range(self.experts.shape[1])))
+        _validate_meta(meta, self.experts.shape[1], len(self.doc_offsets) - 1, name=self.name)
         object.__setattr__(self, "meta", meta)
 
     # sizes ---------------------------------------------------------------------------------
@@ -94,7 +99,13 @@ class RoutingTrace:
 
     def select_documents(self, index: np.ndarray | list[int]) -> RoutingTrace:
         """A new trace of the documents ``index`` (in that order; repeats allowed)."""
-        index = np.asarray(index, dtype=np.int64)
+        index = np.asarray(index)
+        if index.ndim != 1 or (index.size and (
+                not np.issubdtype(index.dtype, np.integer)
+                or index.min() < 0 or index.max() >= self.num_documents)):
+            raise InputError(f"{self.name}: document index must be integers in "
+                             f"[0, {self.num_documents}), got {index.tolist()!r:.80}")
+        index = index.astype(np.int64)
         lengths = np.diff(self.doc_offsets)[index]
         parts = [self.experts[self.doc_offsets[i]:self.doc_offsets[i + 1]] for i in index]
         wparts = (None if self.weights is None else
@@ -106,13 +117,18 @@ class RoutingTrace:
             experts=np.concatenate(parts) if parts else self.experts[:0],
             doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
             num_experts=self.num_experts,
-            weights=None if wparts is None else np.concatenate(wparts),
+            weights=(None if wparts is None else
+                     np.concatenate(wparts) if wparts else self.weights[:0]),
             meta=meta, name=self.name,
         )
 
     def select_layers(self, layers: list[int] | np.ndarray) -> RoutingTrace:
         """A new trace with only the MoE layers at positions ``layers`` (0..L-1)."""
-        layers = list(layers)
+        layers = [int(i) for i in layers]
+        if not layers or len(set(layers)) != len(layers) or not all(
+                0 <= i < self.num_layers for i in layers):
+            raise InputError(f"{self.name}: layers must be distinct positions in "
+                             f"[0, {self.num_layers}), got {layers!r:.80}")
         meta = dict(self.meta)
         meta["layers"] = [self.layers[i] for i in layers]
         return RoutingTrace(
@@ -137,9 +153,9 @@ class RoutingTrace:
         if all(tr.weights is not None for tr in traces):
             weights = np.concatenate([tr.weights for tr in traces])
         meta = dict(traces[0].meta)
-        docs = [d for tr in traces for d in tr.meta.get("documents", [])]
-        if docs:
-            meta["documents"] = docs
+        meta.pop("documents", None)
+        if all("documents" in tr.meta for tr in traces):
+            meta["documents"] = [d for tr in traces for d in tr.meta["documents"]]
         return RoutingTrace(
             experts=np.concatenate([tr.experts for tr in traces]),
             doc_offsets=np.concatenate(offsets), num_experts=traces[0].num_experts,
@@ -160,9 +176,11 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
         raise InputError(f"{name}: empty trace (experts has shape {experts.shape})")
     if isinstance(num_experts, bool) or not isinstance(num_experts, int | np.integer):
         raise InputError(f"{name}: num_experts must be an integer, got {num_experts!r}")
-    if not m < num_experts <= 1 << 30:
+    if not m < num_experts:
         raise InputError(
             f"{name}: num_experts={num_experts} must exceed the {m} experts per token")
+    if num_experts > 1 << 30:
+        raise InputError(f"{name}: num_experts={num_experts} is implausibly large (> 2**30)")
     lo, hi = int(experts.min()), int(experts.max())
     if lo < 0 or hi >= num_experts:
         bad = lo if lo < 0 else hi
@@ -180,7 +198,8 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
         raise InputError(f"{name}: 'doc_offsets' must be a 1-d array [D+1] with D >= 1")
     if not np.issubdtype(off.dtype, np.integer):
         raise InputError(f"{name}: 'doc_offsets' must hold integers, got dtype {off.dtype}")
-    if off[0] != 0 or np.any(np.diff(off) <= 0):
+    # compare, never subtract: np.diff wraps around on unsigned dtypes
+    if off[0] != 0 or np.any(off[1:] <= off[:-1]):
         raise InputError(f"{name}: 'doc_offsets' must start at 0 and increase strictly")
     if off[-1] != T:
         raise InputError(f"{name}: 'doc_offsets' ends at {int(off[-1])}, not at T={T}")
@@ -194,6 +213,25 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
             raise InputError(f"{name}: 'weights' holds NaN or inf")
 
 
+def _validate_meta(meta: dict[str, Any], num_layers: int, num_documents: int, *,
+                   name: str) -> None:
+    """``layers``: L distinct non-negative ints; ``documents`` (if present): D names."""
+    layers = meta["layers"]
+    if (not isinstance(layers, list) or len(layers) != num_layers
+            or not all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x >= 0
+                       for x in layers)
+            or len(set(layers)) != num_layers):
+        raise InputError(f"{name}: meta 'layers' must list the {num_layers} distinct "
+                         f"non-negative layer indices of the MoE layers, got {layers!r:.80}")
+    meta["layers"] = [int(x) for x in layers]
+    if "documents" in meta:
+        docs = meta["documents"]
+        if (not isinstance(docs, list) or len(docs) != num_documents
+                or not all(isinstance(d, str | int) and not isinstance(d, bool) for d in docs)):
+            raise InputError(f"{name}: meta 'documents' must list {num_documents} document "
+                             f"names, got {docs!r:.80}")
+
+
 def _check_compatible(traces: list[RoutingTrace], *, name: str) -> None:
     first = traces[0]
     for tr in traces[1:]:
@@ -203,6 +241,10 @@ def _check_compatible(traces: list[RoutingTrace], *, name: str) -> None:
                 f"{name}: mismatched shards: {tr.name} has N={tr.num_experts}, "
                 f"L={tr.num_layers}, m={tr.top_k} but {first.name} has N={first.num_experts}, "
                 f"L={first.num_layers}, m={first.top_k}")
+        if tr.layers != first.layers:
+            raise InputError(
+                f"{name}: mismatched shards: {tr.name} holds layers {tr.layers} but "
+                f"{first.name} holds layers {first.layers}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -214,7 +256,7 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike, *, compress: bool =
     arrays: dict[str, np.ndarray] = {
         "experts": trace.experts.astype(_id_dtype(trace.num_experts), copy=False),
         "doc_offsets": trace.doc_offsets.astype(np.int64, copy=False),
-        "meta": np.array(json.dumps(trace.meta)),
+        "meta": np.array(json.dumps(to_jsonable(trace.meta))),
     }
     if trace.weights is not None:
         arrays["weights"] = trace.weights
@@ -227,7 +269,10 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike, *, compress: bool =
 def _read_npz(path: Path) -> RoutingTrace:
     name = str(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise InputError(f"{name}: a single .npy array, not a .npz trace")
+        with z:
             keys = set(z.files)
             for key in ("experts", "doc_offsets", "meta"):
                 if key not in keys:
@@ -249,8 +294,9 @@ def _read_npz(path: Path) -> RoutingTrace:
         meta = json.loads(str(meta_raw))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-    except ValueError as exc:
-        raise InputError(f"{name}: 'meta' must be a JSON object string ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{name}: 'meta' must be a JSON object string "
+                         f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
     if "num_experts" not in meta:
         raise InputError(f"{name}: 'meta' lacks num_experts")
     return RoutingTrace(experts=experts, doc_offsets=offsets, num_experts=meta["num_experts"],
