@@ -1,0 +1,514 @@
+"""Routing capture: the m experts (and their router weights) each token selects in each MoE layer.
+
+Legend for shapes: ``T`` tokens, ``L`` MoE layers, ``m`` slots, ``N`` experts, ``n`` tokens of
+one forward call, ``C`` the context window of one call.
+
+A trace is the recorded expert sets ``S_{l,t}`` of one token sequence (paper 002, Section 1);
+here they are recorded by forward hooks on each MoE layer's router module
+(:class:`RouterRecorder`). A router that returns its selected ids is taken at its word; one that
+returns only logits ``[n, N]`` goes through its family's own selection rule
+(:func:`route_logits`, the rules listed in :data:`specmoe.engine.models.FAMILIES`). Slots are
+stored highest weight first.
+
+Teacher-forced capture (:func:`capture_documents`) runs each document through the model in
+windows of at most C tokens. A document longer than C is cut into windows that overlap by
+``overlap`` tokens: the overlap tokens are fed again as context and not recorded again, so every
+token is recorded exactly once, with at least ``min(t, overlap)`` tokens of context before it
+(all of them while ``t < C``). Generation capture (:func:`capture_generation`) decodes greedily
+with the KV cache and records each generated token when it is fed back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe.engine.models import family_of, model_label, moe_layers
+from specmoe.errors import InputError
+from specmoe.routing.trace import RoutingTrace
+
+__all__ = ["RouterRecorder", "RouterRule", "capture_documents", "capture_generation",
+           "capture_tokens", "route_logits", "rule_for"]
+
+
+# ------------------------------------------------------------------------------------------
+# Selection rules
+
+@dataclass(frozen=True)
+class RouterRule:
+    """How one family's router picks m of N experts from its logits (see ``route_logits``)."""
+
+    kind: str                     # softmax_topk | softmax_topk_norm | topk_softmax | deepseek_v2/3
+    top_k: int
+    norm_topk_prob: bool = False
+    topk_method: str = "greedy"   # DeepSeek-V2: greedy | group_limited_greedy
+    n_group: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0          # routed_scaling_factor
+
+
+def rule_for(model: Any) -> RouterRule:
+    """The selection rule of a loaded model, read from its config."""
+    cfg = model.config
+    family = family_of(cfg)
+    return RouterRule(
+        kind=family.rule, top_k=int(cfg.num_experts_per_tok),
+        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
+        topk_method=str(getattr(cfg, "topk_method", None) or "greedy"),
+        n_group=int(getattr(cfg, "n_group", None) or 1),
+        topk_group=int(getattr(cfg, "topk_group", None) or 1),
+        scaling=float(getattr(cfg, "routed_scaling_factor", None) or 1.0),
+    )
+
+
+def _group_mask(choice: Any, rule: RouterRule, *, top2: bool) -> Any:
+    """Keep the ``topk_group`` of ``n_group`` expert groups; the others' scores set to -inf."""
+    import torch
+
+    n, n_exp = choice.shape
+    grouped = choice.view(n, rule.n_group, n_exp // rule.n_group)      # [n, G, N/G]
+    gscore = grouped.topk(2, dim=-1).values.sum(-1) if top2 else grouped.max(-1).values
+    keep = torch.zeros_like(gscore, dtype=torch.bool)
+    keep.scatter_(1, gscore.topk(rule.topk_group, dim=-1).indices, True)
+    keep = keep.unsqueeze(-1).expand_as(grouped).reshape(n, n_exp)
+    return choice.masked_fill(~keep, float("-inf"))
+
+
+def route_logits(logits: Any, rule: RouterRule, *, correction_bias: Any = None) -> tuple[Any, Any]:
+    """Apply a family's rule to router logits ``[n, N]``: ``(ids [n, m], weights [n, m])``.
+
+    ``softmax_topk``      p = softmax(z); ids = top-m of p; w = p[ids], / Σ w iff norm_topk_prob
+                          (OLMoE, Qwen2-MoE, Qwen3-MoE).
+    ``softmax_topk_norm`` the same, always renormalised; equal to top-m of z then softmax over
+                          the m (Mixtral).
+    ``topk_softmax``      ids = top-m of z (the router's bias included); w = softmax(z[ids])
+                          (gpt-oss).
+    ``deepseek_v2``       p = softmax(z); greedy top-m, or group-limited greedy: keep the
+                          ``topk_group`` groups of highest max p, then top-m; w = scaling · p[ids].
+    ``deepseek_v3``       s = sigmoid(z); choose by s + correction bias among the groups of highest
+                          top-2 sum; w = s[ids], / Σ w iff norm_topk_prob, × scaling.
+    """
+    import torch
+
+    z = logits.reshape(-1, logits.shape[-1]).float()
+    k = rule.top_k
+    if rule.kind in ("softmax_topk", "softmax_topk_norm"):
+        w, ids = torch.softmax(z, dim=-1).topk(k, dim=-1)
+        if rule.norm_topk_prob or rule.kind == "softmax_topk_norm":
+            w = w / w.sum(-1, keepdim=True)
+    elif rule.kind == "topk_softmax":
+        top, ids = z.topk(k, dim=-1)
+        w = torch.softmax(top, dim=-1)
+    elif rule.kind == "deepseek_v2":
+        p = torch.softmax(z, dim=-1)
+        choice = (_group_mask(p, rule, top2=False)
+                  if rule.topk_method == "group_limited_greedy" else p)
+        ids = choice.topk(k, dim=-1).indices
+        w = p.gather(1, ids) * rule.scaling
+    elif rule.kind == "deepseek_v3":
+        s = torch.sigmoid(z)
+        choice = s if correction_bias is None else s + correction_bias.float()
+        ids = _group_mask(choice, rule, top2=True).topk(k, dim=-1).indices
+        w = s.gather(1, ids)
+        if rule.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * rule.scaling
+    else:
+        raise ValueError(f"rule.kind: unknown selection rule {rule.kind!r}")
+    return ids, w
+
+
+# ------------------------------------------------------------------------------------------
+# Hooks
+
+def _parse_router_output(output: Any, module: Any, rule: RouterRule) -> tuple[Any, Any]:
+    """``(ids [n, m], weights [n, m] or None)`` from whatever a router's forward returned."""
+    import torch
+
+    tensors = [t for t in (output if isinstance(output, tuple | list) else (output,))
+               if torch.is_tensor(t)]
+    k = rule.top_k
+    ids = next((t for t in tensors if not t.is_floating_point() and t.shape[-1] == k), None)
+    if ids is not None:  # the router says which experts it chose
+        ids = ids.reshape(-1, k)
+        same = [t for t in tensors if t.is_floating_point() and t.numel() == ids.numel()]
+        if same:
+            return ids, same[-1].reshape(-1, k)
+        n_exp = module.weight.shape[0]
+        dense = [t for t in tensors[1:] if t.is_floating_point() and t.shape[-1] == n_exp]
+        if dense:  # per-expert scores scattered over N (older gpt-oss)
+            return ids, dense[-1].reshape(-1, n_exp).gather(1, ids)
+        return ids, None
+    logits = next((t for t in tensors if t.is_floating_point()), None)
+    if logits is None or logits.shape[-1] != module.weight.shape[0]:
+        raise RuntimeError(f"router {type(module).__name__} returned neither expert ids nor "
+                           f"[n, N] logits")
+    return route_logits(logits, rule,
+                        correction_bias=getattr(module, "e_score_correction_bias", None))
+
+
+class RouterRecorder:
+    """Forward hooks on every MoE router of ``model``; a context manager.
+
+    Each router call appends its ``(ids, weights)`` (kept on the model's device until
+    :meth:`pop`). Tokens are in the order the router sees them: batch-major, then position.
+    """
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.routers = moe_layers(model)                         # [(layer index, module)]
+        self.layers = [i for i, _ in self.routers]
+        self.rule = rule_for(model)
+        self.num_experts = int(self.routers[0][1].weight.shape[0])
+        self._calls: list[list[tuple[Any, Any]]] = [[] for _ in self.routers]
+        self._handles: list[Any] = []
+        self.enabled = True
+
+    def install(self) -> RouterRecorder:
+        if not self._handles:
+            for pos, (_, module) in enumerate(self.routers):
+                self._handles.append(module.register_forward_hook(self._hook(pos)))
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __enter__(self) -> RouterRecorder:
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+        self.clear()
+
+    def _hook(self, pos: int) -> Any:
+        def hook(module: Any, args: Any, output: Any) -> None:
+            if self.enabled:
+                ids, w = _parse_router_output(output, module, self.rule)
+                self._calls[pos].append((ids.detach(), None if w is None else w.detach()))
+        return hook
+
+    def clear(self) -> None:
+        self._calls = [[] for _ in self.routers]
+
+    def pop(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Everything recorded since the last pop: ``experts [n, L, m]``, ``weights [n, L, m]``.
+
+        Slots are sorted by weight, highest first. ``weights`` is None when a router gave none.
+        """
+        import torch
+
+        calls, self._calls = self._calls, [[] for _ in self.routers]
+        counts = {sum(int(i.shape[0]) for i, _ in c) for c in calls}
+        if len(counts) != 1 or 0 in counts:
+            raise RuntimeError(f"router hooks saw unequal or no token counts {sorted(counts)} "
+                               "over the MoE layers (does a fused MoE kernel bypass a router?)")
+        ids = np.stack([torch.cat([i for i, _ in c]).cpu().numpy() for c in calls], axis=1)
+        if any(w is None for c in calls for _, w in c):
+            return ids.astype(np.int64), None
+        w = np.stack([torch.cat([w for _, w in c]).float().cpu().numpy() for c in calls], axis=1)
+        order = np.argsort(-w, axis=-1, kind="stable")
+        return (np.take_along_axis(ids, order, -1).astype(np.int64),
+                np.take_along_axis(w, order, -1).astype(np.float32))
+
+
+# ------------------------------------------------------------------------------------------
+# Teacher-forced capture
+
+def _context(model: Any, max_context: int | None) -> int:
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    c = min(limit, 4096) if max_context is None else int(max_context)
+    if not 2 <= c <= limit:
+        raise InputError(f"max_context must be in 2..{limit} (the model's context), got {c}")
+    return c
+
+
+def capture_tokens(model: Any, token_ids: Sequence[int], *, max_context: int | None = None,
+                   overlap: int | None = None,
+                   recorder: RouterRecorder | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Teacher-forced routing of one token sequence: ``experts [T, L, m]``, ``weights``.
+
+    Windows of at most C = ``max_context`` tokens; consecutive windows overlap by ``overlap``
+    tokens (default C // 4), fed as context only (see the module docstring).
+    """
+    import torch
+
+    c = _context(model, max_context)
+    ov = c // 4 if overlap is None else int(overlap)
+    if not 0 <= ov < c:
+        raise InputError(f"overlap must be in 0..{c - 1} (below max_context), got {ov}")
+    ids = torch.as_tensor(list(token_ids), dtype=torch.long)
+    if ids.numel() == 0:
+        raise InputError("token_ids: empty sequence")
+    device = next(model.parameters()).device
+    own = recorder is None
+    rec = RouterRecorder(model).install() if own else recorder
+    base = model.base_model
+    parts, wparts = [], []
+    try:
+        start = 0
+        while start < ids.numel():
+            ctx = 0 if start == 0 else min(ov, start)
+            end = min(ids.numel(), start - ctx + c)
+            with torch.inference_mode():
+                base(input_ids=ids[start - ctx:end][None].to(device), use_cache=False)
+            e, w = rec.pop()
+            parts.append(e[ctx:])
+            wparts.append(None if w is None else w[ctx:])
+            start = end
+    finally:
+        if own:
+            rec.remove()
+    experts = np.concatenate(parts)
+    weights = None if any(w is None for w in wparts) else np.concatenate(wparts)
+    return experts, weights
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text)["input_ids"]) if callable(tokenizer) else list(
+        tokenizer.encode(text))
+
+
+def _progress(total: int, *, enabled: bool, desc: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="tok", desc=desc, file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True)
+
+
+def capture_documents(model: Any, tokenizer: Any, documents: Sequence[tuple[str, str]],
+                      out_dir: str | Path, *, max_tokens: int | None = None,
+                      max_context: int | None = None, overlap: int | None = None,
+                      shard_tokens: int = 1 << 16, progress: bool = True, source: str = "",
+                      model_name: str | None = None) -> Path:
+    """Teacher-forced capture of ``documents`` ``[(name, text)]`` into shards under ``out_dir``.
+
+    Each shard ``shard-NNNNN.npz`` holds whole documents (about ``shard_tokens`` tokens) and is
+    written atomically as soon as it is full; ``manifest.json`` summarises them. A rerun into the
+    same directory skips the documents its shards already hold, so an interrupted capture keeps
+    every finished shard and resumes (documents are known by name, which must be unique).
+    ``max_tokens`` caps the tokens of the whole capture (resumed ones included); the document
+    at the cap is cut short and listed in the shard's ``meta["truncated"]``. Returns
+    ``out_dir``, which :func:`specmoe.routing.trace.open_trace` reads as one trace.
+    """
+    names = [str(n) for n, _ in documents]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(f"documents: names must be unique (repeated {dup!r})")
+    if max_tokens is not None and max_tokens < 1:
+        raise InputError(f"max_tokens must be a positive integer, got {max_tokens}")
+    if shard_tokens < 1:
+        raise InputError(f"shard_tokens must be a positive integer, got {shard_tokens}")
+    out = Path(out_dir)
+    rec = RouterRecorder(model)
+    label = model_name or model_label(model)
+    header = {"model": label, "model_type": str(model.config.model_type),
+              "num_experts": rec.num_experts, "top_k": rec.rule.top_k, "layers": rec.layers,
+              "source": source, "capture": "teacher_forced",
+              "max_context": _context(model, max_context)}
+    writer = _ShardWriter(out, header, shard_tokens=shard_tokens)
+    todo = [(str(n), t) for n, t in documents if str(n) not in writer.done]
+    budget = None if max_tokens is None else max(0, max_tokens - writer.tokens)
+    if budget is None:  # all of it: tokenize first, so the progress bar knows the total
+        encoded: Any = [(n, _encode(tokenizer, t)) for n, t in todo]
+        total = sum(len(ids) for _, ids in encoded)
+    else:  # a budget: tokenize lazily, stop at the cap
+        encoded, total = ((n, _encode(tokenizer, t)) for n, t in todo), budget
+    bar = _progress(total, enabled=progress, desc=f"capture {label}")
+    try:
+        with rec:
+            for name, ids in encoded:
+                if budget is not None and budget <= 0:
+                    break
+                if not ids:
+                    continue
+                cut = budget is not None and len(ids) > budget
+                if cut:
+                    ids = ids[:budget]
+                e, w = capture_tokens(model, ids, max_context=max_context, overlap=overlap,
+                                      recorder=rec)
+                writer.add(name, e, w, truncated=cut)
+                if budget is not None:
+                    budget -= len(ids)
+                bar.update(len(ids))
+    finally:  # keep every whole document captured so far, also on an interruption
+        writer.flush()
+        bar.close()
+    if not writer.shards:
+        raise InputError("documents: nothing to capture (every document is empty)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Shards on disk
+
+_SHARD = "shard-{:05d}.npz"
+_MANIFEST = "manifest.json"
+_SAME = ("model", "num_experts", "top_k", "layers")  # a resumed capture must agree on these
+
+
+class _ShardWriter:
+    """Whole documents, buffered and written as atomic ``.npz`` shards, plus the manifest.
+
+    Opening reads the shards already in ``out`` (their names and sizes only), so a rerun knows
+    which documents are done; a shard of another model is an InputError.
+    """
+
+    def __init__(self, out: Path, header: dict[str, Any], *, shard_tokens: int):
+        if out.exists() and not out.is_dir():
+            raise InputError(f"--out {out}: exists and is not a directory")
+        self.out, self.header, self.shard_tokens = out, header, shard_tokens
+        self.shards: list[dict[str, Any]] = []
+        self.done: set[str] = set()
+        self.tokens = 0
+        for path in sorted(out.glob("shard-*.npz")):
+            meta, offsets = _shard_header(path)
+            for key in _SAME:
+                if meta.get(key) != header[key]:
+                    raise InputError(f"{path}: holds a capture with {key}={meta.get(key)!r}, "
+                                     f"not {header[key]!r}; use another --out directory")
+            self.done.update(meta.get("documents", []))
+            self.tokens += int(offsets[-1])
+            self.shards.append({"file": path.name, "documents": len(offsets) - 1,
+                                "tokens": int(offsets[-1])})
+        self._next = 1 + max((int(s["file"][6:11]) for s in self.shards), default=-1)
+        self._pending: list[tuple[str, np.ndarray, np.ndarray | None, bool]] = []
+
+    def add(self, name: str, experts: np.ndarray, weights: np.ndarray | None, *,
+            truncated: bool) -> None:
+        self._pending.append((name, experts, weights, truncated))
+        if sum(len(p[1]) for p in self._pending) >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        from specmoe._io import atomic_write_json
+        from specmoe.routing.trace import save_trace
+
+        if self._pending:
+            docs, parts = self._pending, [p[1] for p in self._pending]
+            self._pending = []
+            wts = None if any(p[2] is None for p in docs) else np.concatenate([p[2] for p in docs])
+            meta = {**self.header, "documents": [p[0] for p in docs],
+                    "truncated": [p[0] for p in docs if p[3]]}
+            file = _SHARD.format(self._next)
+            trace = RoutingTrace(
+                experts=np.concatenate(parts), weights=wts, num_experts=self.header["num_experts"],
+                doc_offsets=np.concatenate([[0], np.cumsum([len(e) for e in parts])]),
+                meta=meta, name=str(self.out / file))
+            save_trace(trace, self.out / file)
+            self._next += 1
+            self.shards.append({"file": file, "documents": len(docs), "tokens": trace.num_tokens})
+            self.done.update(meta["documents"])
+            self.tokens += trace.num_tokens
+        if self.shards:
+            atomic_write_json(self.out / _MANIFEST, {
+                **self.header, "shards": self.shards, "tokens": self.tokens,
+                "documents": sum(s["documents"] for s in self.shards)})
+
+
+def _shard_header(path: Path) -> tuple[dict[str, Any], np.ndarray]:
+    import json
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return json.loads(str(z["meta"])), np.asarray(z["doc_offsets"])
+    except Exception as exc:
+        raise InputError(f"{path}: unreadable capture shard ({type(exc).__name__}); "
+                         "remove it to capture its documents again") from None
+
+
+# ------------------------------------------------------------------------------------------
+# Generation capture
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    found: set[int] = set()
+    for src in (getattr(tokenizer, "eos_token_id", None),
+                getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                getattr(model.config, "eos_token_id", None)):
+        if isinstance(src, int):
+            found.add(src)
+        elif isinstance(src, list | tuple):
+            found.update(int(x) for x in src)
+    return found
+
+
+def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
+                       max_new_tokens: int, include_prompt: bool = False,
+                       stop_at_eos: bool = True, progress: bool = True,
+                       model_name: str | None = None) -> RoutingTrace:
+    """Greedy decoding with the KV cache, one document per prompt.
+
+    Each generated token's routing is recorded when it is fed back (so the last generated token
+    gets one more forward pass); with ``include_prompt`` the prompt's routing comes first.
+    ``meta["token_ids"]`` holds each document's recorded tokens, so a teacher-forced capture of
+    the same sequence can be compared with it.
+    """
+    import torch
+
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    if not prompts:
+        raise InputError("prompts: no prompts given")
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    eos = _eos_ids(model, tokenizer) if stop_at_eos else set()
+    device = next(model.parameters()).device
+    encoded = [_encode(tokenizer, p) for p in prompts]
+    for i, ids in enumerate(encoded):
+        if not ids:
+            raise InputError(f"prompts: prompt {i} is empty after tokenization")
+        if len(ids) + max_new_tokens > limit:
+            raise InputError(f"prompts: prompt {i} ({len(ids)} tokens) plus {max_new_tokens} "
+                             f"new tokens exceeds the model's context of {limit}")
+    label = model_name or model_label(model)
+    bar = _progress(len(prompts) * max_new_tokens, enabled=progress, desc=f"generate {label}")
+    rec = RouterRecorder(model)
+    experts, weights, lengths, token_ids, prompt_lens = [], [], [], [], []
+    try:
+        with rec, torch.inference_mode():
+            for ids in encoded:
+                out = model(input_ids=torch.tensor([ids], device=device), use_cache=True,
+                            logits_to_keep=1)
+                e_prompt, w_prompt = rec.pop()
+                e_parts = [e_prompt] if include_prompt else []
+                w_parts = [w_prompt] if include_prompt else []
+                gen: list[int] = []
+                while len(gen) < max_new_tokens:
+                    nxt = int(out.logits[0, -1].argmax())
+                    gen.append(nxt)
+                    cache = out.cache if getattr(out, "cache", None) is not None \
+                        else out.past_key_values
+                    out = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True,
+                                **{cache_kw: cache})
+                    e, w = rec.pop()
+                    e_parts.append(e)
+                    w_parts.append(w)
+                    bar.update(1)
+                    if nxt in eos:
+                        break
+                experts.append(np.concatenate(e_parts))
+                weights.append(None if any(w is None for w in w_parts)
+                               else np.concatenate(w_parts))
+                lengths.append(len(experts[-1]))
+                token_ids.append((ids if include_prompt else []) + gen)
+                prompt_lens.append(len(ids))
+    finally:
+        bar.close()
+    meta = {"model": label, "model_type": str(model.config.model_type), "layers": rec.layers,
+            "top_k": rec.rule.top_k, "source": "generation", "capture": "greedy_generation",
+            "documents": [f"prompt-{i:04d}" for i in range(len(prompts))],
+            "include_prompt": include_prompt, "prompt_tokens": prompt_lens,
+            "token_ids": token_ids}
+    return RoutingTrace(
+        experts=np.concatenate(experts), doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        num_experts=rec.num_experts,
+        weights=None if any(w is None for w in weights) else np.concatenate(weights),
+        meta=meta, name=f"generation of {label}")
