@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ipf": ("specmoe.routing.ipf_cli", "predict unique experts by maximum-entropy IPF"),
     "synth": ("specmoe.routing.synth_cli", "make synthetic routing from fitted statistics"),
     "bench": ("specmoe.bench.cli", "benchmark expert kernels and fit their bandwidths"),
-    "plan": ("specmoe.cost.plan", "predict verify times, crossover, staircase and speedup"),
+    "plan": ("specmoe.cost.plan_cli", "predict verify times, crossover, staircase and speedup"),
     "run": ("specmoe.engine.run_cli", "run real speculative decoding and log every round"),
     "validate": ("specmoe.validate", "score a plan against measured runs"),
     "report": ("specmoe.report.html", "write one HTML page of figures and tables"),

@@ -1,0 +1,192 @@
+"""The plan: bytes from routing over bandwidths from the benchmark, through the theory.
+
+:func:`build_plan` combines a :class:`~specmoe.spec.ModelSpec`, the union U_l(n) of a routing
+trace (mapped onto the spec's MoE layers) and the bandwidths of a profile into, for each kernel
+policy (``per_slot``, ``dedup``, ``best``): the verify times tau_p(n) of Eq. (5) with the band of
+Eq. (17), the step times V(k) = tau_p(k+1) + h(k), a0 (Eq. (B.4)), the staircase k*(a) with its
+step points (Eq. (B.31)), the best speedup against a (Eq. (9)) with its bound (Eq. (21)), and for
+the deduplicating engine the reuse thresholds rho*_k(a) (Eq. (14)); plus the saving S(n)
+(Eq. (6)) with its band (Eq. (18)), the faster-kernel rule (Eqs. (7), (19)) and the crossover.
+Equation numbers are those of paper 002.
+
+Choices where the paper leaves a quantity to the engine: t0 = 0 and phi_p = 0 (the profile's
+bandwidths are measured on whole operation times, so the fixed work of the expert operation is
+inside them); beta_D is the measured read ceiling; kv(k) = kv-bytes-per-token (context + k);
+one eps for every bandwidth, the larger of the two kernels' (as in paper 002 Section 4), and
+delta = eps/(1 - eps) (Eq. (C.7)); f_l = 1 (the profile's dedup bandwidth is on union bytes).
+
+The CLI is :mod:`specmoe.cost.plan_cli`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from specmoe.cost import bounds, theory
+from specmoe.cost._exact import check_acceptance
+from specmoe.cost.bytes import pass_bytes
+from specmoe.cost.step import POLICIES, VerifyModel, profile_bandwidths, verify_model
+from specmoe.errors import InputError
+
+__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings"]
+
+SCHEMA = "specmoe.plan/1"
+MS = 1e3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A plan as JSON-ready data (times in ms). ``data`` holds every field of plan.json."""
+
+    data: dict[str, Any]
+    verify: VerifyModel = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+def _policy_eps(eps: dict[str, float]) -> float:
+    return max(float(eps.get("per_slot", 0.0)), float(eps.get("dedup", 0.0)))
+
+
+def engine_settings(k: int, crossover: int | None) -> dict[str, Any]:
+    """Engine flags for a fixed draft length k and the pass size from which the deduplicating
+    kernel should run (the crossover): vLLM, SGLang (chain drafting, top-k 1) and llama.cpp."""
+    if k == 0:
+        spec = {"vllm": None, "sglang": None, "llama.cpp": None,
+                "note": "plain decoding is fastest: run without a draft model"}
+    else:
+        spec = {
+            "vllm": {"speculative_config": {"num_speculative_tokens": k}},
+            "sglang": {"--speculative-num-steps": k, "--speculative-eagle-topk": 1,
+                       "--speculative-num-draft-tokens": k + 1},
+            "llama.cpp": {"--draft-max": k, "--draft-min": k},
+        }
+    spec["dedup_from_pass_size"] = crossover
+    return spec
+
+
+def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
+               acceptance: Sequence[Fraction | float] = (), draft_ms: Sequence[float] | None = None,
+               context: int = 512, expected_acceptance: Fraction | float | None = None,
+               notes: Sequence[str] = (), sources: dict[str, Any] | None = None) -> Plan:
+    """The plan for ``spec`` with ``union`` [L, n >= k_max+1] (U_l(n), mapped onto the spec's L
+    MoE layers) and a bandwidth ``profile`` measured on the spec's shapes at its dtype.
+
+    ``acceptance``: the acceptance values of ``best_k``/``speedup`` (Fractions are exact);
+    ``draft_ms``: h(0..k_max) in ms (zeros when omitted); ``context``: depth d for kv(k).
+    """
+    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+        raise InputError(f"--k-max: must be an integer >= 1, got {k_max!r}")
+    U = np.asarray(union, dtype=np.float64)
+    if U.ndim != 2 or U.shape[1] < k_max + 1:
+        raise InputError(f"union: needs pass sizes up to {k_max + 1}, got shape {U.shape}")
+    U = U[:, :k_max + 1]
+    acc = [check_acceptance(a, "--acceptance") for a in acceptance]
+    h = np.zeros(k_max + 1) if draft_ms is None else np.asarray(draft_ms, dtype=np.float64)
+    if h.shape != (k_max + 1,):
+        raise InputError(f"--draft-time: needs h(k) for k = 0..{k_max}, got {h.size} values")
+    if not np.all(np.isfinite(h)) or np.any(h < 0):
+        raise InputError("--draft-time: draft times must be non-negative")
+    h_s = h / MS
+
+    bw = profile_bandwidths(profile, k_max + 1)
+    pb = pass_bytes(spec, U, context=context)
+    vm = verify_model(pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"],
+                      beta_dense=bw["beta_dense"])
+    eps = _policy_eps(bw["epsilon"])
+    f_time = float(bounds.relative_error_factor(eps))
+    delta = float(bounds.delta_from_epsilon(eps)) if eps < 0.5 else None
+    cross = vm.crossover
+    n = vm.n
+    band = bounds.saving_bound(vm.expert["per_slot"], vm.expert["dedup"], eps) * MS
+    band[0] = 0.0  # one kernel runs a one-token pass: S(1) = 0 exactly
+
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "model": spec.to_dict(),
+        "sources": dict(sources or {}),
+        "notes": list(notes),
+        "k_max": k_max,
+        "context": context,
+        "n": n.tolist(),
+        "acceptance": [float(a) for a in acc],
+        "draft_ms": h.tolist(),
+        "epsilon": {"per_slot": bw["epsilon"].get("per_slot"),
+                    "dedup": bw["epsilon"].get("dedup"), "used": eps},
+        "delta": delta,
+        "loss_bound": (float(bounds.throughput_loss_bound(delta)) if delta is not None
+                       else None),
+        "bandwidth_gbps": {"per_slot": (bw["beta_slot"] / 1e9).tolist(),
+                           "dedup": (bw["beta_dedup"] / 1e9).tolist(),
+                           "dense": bw["beta_dense"] / 1e9},
+        "bytes": {"dense": pb.dense.tolist(), "slot": pb.slot.tolist(),
+                  "union": pb.union.tolist(), "u_bar": pb.u_bar.tolist(),
+                  "mean_reuse": pb.mean_reuse.tolist(), "W": pb.W, "m": pb.m},
+        "r": vm.r.tolist(),
+        "saving_ms": (vm.saving * MS).tolist(),
+        "saving_band_ms": band.tolist(),
+        "dedup_faster": [bool(x) for x in (vm.saving > 0)],
+        "kernel_decision_robust": [bool(bounds.kernel_decision_robust(float(u), float(r), eps))
+                                   if i else None
+                                   for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))],
+        "crossover": cross,
+        "crossover_measured_in_profile": getattr(profile, "crossover", None),
+        "verify_ms": {}, "verify_band_ms": {}, "step_ms": {}, "a0": {}, "step_points": {},
+        "staircase": {}, "best_k": {}, "speedup": {}, "speedup_bound": {}, "best_k_certain": {},
+    }
+    for p in POLICIES:
+        tau_ms = vm.tau[p] * MS
+        Vl = (tau_ms + h).tolist()     # every theory call uses the step times plan.json holds
+        st = theory.staircase(Vl)
+        data["verify_ms"][p] = tau_ms.tolist()
+        data["verify_band_ms"][p] = (vm.memory[p] * f_time * MS).tolist()
+        data["step_ms"][p] = Vl
+        data["a0"][p] = float(theory.first_threshold(Vl))
+        data["step_points"][p] = st.step_points
+        data["staircase"][p] = [{"from": lo, "to": hi, "k": k} for lo, hi, k in st.levels]
+        ks, sps, sbs, certain = [], [], [], []
+        for a in acc:
+            k = theory.best_draft_length(Vl, a)
+            s = float(theory.speedup(Vl, a, k))
+            ks.append(k)
+            sps.append(s)
+            if delta is None:
+                sbs.append(None)
+                certain.append(None)
+            else:
+                sbs.append([float(x) for x in bounds.speedup_interval(s, delta)])
+                certain.append(bounds.best_length_separated(theory.throughput(Vl, a), delta))
+        data["best_k"][p], data["speedup"][p] = ks, sps
+        data["speedup_bound"][p], data["best_k_certain"][p] = sbs, certain
+
+    # Reuse thresholds of a deduplicating engine, Eq. (14); h enters as fixed work (App. B.2).
+    m, W = pb.m, pb.W
+    V0 = float(vm.tau["dedup"][0] + h_s[0])
+    thr = []
+    for a in acc:
+        row = []
+        for k in range(1, k_max + 1):
+            row.append(float(theory.reuse_threshold(
+                a, k, m=m, W=W, tau1=V0, bandwidth_k=float(bw["beta_dedup"][k]),
+                bandwidth_1=float(bw["beta_slot"][0]),
+                dense_growth_bytes=float(pb.dense[k] - pb.dense[0]),
+                dense_bandwidth=bw["beta_dense"], fixed_work_growth=float(h_s[k] - h_s[0]))))
+        thr.append(row)
+    data["reuse_threshold"] = {"dedup": thr}
+
+    if expected_acceptance is not None:
+        a = check_acceptance(expected_acceptance, "--expected-acceptance")
+        out = {"expected_acceptance": float(a)}
+        for p in POLICIES:
+            Vl = data["step_ms"][p]
+            k = theory.best_draft_length(Vl, a)
+            out[p] = {"draft_length": k, "speedup": float(theory.speedup(Vl, a, k))}
+        out["settings"] = engine_settings(out["best"]["draft_length"], cross)
+        data["engine"] = out
+    return Plan(data=data, verify=vm)

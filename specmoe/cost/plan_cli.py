@@ -1,0 +1,417 @@
+"""``specmoe plan``: verify times, crossover, staircase and speedup of one model on one machine.
+
+Inputs: a model spec (``--model``, a preset or a path), routing (``--trace``, a routing trace
+whose union U_l(n) the statistics module measures) and bandwidths (``--bandwidth``, a profile
+written by ``specmoe bench``). With no arguments the embedded default runs: OLMoE-1B-7B-0125
+shapes, the bundled model's fit trace, and a quick benchmark of this machine's CPU (cached under
+the user cache folder, keyed by model, device, dtype and trace hash; ``--rebench`` re-runs it).
+
+When the trace has fewer (or more) MoE layers than the spec, every spec layer takes the
+layer-mean of the trace's union U_l(n) (said on stderr and in plan.json ``notes``).
+Bytes are counted at the profile's dtype: a bandwidth is bytes over time at the dtype it was
+measured at.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe.errors import InputError
+
+DEFAULT_MODEL = "OLMoE-1B-7B-0125"
+DEFAULT_ACCEPTANCE = "0:0.95:0.05,0.98"
+DEFAULT_EXPECTED = "0.7"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"model preset or path to an HF config / spec JSON "
+                             f"(default {DEFAULT_MODEL})")
+    parser.add_argument("--trace", default=None,
+                        help="routing trace (.npz or shard folder); default: the bundled "
+                             "model's fit trace")
+    parser.add_argument("--bandwidth", default=None, metavar="PROFILE",
+                        help="bandwidth profile JSON from `specmoe bench`; default: a quick "
+                             "benchmark on this machine (cached)")
+    parser.add_argument("--draft-time", default=None, metavar="TABLE_OR_A,B",
+                        help="draft/host time per step h(k) in ms: a table file (JSON list, "
+                             "or lines 'k ms') or 'a,b' for h(k) = a k + b (h(0) = 0); "
+                             "default 0")
+    parser.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, metavar="GRID",
+                        help="acceptance values: comma list of numbers or START:STOP:STEP "
+                             f"ranges (default {DEFAULT_ACCEPTANCE})")
+    parser.add_argument("--expected-acceptance", default=DEFAULT_EXPECTED, metavar="A",
+                        help="acceptance for the engine settings (default "
+                             f"{DEFAULT_EXPECTED})")
+    parser.add_argument("--k-max", type=int, default=8, help="largest draft length (default 8)")
+    parser.add_argument("--context", type=int, default=512, metavar="D",
+                        help="context depth in tokens for the key-value bytes (default 512)")
+    parser.add_argument("--device", default="cpu", help="benchmark device when no --bandwidth "
+                        "(default cpu)")
+    parser.add_argument("--dtype", default="float32", help="benchmark dtype when no "
+                        "--bandwidth (default float32)")
+    parser.add_argument("--rebench", action="store_true",
+                        help="ignore a cached benchmark profile and measure again")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="write plan.json and figures to DIR")
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# argument parsing
+
+
+def _fraction(text: str, name: str) -> Fraction:
+    try:
+        return Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise InputError(f"{name}: {text.strip()!r} is not a number") from None
+
+
+def parse_acceptance(text: str, name: str = "--acceptance") -> list[Fraction]:
+    """Comma-separated numbers and START:STOP:STEP ranges (STOP included), as exact Fractions
+    (decimal text is exact: 0.65 is 13/20). Each value must lie in [0, 1)."""
+    values: list[Fraction] = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if ":" in item:
+            parts = item.split(":")
+            if len(parts) != 3:
+                raise InputError(f"{name}: range {item!r} must be START:STOP:STEP")
+            start, stop, step = (_fraction(p, name) for p in parts)
+            if step <= 0:
+                raise InputError(f"{name}: step of {item!r} must be positive")
+            x = start
+            while x <= stop:
+                values.append(x)
+                x += step
+        else:
+            values.append(_fraction(item, name))
+    if not values:
+        raise InputError(f"{name}: no acceptance values in {text!r}")
+    for a in values:
+        if not 0 <= a < 1:
+            raise InputError(f"{name}: {float(a):g} is outside [0, 1)")
+    return sorted(set(values))
+
+
+def parse_draft_time(text: str | None, k_max: int) -> tuple[np.ndarray, str]:
+    """h(0..k_max) in ms from a table file or 'a,b' (h(k) = a k + b for k >= 1, h(0) = 0)."""
+    from specmoe.cost.step import linear_draft_time
+
+    if text is None:
+        return np.zeros(k_max + 1), "no draft time given: h(k) = 0 (the theory's assumption)"
+    path = Path(text)
+    if not path.exists():
+        parts = text.split(",")
+        if len(parts) != 2:
+            raise InputError(f"--draft-time: {text!r} is neither a file nor 'a,b'")
+        try:
+            a, b = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise InputError(f"--draft-time: {text!r} is neither a file nor 'a,b'") from None
+        if not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b < 0:
+            raise InputError(f"--draft-time: a and b must be non-negative, got {text!r}")
+        return linear_draft_time(a, b, k_max), f"draft time h(k) = {a:g} k + {b:g} ms, h(0) = 0"
+    try:
+        raw = path.read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the draft-time table ({exc})") from None
+    table: dict[int, float] = {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if data is not None:
+        if isinstance(data, dict):
+            data = data.get("h_ms", data.get("draft_ms"))
+        if not isinstance(data, list):
+            raise InputError(f"{path}: a JSON draft-time table is a list of ms per k "
+                             f"(or an object with 'h_ms')")
+        table = dict(enumerate(data))
+    else:
+        for line in raw.splitlines():
+            line = line.split("#")[0].strip()
+            if not line:
+                continue
+            cells = line.replace(",", " ").split()
+            try:
+                if len(cells) != 2:
+                    raise ValueError(line)
+                table[int(cells[0])] = float(cells[1])
+            except ValueError:
+                if not table and len(cells) == 2:
+                    continue  # a header line
+                raise InputError(f"{path}: draft-time line {line!r} is not 'k ms'") from None
+    missing = [k for k in range(k_max + 1) if k not in table]
+    if missing:
+        raise InputError(f"{path}: draft-time table lacks k = {missing[0]} (needs 0..{k_max})")
+    h = []
+    for k in range(k_max + 1):
+        v = table[k]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
+            raise InputError(f"{path}: draft time at k = {k} must be a non-negative number of "
+                             f"ms, got {v!r}")
+        h.append(float(v))
+    return np.asarray(h), f"draft time h(k) from {path}"
+
+
+# ------------------------------------------------------------------------------------------
+# inputs: routing and bandwidths
+
+
+def cache_dir() -> Path:
+    """$SPECMOE_CACHE_DIR, else $XDG_CACHE_HOME/specmoe, else ~/.cache/specmoe."""
+    if os.environ.get("SPECMOE_CACHE_DIR"):
+        return Path(os.environ["SPECMOE_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specmoe"
+
+
+def trace_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    files = sorted(p for p in path.glob("*.npz")) if path.is_dir() else [path]
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _default_trace() -> Path:
+    try:
+        from specmoe.data.corpus import bundled_trace_path
+    except ImportError:
+        raise RuntimeError("the bundled data (specmoe.data.corpus) is not available: "
+                           "pass --trace") from None
+    path = bundled_trace_path("fit")
+    if not path.exists():
+        raise RuntimeError(f"the bundled fit trace {path.name} is missing from the package "
+                           f"data: pass --trace")
+    return path
+
+
+def routing_union(trace_path: Path, spec: Any, k_max: int) -> tuple[np.ndarray, dict, list[str]]:
+    """U_l(n), n = 1..k_max+1, of the trace mapped onto the spec's MoE layers (Eq. (2) exact:
+    aligned windows), a description of the trace and notes."""
+    try:
+        from specmoe.routing.stats import compute_stats
+    except ImportError:
+        raise RuntimeError("the routing statistics module (specmoe.routing.stats) is not "
+                           "available") from None
+    from specmoe.cost.bytes import layer_mean
+
+    _err(f"plan: routing statistics of {trace_path} ...")
+    stats = compute_stats(trace_path, max_n=k_max + 1, aligned=True, max_lag=1)
+    if (stats.num_experts, stats.top_k) != (spec.num_experts, spec.top_k):
+        raise InputError(f"--trace {trace_path}: routes N={stats.num_experts}, m={stats.top_k} "
+                         f"but model {spec.name!r} has N={spec.num_experts}, m={spec.top_k}")
+    union, note = layer_mean(np.asarray(stats.union, dtype=np.float64), spec.num_moe_layers)
+    notes = [] if stats.num_layers == spec.num_moe_layers else [note]
+    info = {"path": str(trace_path), "sha256_16": trace_hash(trace_path),
+            "num_experts": stats.num_experts, "top_k": stats.top_k,
+            "num_layers": stats.num_layers, "tokens": stats.tokens,
+            "documents": stats.documents, "identity_error": stats.identity_error}
+    return union, info, notes
+
+
+def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any, dict]:
+    """The bandwidth profile: --bandwidth, a cached one, or a quick benchmark (then cached)."""
+    from specmoe.bench.profile import load_profile
+
+    if args.bandwidth is not None:
+        prof = load_profile(args.bandwidth, spec=spec)
+        return prof, {"path": str(args.bandwidth), "cached": False}
+    key = hashlib.sha256(json.dumps({"model": spec.to_dict(), "device": args.device,
+                                     "dtype": args.dtype, "trace": thash},
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / "profiles" / f"{spec.name}-{args.device}-{args.dtype}-{key}.json"
+    if path.exists() and not args.rebench:
+        try:
+            prof = load_profile(path, spec=spec)
+            _err(f"plan: bandwidth profile from the cache {path}")
+            return prof, {"path": str(path), "cached": True}
+        except InputError as exc:
+            _err(f"plan: ignoring an unreadable cached profile ({exc})")
+    try:
+        from specmoe.bench.run import run_benchmark
+    except ImportError:
+        raise RuntimeError("the benchmark module (specmoe.bench.run) is not available: pass "
+                           "--bandwidth PROFILE") from None
+    from specmoe.routing.trace import load_trace
+
+    _err(f"plan: quick benchmark of the expert operation on {args.device} ({args.dtype}); "
+         f"cached afterwards in {path.parent}")
+    prof = run_benchmark(spec.with_dtype(args.dtype), trace=load_trace(trace_path),
+                         device=args.device, dtype=args.dtype, quick=True, progress=True)
+    prof.save(path)
+    return prof, {"path": str(path), "cached": False, "measured_now": True}
+
+
+# ------------------------------------------------------------------------------------------
+# the command
+
+
+def make_plan(args) -> tuple[Any, dict]:
+    from specmoe.cost.plan import build_plan
+    from specmoe.spec import DTYPE_BYTES, resolve_spec
+
+    if args.k_max < 1:
+        raise InputError(f"--k-max: must be at least 1, got {args.k_max}")
+    if args.context < 0:
+        raise InputError(f"--context: must be non-negative, got {args.context}")
+    acceptance = parse_acceptance(args.acceptance)
+    expected = parse_acceptance(args.expected_acceptance, "--expected-acceptance")
+    if len(expected) != 1:
+        raise InputError("--expected-acceptance: give one value")
+    draft_ms, draft_note = parse_draft_time(args.draft_time, args.k_max)
+    spec = resolve_spec(args.model)
+    trace_path = Path(args.trace) if args.trace is not None else _default_trace()
+    if not trace_path.exists():
+        raise InputError(f"--trace {trace_path}: no such trace file or folder")
+    if args.bandwidth is not None:   # a given profile is checked before the routing pass
+        prof, prof_info = resolve_profile(args, spec, trace_path, "")
+    union, trace_info, notes = routing_union(trace_path, spec, args.k_max)
+    if args.bandwidth is None:
+        prof, prof_info = resolve_profile(args, spec, trace_path, trace_info["sha256_16"])
+    bpw = DTYPE_BYTES.get(str(prof.dtype).lower())
+    if bpw is None:
+        raise InputError(f"bandwidth profile: unknown dtype {prof.dtype!r}")
+    if bpw != spec.bytes_per_weight:
+        notes.append(f"bytes counted at the profile's dtype {prof.dtype} "
+                     f"({bpw:g} bytes per weight), not the model's {spec.bytes_per_weight:g}")
+        spec = spec.with_dtype(prof.dtype)
+    notes.append(draft_note)
+    for note in notes:
+        _err(f"plan: {note}")
+    prof_info.update(device=prof.device, device_name=prof.device_name, dtype=prof.dtype)
+    plan = build_plan(spec, union, prof, k_max=args.k_max, acceptance=acceptance,
+                      draft_ms=draft_ms, context=args.context, expected_acceptance=expected[0],
+                      notes=notes, sources={"trace": trace_info, "bandwidth": prof_info})
+    return plan, plan.to_dict()
+
+
+def run(args) -> int:
+    from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
+
+    _, data = make_plan(args)
+    text = summary(data)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "plan.json", data)
+        atomic_write_text(out / "summary.txt", text + "\n")
+        from specmoe.report.plan_figures import write_plan_figures
+
+        figs = write_plan_figures(data, out)
+        _err(f"plan: wrote {out / 'plan.json'}, {out / 'summary.txt'} and "
+             f"{', '.join(p.name for p in figs)}")
+    if args.json:
+        print(dumps_json(data))
+    else:
+        print(text)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------
+# the terminal summary
+
+
+def _row(label: str, values, fmt: str | None = None, width: int = 24) -> str:
+    """One table row; without ``fmt``, fixed-point with 4 significant digits of the largest."""
+    values = list(values)
+    if fmt is None:
+        big = max((abs(v) for v in values if v is not None), default=0.0)
+        dec = 3 if big == 0 else min(5, max(0, 3 - int(np.floor(np.log10(big)))))
+        fmt = f"{{:8.{dec}f}}"
+    cells = [(" " * 8 if v is None else fmt.format(v)) for v in values]
+    return f"{label:<{width}}" + " ".join(cells)
+
+
+def summary(d: dict[str, Any]) -> str:
+    """A short readable summary of a plan dict."""
+    src = d.get("sources", {})
+    bw = src.get("bandwidth", {})
+    tr = src.get("trace", {})
+    eps = d["epsilon"]
+    lines = [
+        f"specmoe plan: {d['model']['name']} ({bw.get('dtype', '?')}), bandwidths measured on "
+        f"{bw.get('device', '?')} {bw.get('device_name', '')}".rstrip(),
+        f"  routing: {Path(tr.get('path', '?')).name} ({tr.get('num_layers', '?')} MoE layers, "
+        f"{tr.get('tokens', '?')} tokens); context {d['context']}; k_max {d['k_max']}",
+        f"  bandwidth error eps = {eps['used']:.3f} (per-slot {eps['per_slot']:.3f}, dedup "
+        f"{eps['dedup']:.3f})" + ("" if d["delta"] is None else
+                                  f"; step-time error delta = {d['delta']:.3f}"),
+    ]
+    lines += [f"  note: {n}" for n in d.get("notes", [])]
+    n = d["n"]
+    lines += ["", _row("tokens per pass n", n, "{:8d}"),
+              _row("verify ms, per-slot", d["verify_ms"]["per_slot"]),
+              _row("verify ms, dedup", d["verify_ms"]["dedup"]),
+              _row("saving ms S(n)", d["saving_ms"]),
+              _row("  bound (18) +/-", d["saving_band_ms"]),
+              _row("byte share u_bar(n)", d["bytes"]["u_bar"], "{:8.3f}"),
+              _row("bandwidth ratio r(n)", d["r"], "{:8.3f}")]
+    cross = d["crossover"]
+    robust = [nn for nn, ok in zip(n, d["kernel_decision_robust"]) if ok]
+    if cross is None:
+        lines.append(f"crossover: none up to n = {n[-1]}: the per-slot kernel is as fast or "
+                     f"faster at the longest passes")
+    else:
+        lines.append(f"crossover: the deduplicating kernel is faster from n = {cross}"
+                     + (f" (the sign is certain under eps by Eq. (19) at n = "
+                        f"{', '.join(map(str, robust))})" if robust else
+                        " (not certain under eps by Eq. (19) at any n)"))
+    lines += ["", "staircase: best draft length k*(a) (policy: the faster kernel per pass)"]
+    for lvl in d["staircase"]["best"]:
+        lines.append(f"  a in ({lvl['from']:.4f}, {lvl['to']:.4f})  k* = {lvl['k']}")
+    K = d["k_max"]
+    lines += [_row("step points a_j", range(1, K + 1), "{:8d}"),
+              *(_row(f"  {p}", d["step_points"][p], "{:8.4f}") for p in ("per_slot", "dedup",
+                                                                         "best")),
+              _row("a0 = V(1)/V(0) - 1", [d["a0"][p] for p in ("per_slot", "dedup", "best")],
+                   "{:8.4f}") + "   (per-slot, dedup, best)"]
+    acc = d["acceptance"]
+    lines.append("")
+    for p in ("per_slot", "dedup", "best"):
+        a1 = d["step_points"][p][0]
+        sp = d["speedup"][p]
+        i = int(np.argmax(sp))
+        bound = d["speedup_bound"][p][i]
+        head = (f"{p:<9} speculation never pays (a_1 = 1)" if a1 >= 1.0 else
+                f"{p:<9} speculation pays for a > {a1:.4f} (a_1)")
+        tail = ("" if sp[i] <= 1.0 else
+                f"; best speedup on the grid {sp[i]:.3f} at a = {acc[i]:g}"
+                + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})"))
+        lines.append(head + tail)
+    eng = d.get("engine")
+    if eng:
+        s = eng["settings"]
+        k = eng["best"]["draft_length"]
+        lines += ["", f"engine settings at expected acceptance {eng['expected_acceptance']:g} "
+                      f"(k* = {k}, predicted speedup {eng['best']['speedup']:.3f}):"]
+        if k == 0:
+            lines.append("  speculation off: plain decoding is fastest (run without a draft)")
+        else:
+            lines += [f"  vLLM       --speculative-config '{{\"num_speculative_tokens\": {k}}}'",
+                      f"  SGLang     --speculative-num-steps {k} --speculative-eagle-topk 1 "
+                      f"--speculative-num-draft-tokens {k + 1}",
+                      f"  llama.cpp  --draft-max {k} --draft-min {k}"]
+        dd = s["dedup_from_pass_size"]
+        lines.append("  deduplicating kernel: " + (
+            f"from {dd} tokens per pass (per-slot below)" if dd is not None
+            else f"never up to {n[-1]} tokens per pass (keep the per-slot kernel)"))
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Figures of a plan (``specmoe plan --out``): the staircase, the saving with its band (like
+Figure 4 of paper 002) and the best speedup against acceptance with its bound (Eq. (21)).
+
+Each function takes the plan as its JSON dict (plan.json) and writes one PNG atomically; the
+matplotlib Agg canvas is used directly (no pyplot state).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe._io import atomic_path
+
+__all__ = ["plot_saving", "plot_speedup", "plot_staircase", "write_plan_figures"]
+
+COLORS = {"per_slot": "tab:blue", "dedup": "tab:red", "best": "black"}
+LABELS = {"per_slot": "per-slot", "dedup": "deduplicating", "best": "faster kernel per pass"}
+
+
+def _figure(width: float = 6.0, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=120)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def _save(fig, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, format="png")
+    return Path(path)
+
+
+def _title(plan: dict[str, Any]) -> str:
+    return str(plan.get("model", {}).get("name", ""))
+
+
+def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
+    """k*(a) against a for each policy, drawn from the exact step points (Eq. (B.31))."""
+    fig, ax = _figure()
+    offsets = {"per_slot": -0.08, "dedup": 0.08, "best": 0.0}
+    for p, levels in plan["staircase"].items():
+        xs, ys = [], []
+        for lvl in levels:
+            xs += [lvl["from"], lvl["to"]]
+            ys += [lvl["k"] + offsets.get(p, 0.0)] * 2
+        ax.plot(xs, ys, color=COLORS.get(p), lw=2 if p == "best" else 1.2,
+                ls="-" if p == "best" else "--", label=LABELS.get(p, p))
+        pts = [a for a in plan["step_points"][p] if a < 1.0]
+        ax.plot(pts, [offsets.get(p, 0.0)] * len(pts), "|", color=COLORS.get(p), ms=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("acceptance rate a")
+    ax.set_ylabel("best draft length k*(a)")
+    ax.set_title(f"Staircase {_title(plan)} (ticks: step points)")
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
+    """S(n) = tau_slot(n) - tau_dedup(n) with the band of Eq. (18); positive: dedup faster."""
+    fig, ax = _figure()
+    n = np.asarray(plan["n"])
+    s = np.asarray(plan["saving_ms"], dtype=float)
+    band = np.asarray(plan["saving_band_ms"], dtype=float)
+    ax.fill_between(n, s - band, s + band, color="tab:red", alpha=0.2,
+                    label=f"saving bound (18), eps = {plan['epsilon']['used']:.3f}")
+    ax.plot(n, s, "o-", color="tab:red", label="predicted saving S(n)")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    cross = plan.get("crossover")
+    if cross is not None:
+        ax.axvline(cross, color="black", ls=":", lw=1, label=f"crossover n = {cross}")
+    ax.set_xlabel("tokens per pass n")
+    ax.set_ylabel("saving (ms)")
+    ax.set_title(f"Saving of deduplication {_title(plan)}")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int = 240) -> Path:
+    """The best speedup T_a(k*)/T_a(0) against a for each policy; the ``best`` policy is shaded
+    by its bound, Eq. (21)."""
+    from specmoe.cost import bounds, theory
+
+    fig, ax = _figure()
+    grid = np.linspace(0.0, 0.995, points)
+    delta = plan.get("delta")
+    for p, V in plan["step_ms"].items():
+        sp = np.array([float(theory.best_speedup(V, float(a))) for a in grid])
+        if delta is not None and p == "best":
+            f = float(bounds.speedup_factor(delta))
+            ax.fill_between(grid, sp / f, sp * f, color="grey", alpha=0.2,
+                            label="bound (21) of the faster-kernel policy")
+        ax.plot(grid, sp, color=COLORS.get(p), lw=2 if p == "best" else 1.2,
+                ls="-" if p == "best" else "--", label=LABELS.get(p, p))
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("acceptance rate a")
+    ax.set_ylabel("best speedup over plain decoding")
+    band = "" if delta is None else f" (shaded: bound (21), delta = {delta:.3f})"
+    ax.set_title(f"Speedup {_title(plan)}{band}", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, path)
+
+
+def write_plan_figures(plan: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """staircase.png, saving.png and speedup.png in ``out_dir``."""
+    out = Path(out_dir)
+    return [plot_staircase(plan, out / "staircase.png"), plot_saving(plan, out / "saving.png"),
+            plot_speedup(plan, out / "speedup.png")]

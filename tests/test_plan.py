@@ -1,0 +1,225 @@
+"""`specmoe plan` and :func:`build_plan` on a small synthetic model, trace and profile."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction as F
+
+import numpy as np
+import pytest
+
+from specmoe.cli import main
+from specmoe.cost import bounds, theory
+from specmoe.cost.plan import build_plan, engine_settings
+from specmoe.cost.plan_cli import parse_acceptance, parse_draft_time, summary
+from specmoe.errors import InputError
+from specmoe.spec import ModelSpec
+
+stats_available = pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("specmoe.routing.stats"),
+    reason="routing statistics module not available")
+
+N, M, L, NMAX = 8, 2, 3, 6
+
+
+def toy_spec(**kw) -> ModelSpec:
+    args = dict(name="toy", num_experts=N, top_k=M, num_moe_layers=L, hidden_size=64,
+                expert_intermediate=32, bytes_per_weight=4.0, dense_params=50_000,
+                kv_elements_per_token=96)
+    args.update(kw)
+    return ModelSpec(**args)
+
+
+def toy_profile(spec: ModelSpec, *, n_max: int = NMAX, eps=(0.04, 0.06), dtype="float32"):
+    from specmoe.bench.profile import BandwidthProfile
+
+    bs = np.linspace(20.0, 30.0, n_max)
+    bd = bs * np.linspace(0.95, 0.7, n_max)
+    op = np.tile(np.linspace(1e-4, 3e-4, n_max), (L, 1))
+    return BandwidthProfile(
+        model=spec.to_dict(), device="cpu", dtype=dtype, ceiling_gbps=40.0,
+        n=list(range(1, n_max + 1)), beta_slot=bs.tolist(), beta_dedup=bd.tolist(),
+        r=(bd / bs).tolist(), u_bar=[1.0] * n_max, reread_cost=0.5,
+        epsilon={"per_slot": eps[0], "dedup": eps[1]}, crossover=None,
+        fits={"per_slot": {"t_op": 1e-5, "c_u": 1e-10, "c_re": 5e-11},
+              "dedup": {"t_op": 1e-5, "c_g": 1e-10, "c_t": 1e-6}},
+        op_time={p: {"predicted": op.tolist(), "measured": op.tolist()}
+                 for p in ("per_slot", "dedup")},
+        layers=list(range(L)), device_name="test cpu")
+
+
+def sticky_union(n_max: int = NMAX, keep: float = 0.5) -> np.ndarray:
+    """U_l(n) of a process where each token keeps each earlier expert w.p. ``keep`` (toy)."""
+    rho = np.array([0.0] + [1 - (1 - keep) ** (j - 1) * 0.9 for j in range(2, n_max + 1)])
+    return np.tile(M * np.cumsum(1 - rho), (L, 1))
+
+
+ACC = [F(0), F(1, 4), F(1, 2), F(13, 20), F(9, 10)]
+
+
+def test_build_plan_against_theory():
+    spec = toy_spec()
+    plan = build_plan(spec, sticky_union(), toy_profile(spec), k_max=NMAX - 1, acceptance=ACC,
+                      draft_ms=[0.0] + [0.01 * k + 0.002 for k in range(1, NMAX)],
+                      expected_acceptance=F(13, 20))
+    d = plan.to_dict()
+    for key in ("crossover", "step_points", "best_k", "speedup", "speedup_bound", "verify_ms"):
+        assert key in d
+    vm = plan.verify
+    assert d["crossover"] == vm.crossover
+    eps = 0.06
+    delta = eps / (1 - eps)
+    assert d["delta"] == pytest.approx(delta)
+    for p in ("per_slot", "dedup", "best"):
+        V = d["step_ms"][p]
+        assert V == pytest.approx(np.asarray(d["verify_ms"][p]) + np.asarray(d["draft_ms"]))
+        assert d["step_points"][p] == theory.step_points(V)
+        for a, k, s, sb in zip(ACC, d["best_k"][p], d["speedup"][p], d["speedup_bound"][p]):
+            assert k == theory.best_draft_length(V, a)
+            assert s == pytest.approx(float(theory.best_speedup(V, a)), rel=1e-12)
+            assert sb == pytest.approx(list(bounds.speedup_interval(s, delta)), rel=1e-12)
+            assert sb[0] <= s <= sb[1]
+    # the reuse threshold of Eq. (14) decides the dedup speedups of the same plan (Eq. (B.14))
+    Vd = d["step_ms"]["dedup"]
+    for a, row in zip(ACC, d["reuse_threshold"]["dedup"]):
+        for k, thr in enumerate(row, 1):
+            margin = d["bytes"]["mean_reuse"][k - 1] - thr
+            if abs(margin) > 1e-9:
+                assert (margin > 0) == theory.speeds_up(Vd, a, k)
+    assert d["engine"]["settings"] == engine_settings(d["engine"]["best"]["draft_length"],
+                                                      d["crossover"])
+    text = summary(d)
+    assert "staircase" in text and "crossover" in text
+    assert ("llama.cpp" in text) == (d["engine"]["best"]["draft_length"] > 0)
+
+
+def test_build_plan_errors():
+    spec = toy_spec()
+    prof = toy_profile(spec)
+    with pytest.raises(InputError, match="--k-max"):
+        build_plan(spec, sticky_union(), prof, k_max=0)
+    with pytest.raises(InputError, match="--k-max"):
+        build_plan(spec, sticky_union(NMAX + 2), prof, k_max=NMAX + 1)
+    with pytest.raises(InputError, match="--acceptance"):
+        build_plan(spec, sticky_union(), prof, k_max=3, acceptance=[F(1)])
+    with pytest.raises(InputError, match="--draft-time"):
+        build_plan(spec, sticky_union(), prof, k_max=3, draft_ms=[0, -1, 0, 0])
+
+
+def test_parse_acceptance_and_draft_time(tmp_path):
+    assert parse_acceptance("0.65") == [F(13, 20)]
+    assert parse_acceptance("0:0.3:0.1,0.95") == [F(0), F(1, 10), F(2, 10), F(3, 10), F(19, 20)]
+    for bad in ("1.0", "-0.1", "x", "0:1:0"):
+        with pytest.raises(InputError, match="--acceptance"):
+            parse_acceptance(bad)
+    h, _ = parse_draft_time("0.459,0.073", 3)
+    assert h.tolist() == [0.0, 0.532, 0.459 * 2 + 0.073, 0.459 * 3 + 0.073]
+    (tmp_path / "h.json").write_text("[0, 0.5, 0.9, 1.2]")
+    assert parse_draft_time(str(tmp_path / "h.json"), 3)[0].tolist() == [0, 0.5, 0.9, 1.2]
+    (tmp_path / "h.txt").write_text("k ms\n0 0\n1 0.4\n2 0.7\n")
+    assert parse_draft_time(str(tmp_path / "h.txt"), 2)[0].tolist() == [0, 0.4, 0.7]
+    with pytest.raises(InputError, match="k = 3"):
+        parse_draft_time(str(tmp_path / "h.txt"), 3)
+    (tmp_path / "bad.json").write_text("[0, -0.5]")
+    with pytest.raises(InputError, match="non-negative"):
+        parse_draft_time(str(tmp_path / "bad.json"), 1)
+    with pytest.raises(InputError, match="--draft-time"):
+        parse_draft_time("1,-2", 2)
+
+
+# ------------------------------------------------------------------------------------------
+# the command
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    from specmoe.routing.trace import RoutingTrace, save_trace
+
+    spec = toy_spec()
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec.to_dict()))
+    prof_path = tmp_path / "profile.json"
+    toy_profile(spec).save(prof_path)
+    rng = np.random.default_rng(1)
+    T = 300
+    experts = np.zeros((T, L, M), dtype=np.int64)
+    for layer in range(L):
+        cur = rng.choice(N, M, replace=False)
+        for t in range(T):
+            if rng.random() < 0.5:
+                cur = rng.choice(N, M, replace=False)
+            experts[t, layer] = cur
+    trace_path = tmp_path / "trace.npz"
+    save_trace(RoutingTrace(experts=experts, doc_offsets=np.array([0, 120, T]), num_experts=N),
+               trace_path)
+    other = toy_spec(name="other", hidden_size=128)
+    other_path = tmp_path / "other_profile.json"
+    toy_profile(other).save(other_path)
+    return {"spec": str(spec_path), "profile": str(prof_path), "trace": str(trace_path),
+            "other": str(other_path), "tmp": tmp_path}
+
+
+@stats_available
+def test_cli_json_and_out(inputs, capsys):
+    out = inputs["tmp"] / "out"
+    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
+               inputs["profile"], "--k-max", "5", "--acceptance", "0.5,0.65,0.9", "--json",
+               "--out", str(out), "--draft-time", "0.01,0.002"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    d = json.loads(captured.out)          # stdout holds the JSON and nothing else
+    assert d["acceptance"] == [0.5, 0.65, 0.9]
+    assert set(d["best_k"]) == {"per_slot", "dedup", "best"}
+    assert len(d["step_points"]["best"]) == 5 and len(d["verify_ms"]["dedup"]) == 6
+    on_disk = json.loads((out / "plan.json").read_text())
+    assert on_disk == d
+    for name in ("staircase.png", "saving.png", "speedup.png", "summary.txt"):
+        assert (out / name).stat().st_size > 0
+    assert not list(out.glob(".*tmp"))
+
+
+@stats_available
+def test_cli_summary_and_layer_mapping(inputs, capsys):
+    big = toy_spec(num_moe_layers=5, name="toy5")
+    spec_path = inputs["tmp"] / "spec5.json"
+    spec_path.write_text(json.dumps(big.to_dict()))
+    prof_path = inputs["tmp"] / "p5.json"
+    toy_profile(big).save(prof_path)
+    rc = main(["plan", "--model", str(spec_path), "--trace", inputs["trace"], "--bandwidth",
+               str(prof_path), "--k-max", "4"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert "layer-mean" in captured.err
+    assert "staircase" in captured.out and "crossover" in captured.out
+
+
+@stats_available
+@pytest.mark.parametrize("extra, word", [
+    (["--acceptance", "1.2"], "--acceptance"),
+    (["--k-max", "0"], "--k-max"),
+    (["--draft-time=-1,0"], "--draft-time"),
+    (["--expected-acceptance", "1"], "--expected-acceptance"),
+])
+def test_cli_bad_input_is_one_line(inputs, capsys, extra, word):
+    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
+               inputs["profile"], *extra])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and word in err
+
+
+@stats_available
+def test_cli_profile_for_another_model(inputs, capsys):
+    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
+               inputs["other"]])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "profile is for model 'other'" in err
+    assert len(err.splitlines()) == 1
+
+
+@stats_available
+def test_cli_k_max_beyond_profile(inputs, capsys):
+    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
+               inputs["profile"], "--k-max", "7"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "--k-max" in err[-1]
