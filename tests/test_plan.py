@@ -88,6 +88,12 @@ def test_build_plan_against_theory():
                 assert (margin > 0) == theory.speeds_up(Vd, a, k)
     assert d["engine"]["settings"] == engine_settings(d["engine"]["best"]["draft_length"],
                                                       d["crossover"])
+    # Eq. (22) cross-check from the profile's operation times, tau(1) from Eq. (5)
+    from specmoe.cost.step import whole_model_verify_time
+    prof = toy_profile(spec)
+    eq22 = whole_model_verify_time(prof, "dedup", vm.tau["per_slot"][0], num_layers=L) * 1e3
+    assert d["verify_ms_eq22"]["dedup"] == pytest.approx(eq22.tolist(), rel=1e-12)
+    assert d["verify_ms_eq22"]["per_slot"][0] == pytest.approx(d["verify_ms"]["per_slot"][0])
     text = summary(d)
     assert "staircase" in text and "crossover" in text
     assert ("llama.cpp" in text) == (d["engine"]["best"]["draft_length"] > 0)
@@ -223,3 +229,38 @@ def test_cli_k_max_beyond_profile(inputs, capsys):
                inputs["profile"], "--k-max", "7"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "--k-max" in err[-1]
+
+
+@stats_available
+def test_default_profile_is_benchmarked_once_then_cached(inputs, capsys, monkeypatch):
+    import sys
+    import types
+
+    from specmoe.cost import plan_cli
+
+    calls = []
+
+    def fake_run_benchmark(spec, *, trace=None, device="cpu", dtype="float32", quick=False,
+                           progress=True):
+        calls.append((spec.name, device, dtype, quick, trace.num_layers))
+        return toy_profile(spec, dtype=dtype)
+
+    monkeypatch.setitem(sys.modules, "specmoe.bench.run",
+                        types.SimpleNamespace(run_benchmark=fake_run_benchmark))
+    monkeypatch.setenv("SPECMOE_CACHE_DIR", str(inputs["tmp"] / "cache"))
+    monkeypatch.setattr(plan_cli, "_default_trace", lambda: __import__("pathlib").Path(
+        inputs["trace"]))
+    args = ["plan", "--model", inputs["spec"], "--k-max", "3", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert calls == [("toy", "cpu", "float32", True, L)]
+    cached = list((inputs["tmp"] / "cache" / "profiles").glob("toy-cpu-float32-*.json"))
+    assert len(cached) == 1
+    assert main(args) == 0                      # second run: read from the cache
+    second = json.loads(capsys.readouterr().out)
+    assert len(calls) == 1
+    assert second["step_points"] == first["step_points"]
+    assert second["sources"]["bandwidth"]["cached"] is True
+    assert main([*args, "--rebench"]) == 0
+    capsys.readouterr()
+    assert len(calls) == 2

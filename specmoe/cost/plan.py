@@ -30,7 +30,13 @@ import numpy as np
 from specmoe.cost import bounds, theory
 from specmoe.cost._exact import check_acceptance
 from specmoe.cost.bytes import pass_bytes
-from specmoe.cost.step import POLICIES, VerifyModel, profile_bandwidths, verify_model
+from specmoe.cost.step import (
+    POLICIES,
+    VerifyModel,
+    profile_bandwidths,
+    verify_model,
+    whole_model_verify_time,
+)
 from specmoe.errors import InputError
 
 __all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings"]
@@ -52,6 +58,18 @@ class Plan:
 
 def _policy_eps(eps: dict[str, float]) -> float:
     return max(float(eps.get("per_slot", 0.0)), float(eps.get("dedup", 0.0)))
+
+
+def _eq22(profile: Any, tau1: float, k_max: int, num_layers: int) -> dict[str, list] | None:
+    """Eq. (22) with the profile's predicted per-layer operation times (the fits at the union
+    bytes of recorded windows), summed onto the model's layers, from tau(1) of Eq. (5): a cross
+    check of the bandwidth route; None when the profile holds no usable operation times."""
+    try:
+        idx = [profile.n.index(k) for k in range(1, k_max + 2)]
+        return {p: (whole_model_verify_time(profile, p, tau1, num_layers=num_layers)[idx]
+                    * MS).tolist() for p in ("per_slot", "dedup")}
+    except (InputError, KeyError, ValueError, TypeError, IndexError):
+        return None
 
 
 def engine_settings(k: int, crossover: int | None) -> dict[str, Any]:
@@ -164,6 +182,9 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
                 certain.append(bounds.best_length_separated(theory.throughput(Vl, a), delta))
         data["best_k"][p], data["speedup"][p] = ks, sps
         data["speedup_bound"][p], data["best_k_certain"][p] = sbs, certain
+
+    data["verify_ms_eq22"] = _eq22(profile, float(vm.tau["per_slot"][0]), k_max,
+                                   spec.num_moe_layers)
 
     # Reuse thresholds of a deduplicating engine, Eq. (14); h enters as fixed work (App. B.2).
     m, W = pb.m, pb.W

@@ -361,6 +361,9 @@ def summary(d: dict[str, Any]) -> str:
     lines += ["", _row("tokens per pass n", n, "{:8d}"),
               _row("verify ms, per-slot", d["verify_ms"]["per_slot"]),
               _row("verify ms, dedup", d["verify_ms"]["dedup"]),
+              *([_row("  Eq. (22), per-slot", d["verify_ms_eq22"]["per_slot"]),
+                 _row("  Eq. (22), dedup", d["verify_ms_eq22"]["dedup"])]
+                if d.get("verify_ms_eq22") else []),
               _row("saving ms S(n)", d["saving_ms"]),
               _row("  bound (18) +/-", d["saving_band_ms"]),
               _row("byte share u_bar(n)", d["bytes"]["u_bar"], "{:8.3f}"),
