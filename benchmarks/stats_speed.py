@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--num-experts", type=int, default=64)
     ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--keep", type=float, default=0.45)
+    ap.add_argument("--keep", type=float, default=0.35)
     ap.add_argument("--max-n", type=int, default=9)
     ap.add_argument("--max-lag", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
