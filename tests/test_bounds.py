@@ -127,3 +127,21 @@ def test_input_checks():
     assert bounds.kernel_decision_margin(0.0) == 0.0
     assert bounds.throughput_loss_bound(F(1, 9)) == F(1, 5)
     assert bounds.speedup_interval(F(2), F(1, 9)) == (F(8, 5), F(5, 2))
+
+
+@SETTINGS
+@given(eps=st.builds(F, st.integers(0, 45), st.just(100)), a=acc,
+       parts=st.lists(st.tuples(nonneg, pos, pos, pos, nonneg, unit(), unit()),
+                      min_size=2, max_size=5))
+def test_bandwidth_errors_within_eps_keep_eq20_eq21(eps, a, parts):
+    """V(k) from Eq. (5) plus an exact draft time, every bandwidth off by at most eps:
+    the bounds (20) and (21) hold with delta = eps/(1 - eps) (Eq. (C.7))."""
+    V = [D / bD + E / b + h for D, bD, E, b, h, _, _ in parts]
+    V_hat = [D / (bD * (1 + eps * tD)) + E / (b * (1 + eps * tE)) + h
+             for D, bD, E, b, h, tD, tE in parts]
+    delta = bounds.delta_from_epsilon(eps)
+    k, k_hat = theory.best_draft_length(V, a), theory.best_draft_length(V_hat, a)
+    T = theory.throughput(V, a)
+    assert 1 - T[k_hat] / T[k] <= bounds.throughput_loss_bound(delta)
+    lo, hi = bounds.speedup_interval(theory.best_speedup(V_hat, a), delta)
+    assert lo <= theory.best_speedup(V, a) <= hi
