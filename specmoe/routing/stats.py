@@ -102,6 +102,10 @@ def _array_sums(experts: np.ndarray, doc_offsets, num_experts: int | None, *, ma
     T, L, m = experts.shape
     off = (np.array([0, T], np.int64) if doc_offsets is None
            else np.asarray(doc_offsets, dtype=np.int64))
+    if off.ndim != 1 or off.size < 2 or off[0] != 0 or off[-1] != T or np.any(np.diff(off) <= 0):
+        raise InputError(f"doc_offsets must increase strictly from 0 to T={T}")
+    if max_n < 1 or max_lag < 0:
+        raise InputError(f"need max_n >= 1 and max_lag >= 0, got {max_n} and {max_lag}")
     n_exp = _infer_n(experts, num_experts)
     part = _shard_sums(experts, off, n_exp, max_n=max_n, max_lag=max_lag, aligned=aligned,
                        per_doc_counts=False)

@@ -13,9 +13,9 @@ of one document, t..t+n−1, has union X_l,t(n) = |S_t ∪ ... ∪ S_{t+n−1}| 
 so ρ̂_l(1) = 0 and Û_l(1) = m. Windows never cross a document edge. Eq. (2),
 U_l(n) = m Σ_{j≤n}(1 − ρ_l(j)), holds exactly per window (Eq. (B.5) of paper 002); over a finite
 trace the windows of length j and n differ near document ends, so the estimates satisfy it only
-up to ``identity_error`` ≤ ``identity_bound`` = max_n m Σ_{j≤n}(1 − #windows(n)/#windows(j))
-(the mean of values in [0, m] over a subset of its windows moves by at most m times the share
-left out). With ``aligned=True`` every n uses the same window starts (those with room for max_n
+up to ``identity_error`` ≤ ``identity_bound`` = max over n of
+m Σ_{j≤n}(1 − #windows(n)/#windows(j)) (the mean of values in [0, m] over a subset of its
+windows moves by at most m times the share left out; see :func:`identity_bound`). With ``aligned=True`` every n uses the same window starts (those with room for max_n
 tokens) and Eq. (2) holds exactly.
 
 Pairwise overlap o_l(j) = Σ |S_t ∩ S_{t+j}| / (m · #pairs(j)) over pairs inside one document
