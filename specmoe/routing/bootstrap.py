@@ -14,7 +14,7 @@ resamples, 95%). With all c_d = 1 the formulas give the point estimates.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -92,7 +92,7 @@ def resampled_statistics(sums: DocumentSums, weights: np.ndarray, *,
         "overlap": ov,
     }
     if sums.doc_expert_counts is not None:
-        tokens = C @ sums.lengths.astype(np.float64)                           # [B]
+        tokens = C @ np.asarray(sums.lengths, dtype=np.float64)                # [B]
         counts = (C @ sums.doc_expert_counts.reshape(D, -1)).reshape(B, L, -1)  # [B, L, N]
         p = _div(counts, tokens[:, None, None])
         ind = (p * p).sum(axis=-1).mean(axis=1) / m                            # [B]
@@ -121,6 +121,9 @@ def bootstrap_intervals(sums: DocumentSums, *, resamples: int = 2000, seed: int 
                          "(document_sums(..., per_document_counts=True))")
     rng = np.random.default_rng(seed)
     D = sums.documents
+    f64 = {k: np.asarray(getattr(sums, k), dtype=np.float64) for k in (
+        "lengths", "reuse", "union", "windows", "overlap", "pairs", "doc_expert_counts")}
+    sums = replace(sums, **f64)  # converted once, not in every block's matrix products
     pvals = np.full(D, 1.0 / D)
     blocks: list[dict[str, np.ndarray]] = []
     for b0 in range(0, resamples, _BLOCK):

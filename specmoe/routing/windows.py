@@ -359,12 +359,15 @@ def document_sums(trace_or_reader, *, max_n: int = 9, max_lag: int = DEFAULT_MAX
     lens = np.concatenate(lengths)
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     doc_counts = cat.pop("counts", None)
+    if doc_counts is not None:  # D·L·N of them: halve their memory (a document has < 2^31 tokens)
+        doc_counts = doc_counts.astype(np.int32)
     return DocumentSums(
         num_experts=int(first.num_experts), top_k=first.top_k, layers=list(first.layers),
         max_n=int(max_n), max_lag=int(max_lag), aligned=bool(aligned), lengths=lens,
         reuse=cat["reuse"], union=cat["union"], windows=_window_counts(lens, int(max_n), aligned),
         overlap=cat["overlap"], pairs=_pair_counts(lens, int(max_lag)),
-        expert_counts=doc_counts.sum(axis=0) if doc_counts is not None else counts,
+        expert_counts=doc_counts.sum(axis=0, dtype=np.int64) if doc_counts is not None
+        else counts,
         doc_expert_counts=doc_counts,
     )
 
