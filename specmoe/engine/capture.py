@@ -272,6 +272,9 @@ def capture_tokens(model: Any, token_ids: Sequence[int], *, max_context: int | N
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids with the tokenizer's default special tokens (a long text is not an error)."""
+    if hasattr(tokenizer, "model_max_length"):  # a transformers tokenizer
+        return list(tokenizer(text, verbose=False)["input_ids"])
     return list(tokenizer(text)["input_ids"]) if callable(tokenizer) else list(
         tokenizer.encode(text))
 
