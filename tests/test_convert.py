@@ -582,3 +582,24 @@ def test_large_shards_split_into_row_groups(tmp_path, rng, monkeypatch):
     path = save_parquet(tr, tmp_path / "t.parquet")
     assert pq.ParquetFile(path).num_row_groups == 3  # 11 tokens in groups of 4
     assert_same_trace(tr, load_parquet(path))
+
+
+def test_preset_with_leading_dense_layer(tmp_path, rng):
+    """DeepSeek-V2-Lite: 27 decoder layers, the first dense; a full record keeps 1..26."""
+    full = np.full((3, 27, 6), -1, dtype=np.int32)
+    full[:, 1:] = ids(rng, 3, 26, 6, 64)
+    np.save(tmp_path / "r.npy", full)
+    tr = import_routed_experts(tmp_path / "r.npy", engine="vllm", model="DeepSeek-V2-Lite")
+    assert tr.layers == list(range(1, 27)) and tr.num_experts == 64
+    np.testing.assert_array_equal(tr.experts, full[:, 1:])
+
+
+def test_flattened_record_shape_from_an_unambiguous_model(tmp_path, rng):
+    rec = ids(rng, 3, 16, 8, 64)
+    path = tmp_path / "gen.json"
+    path.write_text(json.dumps({"meta_info": {"id": "g", "routed_experts": b64_raw(rec)}}))
+    tr = import_routed_experts(path, engine="sglang", model="OLMoE-1B-7B-0125")
+    np.testing.assert_array_equal(tr.experts, rec)
+    with pytest.raises(InputError) as ei:  # 27 decoder layers, 26 MoE: the flags must say
+        import_routed_experts(path, engine="sglang", model="DeepSeek-V2-Lite")
+    one_line(ei, path, "--layers and --top-k")

@@ -182,8 +182,8 @@ def _decode(payload: Any, dtype_hint: str | None, *, layers: int | None,
     if arr.ndim == 3:
         if (layers, top_k) != (None, None) and arr.shape[1:] != (
                 layers or arr.shape[1], top_k or arr.shape[2]):
-            raise InputError(f"{name}: shape {arr.shape} disagrees with --layers {layers} "
-                             f"--top-k {top_k}")
+            raise InputError(f"{name}: shape {arr.shape} disagrees with layers={layers}, "
+                             f"top_k={top_k} (from --layers/--top-k or --model)")
         return arr
     if arr.ndim == 2 and (layers or top_k):
         width = arr.shape[1]
@@ -240,6 +240,9 @@ def import_routed_experts(path: str | os.PathLike, *, engine: str,
     path = Path(path)
     spec = _spec(model)
     n = _num_experts(num_experts, spec, None, name=str(path))
+    if spec is not None and layers is None and top_k is None and (
+            spec.num_hidden_layers == spec.num_moe_layers):  # flattened records: unambiguous
+        layers, top_k = spec.num_moe_layers, spec.top_k
     arrays, names = [], []
     for doc, parts, dtype in _collect(path):
         label = f"{path}: request {doc}"
@@ -579,6 +582,7 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(result))
     else:
-        print(f"{src} ({fmt_in}) -> {dst} ({fmt_out}): {tokens} tokens in {docs} documents, "
+        print(f"{src} ({fmt_in}) -> {dst} ({fmt_out}): {tokens} tokens in {docs} "
+              f"document{'s' * (docs != 1)}, "
               f"L={head.num_layers}, m={head.top_k}, N={head.num_experts}")
     return 0
