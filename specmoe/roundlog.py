@@ -1,0 +1,451 @@
+"""The round log: one row per verification round of a speculative run.
+
+Legend for shapes: ``R`` rounds, ``P`` pass size (k + 1 positions), ``L`` MoE layers, ``m`` slots
+(experts per token), ``N`` experts per layer.
+
+On disk a round log is Parquet: a file, or a directory of part files (``part-000000.parquet``,
+...) read back in sorted path order as one table. :class:`RoundLogWriter` appends rounds and
+writes each batch of finished rounds as a new part, atomically, so an interrupted run keeps
+every round it flushed. A directory of runs (one sub-directory per run) reads as one log.
+
+Columns (:data:`COLUMNS`; the Arrow type, then whether a reader requires it):
+
+``run_id`` string · ``prompt_id`` string · ``generation_id`` string (run and prompt, unique per
+generation) · ``category`` string, null allowed · ``round`` int32, 0, 1, ... within the
+generation · ``k`` int16, the draft budget · ``pass_size`` int16, k + 1 · ``accepted`` int16,
+drafts accepted, 0..k · ``emitted`` int16, accepted + 1 · ``t_verify_ms`` float64, the target's
+verification pass T_T · ``t_draft_ms`` float64, the drafting time T_D (null: not timed) ·
+``context_len`` int32, L, the tokens in context before the pass · ``u_mean`` float64, Ū_r, the
+distinct experts of the pass averaged over MoE layers · ``e_max`` int32, the largest number of
+the pass's tokens that one expert receives, over layers · ``kernel`` string · ``drafter``
+string · ``acceptance`` float64, the target acceptance a of an oracle drafter (else null) ·
+``kv_usage`` float64, KV-cache occupancy in [0, 1] (null allowed) · ``num_layers`` int16 (L) ·
+``top_k`` int16 (m) · ``num_experts`` int32 (N).
+
+Counterfactual columns (needed by the Oracle, optional elsewhere):
+
+``routing`` list<int16>: the expert ids of the P verified positions, flattened ``[P, L, m]``
+(position 0 is the round's current token, positions 1..k its drafts) · ``draft_tokens``
+list<int32>, the k proposed tokens · ``target_tokens`` list<int32>, the k + 1 tokens the target
+emits at the pass positions (greedy: its argmax; sampled: the accepted drafts, then its
+correction or bonus token; later entries are informational) · ``draft_confidence``
+list<float32>, the drafter's probability of each proposed token (optional).
+
+Invariant checked on read: ``accepted`` is the leading-match length of ``draft_tokens`` against
+``target_tokens``. So for any budget k' <= k the round would have accepted
+``min(accepted, k')`` drafts, and its pass of k' + 1 tokens would have needed the union of the
+experts of routing positions 0..k'.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe._io import atomic_path
+from specmoe.errors import InputError
+
+__all__ = ["COLUMNS", "COUNTERFACTUAL", "RoundLog", "RoundLogWriter", "leading_match",
+           "pass_stats", "read_round_log", "validate", "write_round_log"]
+
+# name -> (Arrow type, required by every reader)
+COLUMNS: dict[str, tuple[str, bool]] = {
+    "run_id": ("string", True),
+    "prompt_id": ("string", True),
+    "generation_id": ("string", True),
+    "category": ("string", False),
+    "round": ("int32", True),
+    "k": ("int16", True),
+    "pass_size": ("int16", True),
+    "accepted": ("int16", True),
+    "emitted": ("int16", True),
+    "t_verify_ms": ("float64", True),
+    "t_draft_ms": ("float64", False),
+    "context_len": ("int32", True),
+    "u_mean": ("float64", True),
+    "e_max": ("int32", False),
+    "kernel": ("string", False),
+    "drafter": ("string", False),
+    "acceptance": ("float64", False),
+    "kv_usage": ("float64", False),
+    "num_layers": ("int16", False),
+    "top_k": ("int16", False),
+    "num_experts": ("int32", False),
+    "routing": ("list<int16>", False),
+    "draft_tokens": ("list<int32>", False),
+    "target_tokens": ("list<int32>", False),
+    "draft_confidence": ("list<float32>", False),
+}
+COUNTERFACTUAL = ("routing", "draft_tokens", "target_tokens", "num_layers", "top_k")
+_STRING = [c for c, (t, _) in COLUMNS.items() if t == "string"]
+_LIST = [c for c, (t, _) in COLUMNS.items() if t.startswith("list")]
+_INT_REQUIRED = [c for c, (t, req) in COLUMNS.items() if t.startswith("int") and req]
+
+
+def _arrow_type(spec: str):
+    import pyarrow as pa
+
+    if spec.startswith("list<"):
+        return pa.list_(_arrow_type(spec[5:-1]))
+    return {"string": pa.string(), "int16": pa.int16(), "int32": pa.int32(),
+            "float32": pa.float32(), "float64": pa.float64()}[spec]
+
+
+def arrow_schema(names: list[str] | None = None):
+    """The canonical Arrow schema (of ``names``, default every column)."""
+    import pyarrow as pa
+
+    names = list(COLUMNS) if names is None else names
+    return pa.schema([pa.field(n, _arrow_type(COLUMNS[n][0])) for n in names])
+
+
+# ---------------------------------------------------------------------------------------------
+# per-round arithmetic
+
+
+def pass_stats(routing: np.ndarray, num_experts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ū and E_max of passes: ``routing`` [..., P, L, m] -> (u_mean [...], e_max [...]).
+
+    Ū is the number of distinct experts among the P·m slots of a layer, averaged over layers;
+    E_max is the largest count of the pass's tokens routed to one expert, over layers.
+    """
+    r = np.asarray(routing)
+    *batch, p, n_layers, m = r.shape
+    n = int(num_experts if num_experts is not None else (r.max(initial=-1) + 1))
+    r = np.moveaxis(r.reshape(-1, p, n_layers, m), 2, 1).reshape(-1, p * m)  # [B·L, P·m]
+    flat = (np.arange(r.shape[0])[:, None] * n + r).ravel()
+    counts = np.bincount(flat, minlength=r.shape[0] * n).reshape(-1, n_layers, n)  # [B, L, N]
+    u = (counts > 0).sum(-1).mean(-1)
+    e = counts.max(axis=(-1, -2))
+    return u.reshape(batch), e.reshape(batch)
+
+
+def leading_match(draft: np.ndarray, d_off: np.ndarray, target: np.ndarray,
+                  t_off: np.ndarray) -> np.ndarray:
+    """Per round, how many leading drafts equal the target's tokens, [R] (at most k)."""
+    k = np.diff(d_off)
+    rows = np.repeat(np.arange(len(k)), k)
+    idx = np.arange(len(draft)) - np.repeat(d_off[:-1], k)
+    ok = idx < (t_off[1:] - t_off[:-1])[rows]
+    mism = ~ok
+    mism[ok] = draft[ok] != target[(t_off[:-1][rows] + idx)[ok]]
+    out = k.astype(np.int64).copy()
+    first_rows, first = np.unique(rows[mism], return_index=True)
+    out[first_rows] = idx[mism][first]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the in-memory log
+
+
+@dataclass(frozen=True, eq=False)
+class RoundLog:
+    """Rounds as numpy arrays (validated by :func:`read_round_log`).
+
+    ``data``: scalar columns, [R] each: integer columns int64; optional numeric columns float64
+    with NaN for null; string columns object arrays with None for null.
+    ``lists``: list columns as (values, offsets int64 [R+1]); a null list has length 0.
+    """
+
+    data: dict[str, np.ndarray]
+    lists: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    name: str = "round log"
+
+    @property
+    def num_rounds(self) -> int:
+        return len(self.data["k"])
+
+    def __len__(self) -> int:
+        return self.num_rounds
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.data[column]
+
+    def has(self, column: str) -> bool:
+        """Whether ``column`` is present with at least one non-null value."""
+        if column in self.lists:
+            return bool(len(self.lists[column][0]))
+        v = self.data.get(column)
+        if v is None:
+            return False
+        return bool(np.any(v != None) if v.dtype == object else np.any(~np.isnan(v)))  # noqa: E711
+
+    def codes(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """(int codes [R], unique labels) of a string column; null is its own label ''."""
+        v = np.array(["" if x is None else str(x) for x in self.data[column]], dtype=object)
+        labels, codes = np.unique(v.astype(str), return_inverse=True)
+        return codes.astype(np.int64), labels
+
+    @property
+    def budgets(self) -> np.ndarray:
+        return np.unique(self.data["k"])
+
+    def list_of(self, column: str, r: int) -> np.ndarray:
+        values, off = self.lists[column]
+        return values[off[r]:off[r + 1]]
+
+    def routing_of(self, r: int) -> np.ndarray:
+        """The routing of round r, [P, L, m]."""
+        return self.list_of("routing", r).reshape(
+            int(self.data["pass_size"][r]), int(self.data["num_layers"][r]),
+            int(self.data["top_k"][r]))
+
+    def select(self, mask: np.ndarray) -> RoundLog:
+        """The rounds where ``mask`` (bool [R] or indices) holds, in order."""
+        idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask)
+        data = {c: v[idx] for c, v in self.data.items()}
+        lists = {}
+        for c, (values, off) in self.lists.items():
+            lengths = (off[1:] - off[:-1])[idx]
+            starts = off[:-1][idx]
+            take = (np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+                    + np.arange(lengths.sum()))
+            lists[c] = (values[take], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        return RoundLog(data, lists, self.name)
+
+    def to_arrow(self):
+        import pyarrow as pa
+
+        arrays, names = [], []
+        for c, (spec, _) in COLUMNS.items():
+            if c in self.lists:
+                values, off = self.lists[c]
+                vals = pa.array(values, type=_arrow_type(spec[5:-1]))
+                arrays.append(pa.ListArray.from_arrays(pa.array(off, type=pa.int32()), vals))
+            elif c in self.data:
+                v = self.data[c]
+                if spec == "string":
+                    arrays.append(pa.array(list(v), type=pa.string()))
+                else:
+                    mask = np.isnan(v) if v.dtype.kind == "f" else None
+                    if spec.startswith("int") and mask is not None:
+                        v = np.where(mask, 0, v)
+                    arrays.append(pa.array(v, mask=mask).cast(_arrow_type(spec)))
+            else:
+                continue
+            names.append(c)
+        return pa.Table.from_arrays(arrays, schema=arrow_schema(names))
+
+
+def _from_arrow(table, name: str) -> RoundLog:
+    import pyarrow.compute as pc
+
+    data, lists = {}, {}
+    for c in table.column_names:
+        spec, required = COLUMNS[c]
+        col = table.column(c).combine_chunks()
+        if spec == "string":
+            data[c] = np.array(col.to_pylist(), dtype=object)
+        elif spec.startswith("list"):
+            lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+            values = pc.list_flatten(col).to_numpy(zero_copy_only=False)
+            lists[c] = (values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        elif required and spec.startswith("int"):
+            if col.null_count:
+                raise InputError(f"{name}: column {c!r} has {col.null_count} null value(s)")
+            data[c] = col.to_numpy(zero_copy_only=False).astype(np.int64)
+        else:
+            data[c] = pc.cast(col, "float64").to_numpy(zero_copy_only=False).astype(np.float64)
+    return RoundLog(data, lists, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+
+def _parts(path: Path) -> list[Path]:
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    if path.is_file():
+        return [path]
+    parts = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith("."))
+    if not parts:
+        raise InputError(f"{path}: no round-log parts (*.parquet) found")
+    return parts
+
+
+def _read_part(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{path}: not a readable Parquet file "
+                         f"({str(exc).splitlines()[0]})") from None
+    names = [c for c in table.column_names if c in COLUMNS]
+    missing = [c for c, (_, req) in COLUMNS.items() if req and c not in names]
+    if missing:
+        raise InputError(f"{path}: missing round-log column(s) {', '.join(missing)}")
+    cols = []
+    for c in names:
+        want = _arrow_type(COLUMNS[c][0])
+        try:
+            cols.append(table.column(c).cast(want))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise InputError(f"{path}: column {c!r} has type {table.column(c).type}, "
+                             f"expected {COLUMNS[c][0]}") from None
+    return pa.Table.from_arrays(cols, schema=arrow_schema(names))
+
+
+def read_round_log(path: str | os.PathLike, *, check: bool = True) -> RoundLog:
+    """Read a round log (a Parquet file or a directory of parts, recursively) and validate it.
+
+    Every column of :data:`COLUMNS` is present in the result (an optional column absent from
+    every part is all null). Raises ``InputError`` naming the file for a missing or mistyped
+    column, an empty log, or rounds that break the invariants (see :func:`validate`).
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    tables = [_read_part(p) for p in _parts(path)]
+    names = list(COLUMNS)  # a column absent from every part reads as all null
+    full = []
+    for t in tables:
+        cols = [t.column(c) if c in t.column_names else pa.nulls(t.num_rows, _arrow_type(
+            COLUMNS[c][0])) for c in names]
+        full.append(pa.Table.from_arrays(cols, schema=arrow_schema(names)))
+    table = pa.concat_tables(full)
+    if table.num_rows == 0:
+        raise InputError(f"{path}: empty round log (no rounds)")
+    log = _from_arrow(table, str(path))
+    if check:
+        validate(log)
+    return log
+
+
+def _first_bad(log: RoundLog, bad: np.ndarray, what: str) -> None:
+    if bad.any():
+        r = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"{log.name}: {int(bad.sum())} round(s) with {what} (first: generation "
+            f"{log['generation_id'][r]!r}, round {int(log['round'][r])})")
+
+
+def validate(log: RoundLog) -> None:
+    """Check the invariants of every round; raise ``InputError`` naming the log on the first."""
+    d = log.data
+    k = d["k"]
+    _first_bad(log, k < 0, "k < 0")
+    _first_bad(log, d["pass_size"] != k + 1, "pass_size != k + 1")
+    _first_bad(log, (d["accepted"] < 0) | (d["accepted"] > k), "accepted outside 0..k")
+    _first_bad(log, d["emitted"] != d["accepted"] + 1, "emitted != accepted + 1")
+    _first_bad(log, ~(np.isfinite(d["t_verify_ms"]) & (d["t_verify_ms"] > 0)),
+               "t_verify_ms not positive")
+    _first_bad(log, d["context_len"] < 0, "context_len < 0")
+    _first_bad(log, ~(d["u_mean"] >= 0), "u_mean not >= 0")
+    for c in ("run_id", "prompt_id", "generation_id"):
+        _first_bad(log, np.array([x is None or x == "" for x in d[c]]), f"an empty {c}")
+    if "draft_tokens" in log.lists and "target_tokens" in log.lists:
+        dv, do = log.lists["draft_tokens"]
+        tv, to = log.lists["target_tokens"]
+        has = (np.diff(to) > 0)
+        _first_bad(log, has & (np.diff(do) != k), "len(draft_tokens) != k")
+        _first_bad(log, has & (np.diff(to) != k + 1), "len(target_tokens) != k + 1")
+        lm = leading_match(dv, do, tv, to)
+        _first_bad(log, has & (lm != d["accepted"]),
+                   "accepted != leading match of draft_tokens and target_tokens")
+    if "routing" in log.lists and "num_layers" in d and "top_k" in d:
+        n = np.diff(log.lists["routing"][1])
+        want = d["pass_size"] * np.nan_to_num(d["num_layers"]) * np.nan_to_num(d["top_k"])
+        _first_bad(log, (n > 0) & (n != want), "len(routing) != pass_size·num_layers·top_k")
+
+
+def write_round_log(log: RoundLog, path: str | os.PathLike) -> Path:
+    """Write ``log`` as one Parquet file, atomically."""
+    import pyarrow.parquet as pq
+
+    with atomic_path(path) as tmp:
+        pq.write_table(log.to_arrow(), tmp)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# writing, round by round
+
+
+class RoundLogWriter:
+    """Append rounds; every ``flush_every`` rounds (and on :meth:`flush` / close) the buffered
+    rounds become a new part file ``part-NNNNNN.parquet`` in ``directory``, written atomically.
+
+    ``append`` takes the columns by name. Derived columns may be left out: ``pass_size``
+    (k + 1), ``emitted`` (accepted + 1), ``generation_id`` (``run_id/prompt_id``), and with a
+    ``routing`` array of shape [P, L, m]: ``num_layers``, ``top_k``, ``u_mean``, ``e_max``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, flush_every: int = 256,
+                 defaults: Mapping[str, Any] | None = None):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.flush_every = int(flush_every)
+        self.defaults = dict(defaults or {})
+        self._rows: list[dict[str, Any]] = []
+        done = [int(p.stem.split("-")[1]) for p in self.directory.glob("part-*.parquet")
+                if p.stem.split("-")[1].isdigit()]
+        self._next = max(done, default=-1) + 1
+        self.rounds_written = 0
+
+    def append(self, **fields: Any) -> None:
+        row = {**self.defaults, **fields}
+        unknown = sorted(set(row) - set(COLUMNS))
+        if unknown:
+            raise ValueError(f"RoundLogWriter.append: unknown column(s) {', '.join(unknown)}")
+        row.setdefault("pass_size", int(row["k"]) + 1)
+        row.setdefault("emitted", int(row["accepted"]) + 1)
+        row.setdefault("generation_id", f"{row['run_id']}/{row['prompt_id']}")
+        routing = row.get("routing")
+        if routing is not None and np.ndim(routing) == 3:
+            routing = np.asarray(routing)
+            row.setdefault("num_layers", routing.shape[1])
+            row.setdefault("top_k", routing.shape[2])
+            if "u_mean" not in row or "e_max" not in row:
+                u, e = pass_stats(routing)
+                row.setdefault("u_mean", float(u))
+                row.setdefault("e_max", int(e))
+            row["routing"] = routing.ravel()
+        missing = [c for c, (_, req) in COLUMNS.items() if req and c not in row]
+        if missing:
+            raise ValueError(f"RoundLogWriter.append: missing column(s) {', '.join(missing)}")
+        self._rows.append(row)
+        if len(self._rows) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> Path | None:
+        """Write the buffered rounds as a new part; return its path (None if nothing buffered)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._rows:
+            return None
+        names = [c for c in COLUMNS if any(c in r for r in self._rows)]
+        cols = []
+        for c in names:
+            vals = [r.get(c) for r in self._rows]
+            if COLUMNS[c][0].startswith("list"):
+                vals = [None if v is None else np.asarray(v).tolist() for v in vals]
+            cols.append(pa.array(vals, type=_arrow_type(COLUMNS[c][0])))
+        table = pa.Table.from_arrays(cols, schema=arrow_schema(names))
+        path = self.directory / f"part-{self._next:06d}.parquet"
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
+        self._next += 1
+        self.rounds_written += len(self._rows)
+        self._rows = []
+        return path
+
+    close = flush
+
+    def __enter__(self) -> RoundLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:  # the buffered rounds, for inspection
+        return iter(self._rows)

@@ -1,0 +1,237 @@
+"""The round-log format: writer, reader, validation, per-round arithmetic, synthetic logs."""
+
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specmoe.errors import InputError
+from specmoe.oracle.synthetic import synthetic_round_log
+from specmoe.roundlog import (
+    COLUMNS,
+    RoundLogWriter,
+    leading_match,
+    pass_stats,
+    read_round_log,
+    write_round_log,
+)
+
+
+def _round(rng, k, *, run="r", prompt="p0", rnd=0, layers=2, top_k=2, n_exp=8, acc=None):
+    routing = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
+                        for _ in range(k + 1)])
+    target = rng.integers(0, 100, k + 1)
+    acc = int(rng.integers(0, k + 1)) if acc is None else acc
+    draft = target[:k].copy()
+    if acc < k:
+        draft[acc] = (draft[acc] + 1) % 100
+    return dict(run_id=run, prompt_id=prompt, round=rnd, k=k, accepted=acc, t_verify_ms=5.0 + k,
+                t_draft_ms=0.5 * k, context_len=100 + rnd, routing=routing,
+                draft_tokens=draft, target_tokens=target, category="code", kernel="slot",
+                drafter="eagle")
+
+
+@pytest.fixture(scope="module")
+def small_log():
+    return synthetic_round_log(budgets=(0, 2, 4), n_prompts=4, tokens=30, seed=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# per-round arithmetic against brute force
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_pass_stats_brute_force(p, layers, top_k, seed):
+    rng = np.random.default_rng(seed)
+    n_exp = top_k + int(rng.integers(0, 6))
+    routing = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False)
+                                  for _ in range(layers)]) for _ in range(p)])
+    u, e = pass_stats(routing, n_exp)
+    want_u = np.mean([len(set(routing[:, layer].ravel())) for layer in range(layers)])
+    want_e = max(max(Counter(routing[:, layer].ravel()).values()) for layer in range(layers))
+    assert u == pytest.approx(want_u) and e == want_e
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=5), st.integers(0, 2)),
+                min_size=1, max_size=6))
+def test_leading_match_brute_force(rounds):
+    drafts, targets = [], []
+    for draft, extra in rounds:
+        drafts.append(np.array(draft, np.int32))
+        targets.append(np.random.default_rng(extra).integers(0, 3, len(draft) + 1))
+    d_off = np.concatenate([[0], np.cumsum([len(d) for d in drafts])])
+    t_off = np.concatenate([[0], np.cumsum([len(t) for t in targets])])
+    got = leading_match(np.concatenate(drafts), d_off, np.concatenate(targets), t_off)
+    for g, d, t in zip(got, drafts, targets):
+        n = 0
+        while n < len(d) and d[n] == t[n]:
+            n += 1
+        assert g == n
+
+
+# ---------------------------------------------------------------------------------------------
+# writer and reader
+
+
+def test_writer_round_trip_and_derived_columns(tmp_path):
+    rng = np.random.default_rng(0)
+    rounds = [_round(rng, k, rnd=i) for i, k in enumerate([0, 1, 3, 2, 3])]
+    with RoundLogWriter(tmp_path / "run", flush_every=2) as w:
+        for r in rounds:
+            w.append(**r)
+    parts = sorted((tmp_path / "run").glob("part-*.parquet"))
+    assert len(parts) == 3  # 2 + 2 + 1 rounds
+    log = read_round_log(tmp_path / "run")
+    assert len(log) == 5
+    for i, r in enumerate(rounds):
+        assert log["pass_size"][i] == r["k"] + 1 and log["emitted"][i] == r["accepted"] + 1
+        assert log["generation_id"][i] == "r/p0"
+        np.testing.assert_array_equal(log.routing_of(i), r["routing"])
+        np.testing.assert_array_equal(log.list_of("draft_tokens", i), r["draft_tokens"])
+        u, e = pass_stats(r["routing"], 8)
+        assert log["u_mean"][i] == pytest.approx(u) and log["e_max"][i] == e
+    assert np.isnan(log["acceptance"]).all()  # optional column absent -> nulls
+
+
+def test_writer_keeps_flushed_rounds_when_interrupted(tmp_path):
+    rng = np.random.default_rng(1)
+    with pytest.raises(RuntimeError), RoundLogWriter(tmp_path, flush_every=3) as w:
+        for i in range(4):
+            w.append(**_round(rng, 2, rnd=i))
+        raise RuntimeError("engine crashed")
+    # the context manager flushed the 4th round on the way out; a stray temporary is ignored
+    (tmp_path / ".part-000009.parquet.tmp").write_bytes(b"half a file")
+    assert len(read_round_log(tmp_path)) == 4
+    w2 = RoundLogWriter(tmp_path)  # a resumed run continues the part numbering
+    w2.append(**_round(rng, 2, rnd=4))
+    assert w2.flush().name == "part-000002.parquet"
+    assert len(read_round_log(tmp_path)) == 5
+
+
+def test_writer_rejects_unknown_and_missing_columns(tmp_path):
+    w = RoundLogWriter(tmp_path)
+    with pytest.raises(ValueError, match="unknown column"):
+        w.append(**_round(np.random.default_rng(0), 1), bogus=1)
+    with pytest.raises(ValueError, match="missing column"):
+        w.append(run_id="r", prompt_id="p", k=1, accepted=0)
+
+
+def test_synthetic_log_round_trip(tmp_path, small_log):
+    write_round_log(small_log, tmp_path / "log.parquet")
+    back = read_round_log(tmp_path / "log.parquet")
+    assert set(back.data) == set(small_log.data)
+    for c, v in small_log.data.items():
+        if v.dtype == object:
+            assert list(back[c]) == list(v), c
+        else:
+            np.testing.assert_allclose(back[c].astype(float), v.astype(float), err_msg=c)
+    for c, (vals, off) in small_log.lists.items():
+        np.testing.assert_array_equal(back.lists[c][0], vals)
+        np.testing.assert_array_equal(back.lists[c][1], off)
+
+
+def test_select_matches_per_round_lists(small_log):
+    idx = np.array([5, 0, 17, 3])
+    sub = small_log.select(idx)
+    for j, i in enumerate(idx):
+        for c in small_log.lists:
+            np.testing.assert_array_equal(sub.list_of(c, j), small_log.list_of(c, i))
+        assert sub["generation_id"][j] == small_log["generation_id"][i]
+
+
+def test_synthetic_log_is_consistent(small_log):
+    log = small_log
+    for r in range(0, len(log), 7):
+        u, e = pass_stats(log.routing_of(r), 64)
+        assert log["u_mean"][r] == pytest.approx(u) and log["e_max"][r] == e
+    assert set(np.unique(log["k"])) == {0, 2, 4}
+    # rounds of a generation advance the context by the tokens emitted
+    for g in np.unique(log["generation_id"]):
+        sel = np.flatnonzero(log["generation_id"] == g)
+        ctx, em = log["context_len"][sel], log["emitted"][sel]
+        np.testing.assert_array_equal(np.diff(ctx), em[:-1])
+        np.testing.assert_array_equal(log["round"][sel], np.arange(len(sel)))
+
+
+def test_synthetic_acceptance_matches_its_rate():
+    log = synthetic_round_log(budgets=(1,), n_prompts=40, tokens=200, burst=0.0,
+                              categories={"x": 0.6}, seed=5)
+    # at K = 1 a round accepts its one draft with probability a: binomial, 4 sigma
+    acc = log["accepted"]
+    assert abs(acc.mean() - 0.6) < 4 * np.sqrt(0.24 / len(acc))
+
+
+# ---------------------------------------------------------------------------------------------
+# reader errors: one line, naming the file
+
+
+def _one_line(exc):
+    assert "\n" not in str(exc)
+    return str(exc)
+
+
+def _table(rounds):
+    cols = {c: [r.get(c) for r in rounds] for c in rounds[0]}
+    return pa.table(cols)
+
+
+def test_reader_errors(tmp_path):
+    with pytest.raises(InputError) as e:
+        read_round_log(tmp_path / "nope")
+    assert "no such file" in _one_line(e.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no round-log parts"):
+        read_round_log(tmp_path / "empty")
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(InputError) as e:
+        read_round_log(bad)
+    assert "bad.parquet" in _one_line(e.value) and "Parquet" in str(e.value)
+    pq.write_table(pa.table({"run_id": ["a"], "k": [1]}), tmp_path / "few.parquet")
+    with pytest.raises(InputError) as e:
+        read_round_log(tmp_path / "few.parquet")
+    assert "few.parquet" in _one_line(e.value) and "t_verify_ms" in str(e.value)
+
+
+def test_reader_rejects_empty_and_mistyped(tmp_path):
+    schema = pa.schema([pa.field(c, pa.string() if t == "string" else pa.float64())
+                        for c, (t, req) in COLUMNS.items() if req])
+    pq.write_table(schema.empty_table(), tmp_path / "zero.parquet")
+    with pytest.raises(InputError) as e:
+        read_round_log(tmp_path / "zero.parquet")
+    assert "empty round log" in _one_line(e.value)
+    rng = np.random.default_rng(0)
+    w = RoundLogWriter(tmp_path / "typed")
+    w.append(**_round(rng, 2))
+    w.flush()
+    t = pq.read_table(tmp_path / "typed" / "part-000000.parquet")
+    t = t.set_column(t.column_names.index("k"), "k", pa.array(["two"]))
+    pq.write_table(t, tmp_path / "typed" / "part-000000.parquet")
+    with pytest.raises(InputError) as e:
+        read_round_log(tmp_path / "typed")
+    assert "'k'" in _one_line(e.value) and "int16" in str(e.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(accepted=3, k=2), "accepted outside 0..k"),
+    (dict(emitted=5), "emitted != accepted + 1"),
+    (dict(pass_size=7), "pass_size != k + 1"),
+    (dict(t_verify_ms=-1.0), "t_verify_ms not positive"),
+    (dict(accepted=0), "leading match"),
+])
+def test_reader_checks_invariants(tmp_path, change, message):
+    rng = np.random.default_rng(2)
+    r = _round(rng, 2, acc=2)
+    r.update(change)
+    w = RoundLogWriter(tmp_path)
+    w.append(**r)
+    w.flush()
+    with pytest.raises(InputError) as e:
+        read_round_log(tmp_path)
+    assert message in _one_line(e.value) and "'r/p0'" in str(e.value)
