@@ -1,0 +1,336 @@
+"""The Oracle: the DP against brute force, the counterfactual data, Delta space, the CLI."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specmoe.cli import main
+from specmoe.oracle.analysis import oracle_analysis
+from specmoe.oracle.counterfactual import build_counterfactual, window_union
+from specmoe.oracle.delta import _quadrants, delta_space, fit_boundary
+from specmoe.oracle.ssp import expected_accepted, occupancy, solve, summarise, survival
+from specmoe.oracle.synthetic import synthetic_round_log
+from specmoe.roundlog import write_round_log
+
+# ---------------------------------------------------------------------------------------------
+# brute-force references
+
+
+def _policy_cost(pol, cost, q, n, k_max):
+    """Expected total cost of a Markov policy (budget per position), scalar forward pass."""
+    pi = np.zeros(n + k_max + 2)
+    pi[0] = 1.0
+    total = 0.0
+    for i in range(n):
+        k = pol[i]
+        total += pi[i] * cost[i, k]
+        surv = 1.0
+        for a in range(k + 1):
+            nxt = surv * q[i + a + 1] if a < k else 0.0
+            pi[min(i + a + 1, n)] += pi[i] * (surv - nxt)
+            surv = nxt
+    return total
+
+
+def _best_sequence(cost, q, i, n, k_max):
+    """Least total cost over every budget sequence from i (q all 0 or 1), by enumeration."""
+    if i >= n:
+        return 0.0
+    best = np.inf
+    for k in range(k_max + 1):
+        acc = 0
+        while acc < k and q[i + acc + 1] == 1:
+            acc += 1
+        best = min(best, cost[i, k] + _best_sequence(cost, q, i + acc + 1, n, k_max))
+    return best
+
+
+def _instance(seed, n, k_max, *, deterministic=False):
+    rng = np.random.default_rng(seed)
+    cost = rng.uniform(1.0, 3.0, (n, k_max + 1))
+    q = rng.integers(0, 2, n + k_max + 1).astype(float)
+    if not deterministic:
+        frac = rng.random(n + k_max + 1) < 0.5
+        q[frac] = rng.uniform(0, 1, frac.sum())
+    return cost, q
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_dp_equals_best_markov_policy(n, k_max, seed):
+    cost, q = _instance(seed, n, k_max)
+    best = min(_policy_cost(p, cost, q, n, k_max)
+               for p in itertools.product(range(k_max + 1), repeat=n))
+    sol = solve(cost[None], q[None], np.array([n]))
+    assert sol.total[0] == pytest.approx(best, rel=1e-12)
+    assert _policy_cost(sol.policy[0], cost, q, n, k_max) == pytest.approx(best, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_dp_equals_enumerated_budget_sequences(n, k_max, seed):
+    cost, q = _instance(seed, n, k_max, deterministic=True)
+    sol = solve(cost[None], q[None], np.array([n]))
+    assert sol.total[0] == pytest.approx(_best_sequence(cost, q, 0, n, k_max), rel=1e-12)
+    pi = occupancy(sol.policy, survival(q[None], k_max, n), np.array([n]))
+    assert set(np.unique(pi)) <= {0.0, 1.0}  # one path
+
+
+def test_batched_generations_equal_separate_solves():
+    rng = np.random.default_rng(4)
+    lengths = np.array([7, 1, 12, 4])
+    k_max, n = 3, 12
+    cost = rng.uniform(1, 3, (4, n, k_max + 1))
+    q = rng.uniform(0, 1, (4, n + k_max + 1))
+    joint = solve(cost, q, lengths)
+    for g, n_g in enumerate(lengths):
+        alone = solve(cost[g:g + 1, :n_g], q[g:g + 1, :n_g + k_max + 1], np.array([n_g]))
+        assert joint.total[g] == pytest.approx(alone.total[0], rel=1e-12)
+        np.testing.assert_array_equal(joint.policy[g, :n_g], alone.policy[0])
+        assert (joint.policy[g, n_g:] == 0).all()
+
+
+def test_occupancy_reproduces_the_value_and_monte_carlo_agrees():
+    rng = np.random.default_rng(8)
+    n, k_max = 60, 4
+    cost = rng.uniform(1, 3, (1, n, k_max + 1))
+    q = rng.uniform(0.2, 0.95, (1, n + k_max + 1))
+    sol = solve(cost, q, np.array([n]))
+    s = survival(q, k_max, n)
+    pi = occupancy(sol.policy, s, np.array([n]))
+    picked = np.take_along_axis(cost, sol.policy[..., None].astype(np.int64), -1)[..., 0]
+    assert (pi * picked).sum() == pytest.approx(sol.total[0], rel=1e-12)
+    # a second implementation of the expectation: sample acceptances, follow the policy
+    totals = []
+    for _ in range(3000):
+        i, t = 0, 0.0
+        while i < n:
+            k = sol.policy[0, i]
+            t += cost[0, i, k]
+            acc = 0
+            while acc < k and rng.random() < q[0, i + acc + 1]:
+                acc += 1
+            i += acc + 1
+        totals.append(t)
+    assert abs(np.mean(totals) - sol.total[0]) < 4 * np.std(totals) / np.sqrt(len(totals))
+
+
+def test_expected_accepted_is_the_sum_of_survivals():
+    q = np.array([[0.0, 0.5, 0.5, 1.0, 0.2, 0.9, 0.3]])
+    s = survival(q, 3, 4)
+    np.testing.assert_allclose(s[0, 0], [1, 0.5, 0.25, 0.25])
+    np.testing.assert_allclose(expected_accepted(s)[0, 0], [0, 0.5, 0.75, 1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# counterfactual data from a synthetic log
+
+
+@pytest.fixture(scope="module")
+def synth():
+    return synthetic_round_log(budgets=(0, 1, 2, 3, 4), n_prompts=6, tokens=50, seed=11)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 3), st.integers(0, 4), st.integers(0, 2**31 - 1))
+def test_window_union_brute_force(t, layers, k_max, seed):
+    rng = np.random.default_rng(seed)
+    n_exp = int(rng.integers(2, 130))
+    top_k = int(rng.integers(1, min(n_exp, 4) + 1))
+    ids = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
+                    for _ in range(t)])
+    starts = np.arange(t)
+    ends = np.full(t, t)
+    got = window_union(ids, starts, ends, k_max, n_exp)
+    for s in range(t):
+        for k in range(k_max + 1):
+            rows = ids[s:min(s + k, t - 1) + 1]
+            want = np.mean([len(set(rows[:, layer].ravel())) for layer in range(layers)])
+            assert got[s, k] == pytest.approx(want)
+
+
+def test_counterfactual_against_a_replay_of_the_rounds(synth):
+    cf = build_counterfactual(synth)
+    k_max = cf.k_max
+    assert k_max == 4
+    top = synth.select(synth["k"] == k_max)
+    for g, gid in enumerate(cf.generation_id):
+        rows = np.flatnonzero(top["generation_id"] == gid)
+        ref, q, pos = [], {}, 0
+        for r in rows:  # replay: the reference tokens' routing and each drafted outcome
+            m = int(top["accepted"][r])
+            ref.extend(top.routing_of(r)[:m + 1])
+            for d in range(1, min(m + 1, k_max) + 1):
+                q[pos + d] = 1.0 if d <= m else 0.0
+            pos += m + 1
+        assert cf.length[g] == pos == len(ref)
+        ref = np.array(ref)
+        for i in range(0, pos, 3):
+            for k in range(k_max + 1):
+                win = ref[i:min(i + k, pos - 1) + 1]
+                want = np.mean([len(set(win[:, layer].ravel())) for layer in range(win.shape[1])])
+                assert cf.union[g, i, k] == pytest.approx(want)
+        for j, v in q.items():
+            assert cf.known[g, j] and cf.q[g, j] == v
+        unknown = [j for j in range(1, pos) if j not in q]
+        assert all(not cf.known[g, j] and cf.q[g, j] == cf.rate[g] for j in unknown)
+
+
+def test_counterfactual_is_exact_at_recorded_round_starts(synth):
+    cf = build_counterfactual(synth)
+    s = survival(cf.q, cf.k_max, cf.union.shape[1])
+    ea = expected_accepted(s)[cf.round_gen, cf.round_start]
+    np.testing.assert_allclose(ea, cf.accepted)  # min(M, k), exactly
+    model_u = cf.union[cf.round_gen, cf.round_start]
+    m = cf.accepted[:, -1]
+    for k in range(cf.k_max + 1):  # the pass's first M+1 positions are reference tokens
+        ok = k <= m
+        np.testing.assert_allclose(model_u[ok, k], cf.union_recorded[ok, k])
+
+
+def test_geometric_acceptance_uses_the_rate_everywhere(synth):
+    cf = build_counterfactual(synth, acceptance="geometric")
+    assert not cf.known.any()
+    np.testing.assert_allclose(cf.q, np.repeat(cf.rate[:, None], cf.q.shape[1], axis=1))
+
+
+def test_oracle_analysis_bounds(synth):
+    res = oracle_analysis(synth, l_max=4, tables=False)
+    s = res.summaries
+    s_max = [x.s_max for x in s]
+    assert [x.l_max for x in s] == [1, 2, 3, 4]
+    assert all(v >= 1 - 1e-12 for v in s_max)  # plain decoding is among the choices
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(s_max))  # more budgets never hurt
+    for x in s:
+        assert 0 <= x.mean_accepted <= x.mean_k <= x.l_max and 0 <= x.cap_rate <= 1
+        assert x.plain_ms / x.time_ms == pytest.approx(x.s_max)
+
+
+# ---------------------------------------------------------------------------------------------
+# Delta space
+
+
+def test_quadrants_brute_force():
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(-2, 3, 200).astype(float), rng.integers(-2, 3, 200).astype(float)
+    q = _quadrants(x, y, 0.0)
+    want = _brute_quadrants(x, y)
+    assert q == want and sum(q.values()) == 200
+
+
+def _brute_quadrants(x, y):
+    out = {"I": 0, "II": 0, "III": 0, "IV": 0, "axes": 0, "origin": 0}
+    for a, b in zip(x, y):
+        if a == 0 and b == 0:
+            out["origin"] += 1
+        elif a == 0 or b == 0:
+            out["axes"] += 1
+        else:
+            out[{(True, True): "I", (False, True): "II", (False, False): "III",
+                 (True, False): "IV"}[(a > 0, b > 0)]] += 1
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(-20, 20), st.integers(-5, 5)), min_size=1, max_size=25))
+def test_fit_boundary_leaves_the_fewest_points_below(points):
+    x = np.array([p[0] for p in points], float)
+    y = np.array([p[1] for p in points], float)
+    slope, (lo, hi), viol = fit_boundary(x, y)
+    if not np.isfinite(slope):
+        return
+
+    def below(lam):
+        return int(np.sum(x < lam * y - 1e-12))
+
+    grid = np.concatenate([np.linspace(-30, 30, 2401), [slope, lo, hi]])
+    grid = grid[np.isfinite(grid)]
+    assert below(slope) == viol == min(below(v) for v in grid)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 30), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_monotone_costs_leave_quadrants_two_and_four_empty(n, k_max, seed):
+    rng = np.random.default_rng(seed)
+    cost = np.cumsum(rng.uniform(0.1, 2.0, (1, n, k_max + 1)), axis=2)  # rising in k
+    q = rng.uniform(0, 1, (1, n + k_max + 1))
+    q[rng.random(q.shape) < 0.4] = 1.0
+    sol = solve(cost, q, np.array([n]))
+    s = survival(q, k_max, n)
+    starts = np.arange(n)
+    d = delta_space(cost, s, sol.value, sol.policy, np.zeros(n, np.int64), starts)
+    assert d.quadrants["II"] == 0 and d.quadrants["IV"] == 0
+    assert len(d.d_cost) == n * k_max
+    # the Oracle's own choice is never beaten: each rejected k costs at least as much overall
+    ea = expected_accepted(s)[0]
+    for i in range(n):
+        k_star = sol.policy[0, i]
+        for k in range(k_max + 1):
+            w = sol.value[0]
+            exp_next = w[i + 1] + np.sum(s[0, i, 1:k + 1] * np.diff(w[i + 1:i + k + 2]))
+            assert cost[0, i, k] + exp_next >= sol.value[0, i] - 1e-9
+        assert ea[i, k_star] <= k_star
+
+
+def test_summarise_cap_rate_counts_runs_cut_short():
+    # one generation, deterministic: drafts always match, but budget 2 is very dear
+    n, k_max = 12, 2
+    q = np.ones((1, n + k_max + 1))
+    cost = np.tile([10.0, 11.0, 100.0], (1, n, 1))
+    summary, sol, pi = summarise(cost, q, np.array([n]))
+    assert (sol.policy[0][pi[0] > 0] == 1).all()
+    assert summary.cap_rate == pytest.approx(1.0) and summary.mean_accepted == pytest.approx(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory, synth):
+    d = tmp_path_factory.mktemp("runs")
+    for k in synth.budgets:
+        write_round_log(synth.select(synth["k"] == k), d / f"k{k}" / "part-000000.parquet")
+    return d
+
+
+def test_cli_oracle_json(runs_dir, capsys, tmp_path):
+    rc = main(["oracle", "--runs", str(runs_dir), "--json", "--n-boot", "19",
+               "--out", str(tmp_path / "out"), "--no-figures"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    d = json.loads(out)
+    assert d["l_max"] == [1, 2, 3, 4] and len(d["s_max"]) == 4
+    for key in ("mean_k", "mean_accepted", "cap_rate"):
+        assert len(d[key]) == 4
+    q = d["delta_space"]["quadrants"]
+    assert set(q) == {"I", "II", "III", "IV", "axes", "origin"}
+    assert "slope" in d["delta_space"]
+    assert {r["k"] for r in d["regression"]["by_k"]} == {0, 1, 2, 3, 4}
+    assert d["regression"]["robustness"]["rows"][1]["check"].startswith("Bootstrap")
+    assert json.loads((tmp_path / "out" / "oracle.json").read_text()) == d
+
+
+def _write_bad(tmp_path, log, name):
+    write_round_log(log, tmp_path / name / "part-000000.parquet")
+    return str(tmp_path / name)
+
+
+def test_cli_oracle_bad_input_is_one_line(tmp_path, synth, capsys):
+    no_cf = synth.select(np.arange(len(synth)))
+    no_cf.lists.clear()
+    cases = {
+        _write_bad(tmp_path, no_cf, "nocf"): "missing counterfactual column",
+        _write_bad(tmp_path, synth.select(synth["k"] == 4), "one"): "one budget only",
+        str(tmp_path / "void"): "no such file",
+    }
+    for path, message in cases.items():
+        rc = main(["oracle", "--runs", path, "--json"])
+        cap = capsys.readouterr()
+        assert rc == 2 and cap.out == ""
+        assert len(cap.err.strip().splitlines()) == 2  # progress line + the error
+        assert message in cap.err.strip().splitlines()[-1]
