@@ -1,0 +1,164 @@
+"""Compile the C expert kernels on first use and load them with ctypes.
+
+The source (:mod:`specmoe.kernels._csrc`) needs no torch headers: it takes raw data pointers,
+so it compiles in about a second with the system C compiler (``$CC``, else ``cc``, ``gcc`` or
+``clang``). The shared object goes to a per-user cache directory (``$SPECMOE_CACHE_DIR``, else
+``$XDG_CACHE_HOME/specmoe``, else ``~/.cache/specmoe``), under a name hashed from the source,
+the compiler, its flags and the processor, so a changed source or machine gets a fresh build.
+The file is written under a temporary name and renamed, so concurrent first uses are safe.
+
+Flags are tried from the fastest down: ``-O3 -march=native -fopenmp``, then without OpenMP,
+then without ``-march=native``. If nothing compiles, :func:`load` returns ``None`` and the
+callers fall back to their pure-torch path with a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from functools import cache
+from pathlib import Path
+
+from specmoe.kernels._csrc import SOURCE
+
+_FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O3", "-fopenmp"),
+    ("-O3",),
+)
+_LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """The per-user directory for compiled kernels."""
+    env = os.environ.get("SPECMOE_CACHE_DIR")
+    if env:
+        return Path(env) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "specmoe" / "kernels"
+
+
+def find_compiler() -> str | None:
+    """The C compiler to use, or None."""
+    cc = os.environ.get("CC")
+    if cc and shutil.which(cc.split()[0]):
+        return cc
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features", "model name")):
+                    return line.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        out = subprocess.run([*cc.split(), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+        return out.stdout.splitlines()[0] if out.stdout else ""
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """Compile SOURCE into ``target`` (atomically); return None or the compiler's error."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="specmoe-cc-") as tmp:
+        src = Path(tmp) / "expert_op.c"
+        src.write_text(SOURCE)
+        out = Path(tmp) / "expert_op.so"
+        cmd = [*cc.split(), *flags, "-shared", "-fPIC", "-std=c99", str(src), "-o", str(out),
+               "-lm"]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return str(exc)
+        if res.returncode != 0 or not out.exists():
+            return (res.stderr or res.stdout or "compiler failed").strip()
+        fd, part = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        os.close(fd)
+        shutil.copyfile(out, part)
+        os.replace(part, target)
+    return None
+
+
+class CLib:
+    """The loaded library and how it was built."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path, flags: tuple[str, ...]):
+        self.lib = lib
+        self.path = path
+        self.flags = flags
+        self.openmp = bool(lib.specmoe_has_openmp())
+        self.avx2 = bool(lib.specmoe_has_avx2())
+        f = lib.specmoe_expert_op
+        p, i, ll, fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
+        f.argtypes = [p, i, i, p, p, i, i, ll, ll, ll, ll, p, p, p, p, i, ll, i, i, fl, fl, i, p]
+        f.restype = ctypes.c_int
+        r = lib.specmoe_read
+        r.argtypes = [p, ll, i]
+        r.restype = ctypes.c_double
+
+
+def _try_load(path: Path, flags: tuple[str, ...]) -> CLib | None:
+    try:
+        return CLib(ctypes.CDLL(str(path)), path, flags)
+    except OSError:
+        return None
+
+
+@cache
+def load() -> CLib | None:
+    """Build (once per source, compiler and machine) and load the kernels; None if impossible."""
+    with _LOCK:
+        if os.environ.get("SPECMOE_NO_CKERNELS"):
+            return None
+        cc = find_compiler()
+        if cc is None:
+            warnings.warn("specmoe: no C compiler found (set CC); the CPU kernels fall back to "
+                          "pure torch, which is slower on small passes", RuntimeWarning,
+                          stacklevel=2)
+            return None
+        version = _compiler_version(cc)
+        errors = []
+        for flags in _FLAG_SETS:
+            key = hashlib.sha256("\0".join(
+                [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
+            ).encode()).hexdigest()[:16]
+            target = cache_dir() / f"expert_op_{key}.so"
+            if target.exists():
+                lib = _try_load(target, flags)
+                if lib is not None:
+                    return lib
+            try:
+                err = _compile(cc, flags, target)
+            except OSError as exc:  # unwritable cache directory
+                err = str(exc)
+            if err is None:
+                lib = _try_load(target, flags)
+                if lib is not None:
+                    return lib
+                err = "built but could not be loaded"
+            errors.append(f"{' '.join(flags)}: {err.splitlines()[0] if err else ''}")
+        warnings.warn("specmoe: the C kernels did not compile (" + "; ".join(errors)
+                      + "); the CPU kernels fall back to pure torch", RuntimeWarning,
+                      stacklevel=2)
+        return None

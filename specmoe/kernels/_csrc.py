@@ -1,0 +1,314 @@
+"""C source of the CPU expert kernels (compiled on first use by :mod:`specmoe.kernels._cbuild`).
+
+One routine, ``specmoe_expert_op``, runs both CPU kernels; they differ only in how the nm slots
+of a pass are grouped before the weights are streamed:
+
+* per-slot: nm groups of one slot each, in token-major slot order; each group streams its
+  expert's weights once (a GEMV), so an expert named by r slots is requested r times (E_slot,
+  paper 002 Section 1).
+* dedup: one group per distinct expert, holding every slot that names it; the expert's weights
+  are streamed once and each weight row is applied to all of the group's tokens while it is in
+  registers and L1 (E_dedup = U·b). This is the fused loop over expert weights that paper 002
+  cites from MonoMoE for small passes.
+
+Both read the weights in place through the caller's pointers and strides (a view: no gather
+copy). Work is split across OpenMP threads by output rows, so every output element has one
+writer and the result is bitwise the same for every thread count (each output is summed in one fixed order).
+Experts under 1 MiB run on one thread: a barrier per group would cost more than it saves.
+
+Weights may be float32 (code 0), bfloat16 (1) or float16 (2); activations, accumulation and
+the output are float32. AVX2+FMA micro-kernels handle 4x2 and 2x4 (rows x tokens) register
+blocks; a portable loop (auto-vectorised by the compiler) covers other machines and tails.
+"""
+
+SOURCE = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SM_AVX2 1
+#else
+#define SM_AVX2 0
+#endif
+
+#define WT_F32 0
+#define WT_BF16 1
+#define WT_F16 2
+#define SM_MIN_PARALLEL_BYTES (1 << 20)
+
+static inline float sm_bf16_to_f32(uint16_t v) {
+    uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline float sm_f16_to_f32(uint16_t hv) {
+    uint32_t s = (uint32_t)(hv & 0x8000u) << 16, e = (hv >> 10) & 0x1fu, m = hv & 0x3ffu, u;
+    if (e == 0) {
+        if (m == 0) { u = s; }
+        else { e = 127 - 15 + 1; while (!(m & 0x400u)) { m <<= 1; e--; } m &= 0x3ffu;
+               u = s | (e << 23) | (m << 13); }
+    } else if (e == 31) { u = s | 0x7f800000u | (m << 13); }
+    else { u = s | ((e + 127 - 15) << 23) | (m << 13); }
+    float f; memcpy(&f, &u, 4); return f;
+}
+static inline float sm_load1(const void *w, int wt, size_t i) {
+    if (wt == WT_F32) return ((const float *)w)[i];
+    if (wt == WT_BF16) return sm_bf16_to_f32(((const uint16_t *)w)[i]);
+    return sm_f16_to_f32(((const uint16_t *)w)[i]);
+}
+
+/* Scalar dot of one weight row with one activation row (tails and other machines). */
+static float sm_dot1(const void *w, int wt, const float *x, int c0, int cols) {
+    float s = 0.0f;
+    if (wt == WT_F32) {
+        const float *wf = (const float *)w;
+#ifdef _OPENMP
+        #pragma omp simd reduction(+:s)
+#endif
+        for (int c = c0; c < cols; c++) s += wf[c] * x[c];
+    }
+    else { for (int c = c0; c < cols; c++) s += sm_load1(w, wt, (size_t)c) * x[c]; }
+    return s;
+}
+
+#if SM_AVX2
+static inline __m256 sm_load8(const void *w, int wt, size_t i) {
+    if (wt == WT_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i hv = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (wt == WT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hv), 16));
+#ifdef __F16C__
+    return _mm256_cvtph_ps(hv);
+#else
+    float t[8]; for (int j = 0; j < 8; j++) t[j] = sm_load1(w, wt, i + j);
+    return _mm256_loadu_ps(t);
+#endif
+}
+static inline float sm_hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
+    return _mm_cvtss_f32(lo);
+}
+/* A register block: RB weight rows (row stride ldw elements) times TB activation rows xp[t]:
+   out[t * ldo + r] = sum_c W[r, c] * xp[t][c]. Each weight vector is loaded once and applied
+   to all TB rows; the weights stream from memory once per block of rows. */
+#define SM_BLOCK(RB, TB)                                                                    \
+static void sm_block_##RB##x##TB(const void *w, int wt, size_t ldw, const float *const *xp, \
+                                 int cols, float *out, size_t ldo) {                        \
+    __m256 acc[RB][TB];                                                                     \
+    int c8 = cols & ~7;                                                                     \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
+    for (int c = 0; c < c8; c += 8) {                                                       \
+        __m256 wv[RB];                                                                      \
+        for (int r = 0; r < RB; r++) wv[r] = sm_load8(w, wt, (size_t)r * ldw + c);          \
+        for (int t = 0; t < TB; t++) {                                                      \
+            __m256 xv = _mm256_loadu_ps(xp[t] + c);                                         \
+            for (int r = 0; r < RB; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]); \
+        }                                                                                   \
+    }                                                                                       \
+    size_t es = (wt == WT_F32) ? 4 : 2;                                                     \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
+        out[(size_t)t * ldo + r] = sm_hsum(acc[r][t])                                       \
+            + sm_dot1((const char *)w + (size_t)r * ldw * es, wt, xp[t], c8, cols);         \
+}
+SM_BLOCK(4, 1)
+SM_BLOCK(4, 2)
+SM_BLOCK(2, 1)
+SM_BLOCK(2, 2)
+SM_BLOCK(2, 3)
+SM_BLOCK(2, 4)
+SM_BLOCK(1, 1)
+SM_BLOCK(1, 4)
+#endif
+
+/* out[t * ldo + r] = W[r, :] . xp[t] for rows r in [r0, r1) and t in [0, k). */
+static void sm_rows(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp,
+                    int k, int cols, float *out, size_t ldo) {
+    size_t es = (wt == WT_F32) ? 4 : 2;
+#define WROW(r) ((const char *)w + (size_t)(r) * ldw * es)
+#if SM_AVX2
+    int r = r0;
+    if (k <= 2) {
+        for (; r + 4 <= r1; r += 4) {
+            if (k == 1) sm_block_4x1(WROW(r), wt, ldw, xp, cols, out + r, ldo);
+            else sm_block_4x2(WROW(r), wt, ldw, xp, cols, out + r, ldo);
+        }
+        for (; r < r1; r++)
+            for (int t = 0; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        return;
+    }
+    for (; r + 2 <= r1; r += 2) {
+        int t = 0;
+        for (; t + 4 <= k; t += 4) sm_block_2x4(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        if (k - t == 3) sm_block_2x3(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        else if (k - t == 2) sm_block_2x2(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        else if (k - t == 1) sm_block_2x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+    }
+    for (; r < r1; r++) {
+        int t = 0;
+        for (; t + 4 <= k; t += 4) sm_block_1x4(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        for (; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+    }
+#else
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < k; t++) out[(size_t)t * ldo + r] = sm_dot1(WROW(r), wt, xp[t], 0, cols);
+#endif
+#undef WROW
+}
+
+static inline float sm_act(float g, float u, int act, float alpha, float limit) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;          /* SwiGLU: silu(g) * u */
+    g = g < limit ? g : limit;                               /* gpt-oss: clamp, then      */
+    u = u < -limit ? -limit : (u > limit ? limit : u);       /* (u + 1) * g * sigmoid(a g) */
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+static void sm_split(int total, int tid, int nth, int align, int *a, int *b) {
+    int chunk = (total + nth - 1) / nth;
+    chunk = (chunk + align - 1) / align * align;
+    int s = tid * chunk; if (s > total) s = total;
+    int e = s + chunk; if (e > total) e = total;
+    *a = s; *b = e;
+}
+
+/* The expert operation of one MoE layer.
+   x [n, h] f32; w_gate_up [P, 2I, h] (rows 0..I-1 gate, I..2I-1 up), strides sgu_e, sgu_r;
+   w_down [P, h, I], strides sd_e, sd_r; biases b_gate_up [P, 2I], b_down [P, h] f32 or NULL;
+   ids [n, m] int64 in [0, P); wts [n, m] f32; y [n, h] f32, zeroed by the caller.
+   mode 0: per-slot (one group per slot, token-major); mode 1: dedup (one group per expert).
+   Returns 0, or -1 for an id out of range, -2 for an allocation failure. */
+int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void *wd, int wt,
+                      int inter, long long sgu_e, long long sgu_r, long long sd_e,
+                      long long sd_r, const float *bgu, const float *bd, const int64_t *ids,
+                      const float *wts, int m, long long num_experts, int mode, int act,
+                      float alpha, float limit, int threads, float *y) {
+    int nm = n * m, I = inter;
+    for (int s = 0; s < nm; s++) if (ids[s] < 0 || ids[s] >= num_experts) return -1;
+    int *ord = (int *)malloc(sizeof(int) * (size_t)(nm > 0 ? nm : 1));
+    int *gs = (int *)malloc(sizeof(int) * (size_t)(nm + 1));
+    if (!ord || !gs) { free(ord); free(gs); return -2; }
+    int ng = 0, kmax = 1;
+    if (mode == 0) {
+        for (int s = 0; s < nm; s++) { ord[s] = s; gs[s] = s; }
+        ng = nm; gs[nm] = nm;
+    } else {
+        /* stable sort of slots by expert id (insertion sort: nm is small) */
+        for (int s = 0; s < nm; s++) {
+            int j = s;
+            while (j > 0 && ids[ord[j - 1]] > ids[s]) { ord[j] = ord[j - 1]; j--; }
+            ord[j] = s;
+        }
+        for (int s = 0; s < nm; s++) {
+            if (s == 0 || ids[ord[s]] != ids[ord[s - 1]]) gs[ng++] = s;
+        }
+        gs[ng] = nm;
+        for (int g = 0; g < ng; g++) if (gs[g + 1] - gs[g] > kmax) kmax = gs[g + 1] - gs[g];
+    }
+    size_t es = (wt == WT_F32) ? 4 : 2;
+    float *G = (float *)malloc(sizeof(float) * (size_t)kmax * 2 * I);
+    float *A = (float *)malloc(sizeof(float) * (size_t)kmax * I * 2);     /* double buffer */
+    float *Y = (float *)malloc(sizeof(float) * (size_t)kmax * h);
+    if (!G || !A || !Y) { free(ord); free(gs); free(G); free(A); free(Y); return -2; }
+    int nth = threads > 0 ? threads : 1;
+    /* Small experts: a barrier per group costs more than the bytes it splits. */
+    if ((double)3 * h * I * es < SM_MIN_PARALLEL_BYTES) nth = 1;
+    (void)nth;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(nth) if (nth > 1)
+#endif
+    {
+        int tid = 0, T = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num(); T = omp_get_num_threads();
+#endif
+        int a0, a1, h0, h1;
+        sm_split(I, tid, T, 4, &a0, &a1);
+        sm_split(h, tid, T, 4, &h0, &h1);
+        /* each thread keeps its own row pointers: no sharing, no barrier to build them */
+        const float **xg = (const float **)malloc(sizeof(float *) * (size_t)kmax);
+        const float **ag = (const float **)malloc(sizeof(float *) * (size_t)kmax);
+        for (int g = 0; g < ng; g++) {
+            int k = gs[g + 1] - gs[g];
+            const int *sl = ord + gs[g];
+            long long e = ids[sl[0]];
+            const char *wg = (const char *)wgu + (size_t)e * sgu_e * es;
+            const char *wdn = (const char *)wd + (size_t)e * sd_e * es;
+            float *Ab = A + (size_t)(g & 1) * kmax * I;
+            for (int i = 0; i < k; i++) { xg[i] = x + (size_t)(sl[i] / m) * h; ag[i] = Ab + (size_t)i * I; }
+            /* phase 1: this thread's gate rows [a0, a1) and the matching up rows */
+            if (a1 > a0) {
+                sm_rows(wg, wt, (size_t)sgu_r, a0, a1, xg, k, h, G, (size_t)2 * I);
+                sm_rows(wg, wt, (size_t)sgu_r, I + a0, I + a1, xg, k, h, G, (size_t)2 * I);
+                for (int i = 0; i < k; i++) {
+                    float *gi = G + (size_t)i * 2 * I;
+                    for (int j = a0; j < a1; j++) {
+                        float gv = gi[j], uv = gi[I + j];
+                        if (bgu) { gv += bgu[(size_t)e * 2 * I + j]; uv += bgu[(size_t)e * 2 * I + I + j]; }
+                        Ab[(size_t)i * I + j] = sm_act(gv, uv, act, alpha, limit);
+                    }
+                }
+            }
+#ifdef _OPENMP
+            #pragma omp barrier
+#endif
+            /* phase 2: this thread's output rows [h0, h1), then the weighted sum over slots */
+            if (h1 > h0) {
+                sm_rows(wdn, wt, (size_t)sd_r, h0, h1, ag, k, I, Y, (size_t)h);
+                for (int i = 0; i < k; i++) {
+                    int s = sl[i];
+                    float wv = wts[s];
+                    float *yt = y + (size_t)(s / m) * h;
+                    const float *yi = Y + (size_t)i * h;
+                    if (bd) { const float *b = bd + (size_t)e * h; for (int r = h0; r < h1; r++) yt[r] += wv * (yi[r] + b[r]); }
+                    else { for (int r = h0; r < h1; r++) yt[r] += wv * yi[r]; }
+                }
+            }
+        }
+        free(xg); free(ag);
+    }
+    free(ord); free(gs); free(G); free(A); free(Y);
+    return 0;
+}
+
+/* Read nbytes of buf with `threads` threads; returns the sum (keeps the reads alive). */
+double specmoe_read(const float *buf, long long count, int threads) {
+    double total = 0.0;
+    int nth = threads > 0 ? threads : 1;
+    (void)nth;
+#ifdef _OPENMP
+    #pragma omp parallel num_threads(nth) if (nth > 1) reduction(+:total)
+#endif
+    {
+        int tid = 0, T = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num(); T = omp_get_num_threads();
+#endif
+        long long chunk = (count / T + 31) / 32 * 32;
+        long long s = tid * chunk, e = s + chunk;
+        if (s > count) s = count;
+        if (e > count) e = count;
+        float acc[32] = {0};
+        long long i = s;
+        for (; i + 32 <= e; i += 32)
+            for (int j = 0; j < 32; j++) acc[j] += buf[i + j];
+        for (; i < e; i++) acc[0] += buf[i];
+        for (int j = 0; j < 32; j++) total += acc[j];
+    }
+    return total;
+}
+
+int specmoe_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+int specmoe_has_avx2(void) { return SM_AVX2; }
+"""

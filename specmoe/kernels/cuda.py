@@ -1,0 +1,113 @@
+"""CUDA expert kernels: Triton per-slot and dedup kernels, torch baselines, ``torch._grouped_mm``.
+
+Legend: ``n`` tokens, ``m`` slots, ``N`` experts, ``h`` hidden, ``I`` expert width.
+
+* ``per_slot``: the Triton slot GEMV of :mod:`specmoe.kernels.triton_kernels` (n·m·b bytes).
+* ``dedup``: the Triton grouped small-row kernel (U·b bytes).
+* ``grouped_mm``: slots sorted by expert, then ``torch.nn.functional.grouped_mm`` (or
+  ``torch._grouped_mm``) with per-expert offsets, the dedup baseline of PyTorch on Hopper bf16
+  (it also runs on CPUs with torch >= 2.9).
+
+Without Triton (it is imported only when a Triton kernel first runs) or when a Triton kernel
+fails to compile, ``per_slot`` and ``dedup`` fall back, with one warning, to the torch kernels
+of :mod:`specmoe.kernels.cpu` (``per_slot_torch``, ``dedup_torch``), which run on any device.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import cache
+
+import torch
+
+from specmoe.kernels import cpu
+from specmoe.kernels._contract import activate, check_inputs
+
+
+@cache
+def triton_module():
+    """The Triton kernels module, or None when Triton is missing or unusable."""
+    try:
+        from specmoe.kernels import triton_kernels
+    except Exception as exc:  # ImportError, or a Triton that fails on import
+        warnings.warn(f"specmoe: Triton unavailable ({type(exc).__name__}: {exc}); the CUDA "
+                      "kernels fall back to torch", RuntimeWarning, stacklevel=3)
+        return None
+    return triton_kernels
+
+
+_failed: set[str] = set()
+
+
+def _run_triton(name: str, fallback, x, w_gate_up, w_down, ids, weights, activation,
+                b_gate_up, b_down, check):
+    check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
+                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    mod = triton_module() if x.device.type == "cuda" else None
+    if mod is None or name in _failed or w_gate_up.stride(2) != 1 or w_down.stride(2) != 1:
+        return fallback(x, w_gate_up, w_down, ids, weights, activation=activation,
+                        b_gate_up=b_gate_up, b_down=b_down, check=False)
+    try:
+        return getattr(mod, name)(x, w_gate_up, w_down, ids, weights, activation, b_gate_up,
+                                  b_down)
+    except Exception as exc:  # a Triton compile error on an untested GPU or version
+        _failed.add(name)
+        warnings.warn(f"specmoe: Triton {name} kernel failed ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}); using torch",
+                      RuntimeWarning, stacklevel=3)
+        return fallback(x, w_gate_up, w_down, ids, weights, activation=activation,
+                        b_gate_up=b_gate_up, b_down=b_down, check=False)
+
+
+def per_slot(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
+             b_down=None, check=True):
+    """Per-slot Triton kernel: one GEMV chain per (token, slot), n·m·b requested bytes."""
+    return _run_triton("per_slot", cpu.per_slot_torch, x, w_gate_up, w_down, ids, weights,
+                       activation, b_gate_up, b_down, check)
+
+
+def dedup(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
+          b_down=None, check=True):
+    """Grouped small-row Triton kernel: each distinct expert read once, U·b bytes."""
+    return _run_triton("dedup", cpu.dedup_torch, x, w_gate_up, w_down, ids, weights,
+                       activation, b_gate_up, b_down, check)
+
+
+def _grouped_mm_fn():
+    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm",
+                                                                      None)
+
+
+def grouped_mm_available(device: str) -> bool:
+    return _grouped_mm_fn() is not None and (device != "cuda" or torch.cuda.is_available())
+
+
+def grouped_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
+               b_down=None, check=True):
+    """Dedup with PyTorch's grouped GEMM: rows sorted by expert, offsets per expert.
+
+    Every expert of the tensor takes part through the offsets (empty groups are skipped by the
+    kernel), so the bytes read are those of the experts the pass names: U·b.
+    """
+    n, m, num, h, _ = check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
+                                   b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    fn = _grouped_mm_fn()
+    if fn is None:
+        raise RuntimeError("grouped_mm: this torch has no grouped_mm")
+    flat = ids.reshape(-1).to(torch.int64)
+    sorted_ids, perm = torch.sort(flat, stable=True)
+    counts = torch.zeros(num, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, sorted_ids, torch.ones_like(sorted_ids, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    xs = x[perm // m]  # [nm, h], rows grouped by expert
+    gu = fn(xs, w_gate_up.transpose(1, 2), offs=offs)  # [nm, 2I]
+    if b_gate_up is not None:
+        gu = gu + b_gate_up[sorted_ids]
+    a = activate(gu, activation).to(x.dtype)
+    out = fn(a, w_down.transpose(1, 2), offs=offs).float()  # [nm, h]
+    if b_down is not None:
+        out = out + b_down[sorted_ids].float()
+    out = out * weights.reshape(-1)[perm].float()[:, None]
+    slots = torch.empty_like(out)
+    slots[perm] = out
+    return slots.view(n, m, h).sum(dim=1).to(x.dtype)

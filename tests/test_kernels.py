@@ -1,0 +1,387 @@
+"""One contract, every kernel backend, checked against the float64 reference.
+
+Organised like scipy's ``test_lsq_linear`` mixins: ``ContractMixin`` holds the tests, and each
+``Test*`` class binds it to one kernel on one device. CUDA classes skip without a GPU.
+
+Tolerances (relative L2 error ‖y − y_ref‖ / ‖y_ref‖, the reference computed in float64 from the
+same rounded inputs): float32 1e-5; float16 5e-3; bfloat16 3e-2 (kernels may round the
+activation to the weight dtype between the two products, as transformers' do).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specmoe.errors import InputError
+from specmoe.kernels import KERNELS, get_kernel, kernel_kind, kernel_names, reference
+from specmoe.kernels._contract import OAI_ALPHA, OAI_LIMIT, activate, from_gpt_oss_layout
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+
+# (n, m, N): pass sizes 1..16, slots 1..8
+SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24), (16, 1, 3)]
+PATTERNS = ["random", "same_set", "all_one", "no_repeats", "duplicates"]
+
+
+def make_ids(n: int, m: int, num: int, pattern: str, g: torch.Generator) -> torch.Tensor:
+    """[n, m] expert ids following ``pattern``."""
+    if pattern == "random":  # distinct within each token, as a router's
+        return torch.stack([torch.randperm(num, generator=g)[:m] for _ in range(n)])
+    if pattern == "same_set":  # every token names the same m experts: U = m
+        s = torch.randperm(num, generator=g)[:m]
+        return torch.stack([s[torch.randperm(m, generator=g)] for _ in range(n)])
+    if pattern == "all_one":  # every slot on one expert (repeats within tokens too)
+        return torch.full((n, m), int(torch.randint(num, (1,), generator=g)))
+    if pattern == "no_repeats":  # U = min(nm, N): as few repeats as N allows
+        k = n * m
+        return (torch.randperm(max(num, k), generator=g)[:k] % num).reshape(n, m)
+    if pattern == "duplicates":  # ids drawn with replacement, repeats within tokens allowed
+        return torch.randint(num, (n, m), generator=g)
+    raise AssertionError(pattern)
+
+
+def make_case(n, m, num, pattern, dtype, *, h=32, inter=24, seed=0, bias=False,
+              device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g)
+    wgu = torch.randn(num, 2 * inter, h, generator=g) / h**0.5
+    wd = torch.randn(num, h, inter, generator=g) / inter**0.5
+    ids = make_ids(n, m, num, pattern, g)
+    w = torch.rand(n, m, generator=g)
+    bgu = torch.randn(num, 2 * inter, generator=g) * 0.5 if bias else None
+    bd = torch.randn(num, h, generator=g) * 0.5 if bias else None
+
+    def cast(t):
+        return None if t is None else t.to(device, dtype)
+
+    return (cast(x), cast(wgu), cast(wd), ids.to(device), w.to(device),
+            {"b_gate_up": cast(bgu), "b_down": cast(bd)})
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double().cpu() - ref.double().cpu()).norm() / ref.double().cpu().norm())
+
+
+class ContractMixin:
+    kernel: str
+    device: str = "cpu"
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+
+    def fn(self):
+        return get_kernel(self.kernel, self.device)
+
+    @pytest.mark.parametrize("pattern", PATTERNS)
+    @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "n{}-m{}-N{}".format(*s))
+    def test_matches_reference_fp32(self, shape, pattern):
+        n, m, num = shape
+        x, wgu, wd, ids, w, _ = make_case(n, m, num, pattern, torch.float32, device=self.device)
+        y = self.fn()(x, wgu, wd, ids, w)
+        assert y.shape == (n, x.shape[1]) and y.dtype == torch.float32
+        assert y.device.type == self.device
+        assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.float32]
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+    @pytest.mark.parametrize("shape", [(1, 8, 12), (3, 8, 16), (9, 4, 10), (16, 8, 24)],
+                             ids=lambda s: "n{}-m{}-N{}".format(*s))
+    def test_matches_reference_half(self, shape, dtype):
+        if dtype not in self.dtypes:
+            pytest.skip(f"{self.kernel} does not take {dtype}")
+        n, m, num = shape
+        x, wgu, wd, ids, w, _ = make_case(n, m, num, "random", dtype, device=self.device)
+        y = self.fn()(x, wgu, wd, ids, w)
+        assert y.dtype == dtype
+        assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < TOL[dtype]
+
+    @pytest.mark.parametrize("pattern", ["random", "same_set"])
+    def test_oai_activation_with_biases(self, pattern):
+        x, wgu, wd, ids, w, b = make_case(6, 4, 9, pattern, torch.float32, bias=True,
+                                          device=self.device)
+        x = x * 8  # reach both clamps of swiglu_oai
+        y = self.fn()(x, wgu, wd, ids, w, activation="swiglu_oai", **b)
+        ref = reference.expert_op(x, wgu, wd, ids, w, activation="swiglu_oai", **b)
+        assert rel_err(y, ref) < TOL[torch.float32]
+
+    def test_weights_and_order_of_slots(self):
+        # Zero router weights remove a slot; permuting a token's slots changes nothing.
+        x, wgu, wd, ids, w, _ = make_case(4, 3, 8, "random", torch.float32, device=self.device)
+        f = self.fn()
+        w0 = w.clone()
+        w0[:, 2] = 0
+        y0 = f(x, wgu, wd, ids, w0)
+        y1 = f(x, wgu, wd, ids[:, :2].contiguous(), w[:, :2].contiguous())
+        assert rel_err(y0, y1) < 1e-5
+        p = torch.tensor([2, 0, 1])
+        assert rel_err(f(x, wgu, wd, ids[:, p], w[:, p]), f(x, wgu, wd, ids, w)) < 1e-5
+
+    def test_strided_expert_views(self):
+        # Every other expert of a larger tensor: a view with a larger expert stride.
+        x, wgu, wd, ids, w, _ = make_case(5, 3, 16, "random", torch.float32, device=self.device)
+        wgu2, wd2 = wgu[::2], wd[::2]
+        ids2 = ids % 8
+        y = self.fn()(x, wgu2, wd2, ids2, w)
+        assert rel_err(y, reference.expert_op(x, wgu2, wd2, ids2, w)) < TOL[torch.float32]
+
+    @pytest.mark.parametrize("bad", [-1, 7])
+    def test_ids_out_of_range(self, bad):
+        x, wgu, wd, ids, w, _ = make_case(3, 2, 7, "random", torch.float32, device=self.device)
+        ids[1, 1] = bad
+        with pytest.raises(InputError, match=r"ids: expert id .* outside \[0, 7\)") as exc:
+            self.fn()(x, wgu, wd, ids, w)
+        assert "\n" not in str(exc.value)
+
+    @pytest.mark.parametrize("what", ["x", "w_down", "ids", "weights", "w_gate_up_odd",
+                                      "dtype", "float_ids", "activation", "bias"])
+    def test_bad_shapes_are_one_line_errors(self, what):
+        x, wgu, wd, ids, w, _ = make_case(3, 2, 7, "random", torch.float32, device=self.device)
+        kw = {}
+        if what == "x":
+            x = x[:, :-1]
+        elif what == "w_down":
+            wd = wd[:, :, :-1]
+        elif what == "ids":
+            ids = ids[:2]
+        elif what == "weights":
+            w = w[:, :1]
+        elif what == "w_gate_up_odd":
+            wgu = wgu[:, :-1]
+        elif what == "dtype":
+            wd = wd.double()
+        elif what == "float_ids":
+            ids = ids.float()
+        elif what == "activation":
+            kw["activation"] = "gelu"
+        elif what == "bias":
+            kw["b_down"] = torch.zeros(7, 5, device=self.device)
+        with pytest.raises(InputError) as exc:
+            self.fn()(x, wgu, wd, ids, w, **kw)
+        msg = str(exc.value)
+        assert "\n" not in msg and msg.split(":")[0] in {
+            "x", "w_down", "ids", "weights", "w_gate_up", "w_gate_up/w_down", "activation",
+            "b_down"}
+
+
+# -------------------------------------------------------------------------------- CPU classes
+
+class TestPerSlotCPU(ContractMixin):
+    kernel = "per_slot"
+
+
+class TestDedupCPU(ContractMixin):
+    kernel = "dedup"
+
+
+class TestPerSlotTorchCPU(ContractMixin):
+    kernel = "per_slot_torch"
+
+
+class TestDedupTorchCPU(ContractMixin):
+    kernel = "dedup_torch"
+
+
+class TestGroupedMMCPU(ContractMixin):
+    kernel = "grouped_mm"
+
+
+class TestHFBatchedMMCPU(ContractMixin):
+    kernel = "hf_batched_mm"
+
+
+class TestHFGroupedMMCPU(ContractMixin):
+    kernel = "hf_grouped_mm"
+
+
+class TestHFEagerCPU(ContractMixin):
+    kernel = "hf_eager"
+
+
+# ------------------------------------------------------------------------------- CUDA classes
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestPerSlotCUDA(ContractMixin):
+    kernel = "per_slot"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestDedupCUDA(ContractMixin):
+    kernel = "dedup"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestGroupedMMCUDA(ContractMixin):
+    kernel = "grouped_mm"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestHFBatchedMMCUDA(ContractMixin):
+    kernel = "hf_batched_mm"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestHFGroupedMMCUDA(ContractMixin):
+    kernel = "hf_grouped_mm"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+class TestHFEagerCUDA(ContractMixin):
+    kernel = "hf_eager"
+    device = "cuda"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_cuda_triton_kernels_did_not_fall_back():
+    """On a GPU with Triton, per_slot and dedup must run their Triton kernels, not torch."""
+    from specmoe.kernels import cuda
+
+    if cuda.triton_module() is None:
+        pytest.skip("Triton is not installed")
+    x, wgu, wd, ids, w, _ = make_case(9, 8, 64, "random", torch.bfloat16, h=256, inter=128,
+                                      device="cuda")
+    for name in ("per_slot", "dedup"):
+        y = getattr(cuda, name)(x, wgu, wd, ids, w)
+        assert name not in cuda._failed
+        assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.bfloat16]
+
+
+# ------------------------------------------------------------------------ independent oracles
+
+def test_reference_matches_transformers_olmoe_module():
+    """Our swiglu layout is transformers' OLMoE experts module, run as transformers runs it."""
+    from transformers import OlmoeConfig
+    from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
+
+    cfg = OlmoeConfig(hidden_size=32, intermediate_size=24, num_experts=10,
+                      num_experts_per_tok=4)
+    cfg._experts_implementation = "eager"
+    mod = OlmoeExperts(cfg)
+    x, wgu, wd, ids, w, _ = make_case(6, 4, 10, "random", torch.float32)
+    with torch.no_grad():
+        mod.gate_up_proj.copy_(wgu)
+        mod.down_proj.copy_(wd)
+        hf = mod(x, ids, w)
+    assert rel_err(hf, reference.expert_op(x, wgu, wd, ids, w)) < 1e-6
+
+
+def test_reference_matches_transformers_gpt_oss_module():
+    """swiglu_oai and the layout conversion agree with transformers' GptOssExperts."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    cfg = GptOssConfig(hidden_size=32, intermediate_size=24, num_local_experts=10,
+                       num_experts_per_tok=4)
+    cfg._experts_implementation = "eager"
+    mod = GptOssExperts(cfg)
+    assert (mod.alpha, mod.limit) == (OAI_ALPHA, OAI_LIMIT)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.randn(6, 32, generator=g) * 4
+    ids = torch.stack([torch.randperm(10, generator=g)[:4] for _ in range(6)])
+    w = torch.rand(6, 4, generator=g)
+    with torch.no_grad():
+        hf = mod(x, ids, w)
+        wgu, wd, bgu = from_gpt_oss_layout(mod.gate_up_proj, mod.down_proj, mod.gate_up_proj_bias)
+        ours = reference.expert_op(x, wgu, wd, ids, w, activation="swiglu_oai", b_gate_up=bgu,
+                                   b_down=mod.down_proj_bias)
+    assert rel_err(hf, ours) < 1e-6
+
+
+def test_activation_formulas_by_hand():
+    g = torch.tensor([-3.0, 0.5, 9.0])
+    u = torch.tensor([2.0, -8.0, 1.0])
+    gu = torch.cat([g, u])
+    silu = g / (1 + torch.exp(-g))
+    assert torch.allclose(activate(gu, "swiglu"), silu * u)
+    gc = torch.tensor([-3.0, 0.5, 7.0])
+    uc = torch.tensor([2.0, -7.0, 1.0])
+    want = (uc + 1) * gc / (1 + torch.exp(-1.702 * gc))
+    assert torch.allclose(activate(gu, "swiglu_oai"), want)
+
+
+# ------------------------------------------------------------------------------- C specifics
+
+def test_c_kernels_are_bitwise_deterministic_across_threads():
+    """Rows are split between threads, so each output is summed in one fixed order."""
+    from specmoe.kernels import cpu
+
+    if not cpu.c_available():
+        pytest.skip("no C compiler")
+    # 3·h·I·4 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
+    x, wgu, wd, ids, w, _ = make_case(9, 8, 20, "duplicates", torch.float32, h=512, inter=256)
+    try:
+        outs = {}
+        for k in (1, 2, 3):
+            cpu.set_num_threads(k)
+            outs[k] = (cpu.per_slot(x, wgu, wd, ids, w), cpu.dedup(x, wgu, wd, ids, w))
+    finally:
+        cpu.set_num_threads(None)
+    for k in (2, 3):
+        assert torch.equal(outs[1][0], outs[k][0]) and torch.equal(outs[1][1], outs[k][1])
+
+
+@pytest.mark.parametrize("h,inter", [(35, 19), (8, 4), (64, 3)])
+def test_c_kernels_odd_widths(h, inter):
+    """Widths that are not multiples of the 8-lane vectors or the 4-row blocks."""
+    from specmoe.kernels import cpu
+
+    x, wgu, wd, ids, w, _ = make_case(7, 3, 9, "duplicates", torch.float32, h=h, inter=inter)
+    ref = reference.expert_op(x, wgu, wd, ids, w)
+    for f in (cpu.per_slot, cpu.dedup):
+        assert rel_err(f(x, wgu, wd, ids, w), ref) < 1e-5
+
+
+def test_falls_back_to_torch_without_compiler(monkeypatch):
+    from specmoe.kernels import _cbuild, cpu
+
+    monkeypatch.setattr(_cbuild, "load", lambda: None)
+    monkeypatch.setattr(cpu, "_warned", False)
+    x, wgu, wd, ids, w, _ = make_case(4, 3, 8, "random", torch.float32)
+    with pytest.warns(RuntimeWarning, match="pure-torch"):
+        y = cpu.dedup(x, wgu, wd, ids, w)
+    assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < 1e-5
+
+
+def test_build_goes_to_the_cache_dir_and_a_bad_compiler_warns(monkeypatch, tmp_path):
+    from specmoe.kernels import _cbuild
+
+    monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path))
+    _cbuild.load.cache_clear()
+    try:
+        if _cbuild.find_compiler() is None:
+            pytest.skip("no C compiler")
+        lib = _cbuild.load()
+        assert lib is not None and lib.path.parent == tmp_path / "kernels"
+        assert lib.path.exists()
+        _cbuild.load.cache_clear()
+        monkeypatch.setenv("CC", "false")  # a 'compiler' that always fails
+        monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path / "other"))
+        with pytest.warns(RuntimeWarning, match="did not compile"):
+            assert _cbuild.load() is None
+    finally:
+        _cbuild.load.cache_clear()
+
+
+# ---------------------------------------------------------------------------------- registry
+
+def test_registry_unknown_name_lists_valid_ones():
+    with pytest.raises(InputError, match="choose from reference, per_slot, dedup"):
+        get_kernel("fast")
+    assert kernel_kind("hf_batched_mm") == "per_slot"
+    assert kernel_kind("grouped_mm") == "dedup"
+    assert set(kernel_names("cpu")) == set(KERNELS)
+    assert "hf_eager" not in kernel_names(peers=False)
