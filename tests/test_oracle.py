@@ -49,6 +49,23 @@ def _best_sequence(cost, q, i, n, k_max):
     return best
 
 
+def _solve_both(cost, q, n):
+    """Solve one generation on the scalar and on the vectorised path; they must agree."""
+    import specmoe.oracle.ssp as ssp
+
+    saved = ssp._SCALAR_BELOW
+    try:
+        out = []
+        for threshold in (100, 0):
+            ssp._SCALAR_BELOW = threshold
+            out.append(solve(cost[None], q[None], np.array([n])))
+    finally:
+        ssp._SCALAR_BELOW = saved
+    np.testing.assert_allclose(out[0].value, out[1].value, rtol=1e-12)
+    np.testing.assert_array_equal(out[0].policy, out[1].policy)
+    return out[0]
+
+
 def _instance(seed, n, k_max, *, deterministic=False):
     rng = np.random.default_rng(seed)
     cost = rng.uniform(1.0, 3.0, (n, k_max + 1))
@@ -65,7 +82,7 @@ def test_dp_equals_best_markov_policy(n, k_max, seed):
     cost, q = _instance(seed, n, k_max)
     best = min(_policy_cost(p, cost, q, n, k_max)
                for p in itertools.product(range(k_max + 1), repeat=n))
-    sol = solve(cost[None], q[None], np.array([n]))
+    sol = _solve_both(cost, q, n)
     assert sol.total[0] == pytest.approx(best, rel=1e-12)
     assert _policy_cost(sol.policy[0], cost, q, n, k_max) == pytest.approx(best, rel=1e-12)
 
@@ -74,7 +91,7 @@ def test_dp_equals_best_markov_policy(n, k_max, seed):
 @given(st.integers(1, 9), st.integers(1, 4), st.integers(0, 2**31 - 1))
 def test_dp_equals_enumerated_budget_sequences(n, k_max, seed):
     cost, q = _instance(seed, n, k_max, deterministic=True)
-    sol = solve(cost[None], q[None], np.array([n]))
+    sol = _solve_both(cost, q, n)
     assert sol.total[0] == pytest.approx(_best_sequence(cost, q, 0, n, k_max), rel=1e-12)
     pi = occupancy(sol.policy, survival(q[None], k_max, n), np.array([n]))
     assert set(np.unique(pi)) <= {0.0, 1.0}  # one path
@@ -334,3 +351,24 @@ def test_cli_oracle_bad_input_is_one_line(tmp_path, synth, capsys):
         assert rc == 2 and cap.out == ""
         assert len(cap.err.strip().splitlines()) == 2  # progress line + the error
         assert message in cap.err.strip().splitlines()[-1]
+
+
+def test_scalar_and_vectorised_paths_agree(monkeypatch):
+    import specmoe.oracle.ssp as ssp
+
+    rng = np.random.default_rng(6)
+    lengths = np.array([30, 5, 44, 17, 1, 40])
+    k_max, n = 5, 44
+    cost = rng.uniform(1, 3, (6, n, k_max + 1))
+    q = rng.uniform(0, 1, (6, n + k_max + 1))
+    q[rng.random(q.shape) < 0.5] = 1.0
+    s = survival(q, k_max, n)
+    monkeypatch.setattr(ssp, "_SCALAR_BELOW", 0)
+    vec = solve(cost, q, lengths)
+    vec_pi = occupancy(vec.policy, s, lengths)
+    monkeypatch.setattr(ssp, "_SCALAR_BELOW", 100)
+    sca = solve(cost, q, lengths)
+    np.testing.assert_allclose(sca.value, vec.value, rtol=1e-12)
+    np.testing.assert_array_equal(sca.policy, vec.policy)
+    np.testing.assert_allclose(occupancy(sca.policy, s, lengths), vec_pi, rtol=1e-12,
+                               atol=1e-15)

@@ -16,9 +16,10 @@ state is min(i + A + 1, n_g). The Oracle minimises the expected total time to fi
 with J = 0 past n_g. "Expected" is over the acceptance of drafts whose outcome the recorded
 rounds do not fix (q_j strictly between 0 and 1); where every q_j is 0 or 1 (the deterministic
 counterfactual on the reference sequence) J(0) is the least total time over all budget
-sequences. Transitions only move forward, so one backward pass is exact; it runs over
-positions and is vectorised over generations and budgets (O(n·G·K) work, n Python steps).
-Ties go to the smaller budget.
+sequences. Transitions only move forward, so one backward pass is exact: O(n·G·K) work. With
+many generations each step over positions is vectorised over generations and budgets (n numpy
+steps); with few, a scalar loop per generation is faster and used instead. Ties go to the
+smaller budget.
 
 The theoretical maximum speedup over plain decoding (Figure 2 of paper 000) is
 S_max = sum_g T_plain,g / sum_g J_g(0), with T_plain,g = sum_{i < n_g} C(0, i).
@@ -64,6 +65,30 @@ class OracleSolution:
         return self.value[:, 0]
 
 
+# Below this many generations a per-generation scalar loop beats the vectorised step (numpy's
+# per-call overhead dominates a step over few generations); both compute the same recursion.
+_SCALAR_BELOW = 24
+
+
+def _solve_scalar(cost: list, surv: list, n: int, k_max: int) -> tuple[list, list]:
+    """One generation: cost, surv flat lists [n·(K+1)] -> (J [n+K+2], policy [n])."""
+    value = [0.0] * (n + k_max + 2)
+    policy = [0] * n
+    kp1 = k_max + 1
+    for i in range(n - 1, -1, -1):
+        base = i * kp1
+        acc = value[i + 1]
+        best, best_k = cost[base] + acc, 0
+        for d in range(1, kp1):
+            acc += surv[base + d] * (value[i + d + 1] - value[i + d])
+            v = cost[base + d] + acc
+            if v < best:
+                best, best_k = v, d
+        value[i] = best
+        policy[i] = best_k
+    return value, policy
+
+
 def solve(cost: np.ndarray, q: np.ndarray, length: np.ndarray, *,
           surv: np.ndarray | None = None) -> OracleSolution:
     """Backward dynamic programming: cost [G, n, K+1], q [G, n+K+1], length [G]."""
@@ -72,6 +97,16 @@ def solve(cost: np.ndarray, q: np.ndarray, length: np.ndarray, *,
     k_max = kp1 - 1
     length = np.asarray(length, dtype=np.int64)
     s = survival(q, k_max, n) if surv is None else surv
+    if g < _SCALAR_BELOW:
+        value = np.zeros((g, n + kp1 + 1))
+        policy = np.zeros((g, n), dtype=np.int8)
+        for j in range(g):
+            n_g = int(length[j])
+            v, p = _solve_scalar(cost[j, :n_g].ravel().tolist(), s[j, :n_g].ravel().tolist(),
+                                 n_g, k_max)
+            value[j, :len(v)] = v
+            policy[j, :n_g] = p
+        return OracleSolution(value=value, policy=policy, length=length)
     # position-major copies so each step reads contiguous [K+1, G] blocks
     c_t = np.ascontiguousarray(cost.transpose(1, 2, 0))       # [n, K+1, G]
     s_t = np.ascontiguousarray(s[:, :, 1:].transpose(1, 2, 0))  # [n, K, G]
@@ -93,6 +128,21 @@ def solve(cost: np.ndarray, q: np.ndarray, length: np.ndarray, *,
     return OracleSolution(value=value.T.copy(), policy=policy.T.copy(), length=length)
 
 
+def _occupancy_scalar(policy: list, surv: list, n: int, kp1: int) -> list:
+    """One generation: policy [n], surv flat [n·(K+1)] -> pi [n]."""
+    pi = [0.0] * (n + kp1 + 1)
+    pi[0] = 1.0 if n else 0.0
+    for i in range(n):
+        p = pi[i]
+        if p == 0.0:
+            continue
+        k, base = policy[i], i * kp1
+        for a in range(k):
+            pi[i + a + 1] += p * (surv[base + a] - surv[base + a + 1])
+        pi[i + k + 1] += p * surv[base + k]
+    return pi[:n]
+
+
 def occupancy(policy: np.ndarray, surv: np.ndarray, length: np.ndarray) -> np.ndarray:
     """pi[g, i]: probability that a round starts at position i under ``policy`` [G, n].
 
@@ -101,12 +151,20 @@ def occupancy(policy: np.ndarray, surv: np.ndarray, length: np.ndarray) -> np.nd
     """
     g, n = policy.shape
     kp1 = surv.shape[2]
+    length = np.asarray(length)
+    if g < _SCALAR_BELOW:
+        out = np.zeros((g, n))
+        for j in range(g):
+            n_g = int(length[j])
+            out[j, :n_g] = _occupancy_scalar(policy[j, :n_g].tolist(),
+                                             surv[j, :n_g].ravel().tolist(), n_g, kp1)
+        return out
     pi = np.zeros((n + kp1 + 1, g))
-    pi[0] = (np.asarray(length) > 0).astype(float)
+    pi[0] = (length > 0).astype(float)
     s_t = surv.transpose(1, 2, 0)                                # [n, K+1, G]
     a = np.arange(kp1)[:, None]
     pol_t = policy.T.astype(np.int64)
-    live = np.arange(n)[:, None] < np.asarray(length)[None, :]
+    live = np.arange(n)[:, None] < length[None, :]
     for i in range(n):
         k = pol_t[i]
         si = s_t[i]

@@ -1,0 +1,181 @@
+"""Online policies: their rules against brute force, the simulator against the DP, the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specmoe.cli import main
+from specmoe.oracle.counterfactual import build_counterfactual
+from specmoe.oracle.evaluate import evaluate_policies, simulate, split_prompts
+from specmoe.oracle.policies import FixedK, MarginalRule, RoundState, StaircasePolicy
+from specmoe.oracle.ssp import occupancy, solve, survival
+from specmoe.oracle.synthetic import synthetic_round_log
+from specmoe.roundlog import write_round_log
+
+
+def _ewma_brute(history, decay, prior, weight):
+    n = len(history)
+    w = decay ** (n - 1 - np.arange(n))
+    succ = sum(wi * a for wi, (k, a) in zip(w, history))
+    trials = sum(wi * (a + (a < k)) for wi, (k, a) in zip(w, history))
+    return (succ + weight * prior) / (trials + weight)
+
+
+def _smallest_argmax(values):
+    best = max(values)
+    return min(i for i, v in enumerate(values) if v >= best - 1e-12 * abs(best))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=12), st.integers(0, 2**31 - 1),
+       st.floats(0.5, 1.0))
+def test_staircase_picks_the_theory_best_for_the_online_rate(ks, seed, decay):
+    rng = np.random.default_rng(seed)
+    history = [(k, int(rng.integers(0, k + 1))) for k in ks]
+    v = np.cumsum(rng.uniform(0.5, 3.0, 5)) + 5.0
+
+    pol = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
+                          probe_every=10**6)
+    state = RoundState(0, 100, history)
+    a = _ewma_brute(history, decay, 0.4, 2.0)
+    assert pol.rate(state) == pytest.approx(a)
+    pol.reset()
+    g = [(1 - a ** (k + 1)) / (1 - a) for k in range(5)]
+    assert pol.choose(state) == _smallest_argmax([gk / vk for gk, vk in zip(g, v)])
+
+
+def test_staircase_probes_after_a_run_of_zeros():
+    pol = StaircasePolicy(lambda _ctx: np.array([1.0, 100.0, 200.0]), probe_every=3)
+    assert pol.choose(RoundState(0, 10, [(0, 0)] * 2)) == 0
+    assert pol.choose(RoundState(0, 10, [(0, 0)] * 3)) == 1
+
+
+def test_ewma_resets_for_a_new_generation():
+    pol = StaircasePolicy(lambda _ctx: np.array([1.0, 1.1, 1.2]), decay=1.0, prior=0.5,
+                          prior_weight=2.0)
+    assert pol.rate(RoundState(0, 0, [(2, 2)] * 5)) == pytest.approx(11 / 12)
+    assert pol.rate(RoundState(0, 0, [(2, 0)])) == pytest.approx(1 / 3)  # shorter: fresh
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 2**31 - 1), st.booleans())
+def test_marginal_rule_is_the_stop_rule_on_convex_costs(k_max, seed, use_conf):
+    rng = np.random.default_rng(seed)
+    inc = np.sort(rng.uniform(0.0, 3.0, k_max))  # non-decreasing increments: convex V
+    v = np.concatenate([[5.0], 5.0 + np.cumsum(inc)])
+    conf = rng.uniform(0, 1, k_max)
+    lam = float(rng.uniform(0.5, 6.0))
+    rule = MarginalRule(lambda _ctx: v, lam, prior=0.6, use_confidence=use_conf)
+    k = rule.choose(RoundState(0, 0, [], conf))
+    p = np.cumprod(conf) if use_conf else 0.6 ** np.arange(1, k_max + 1)
+    stop = 0  # draft while p_d·λ > V(d) - V(d-1)
+    while stop < k_max and p[stop] * lam > inc[stop]:
+        stop += 1
+    assert k == stop
+    assert k == _smallest_argmax([lam * p[:j].sum() - v[j] for j in range(k_max + 1)])
+
+
+def test_marginal_rule_looks_through_a_cheaper_regime():
+    v = np.array([6.0, 8.0, 10.0, 12.0, 9.0])  # V(4) < V(3): a cheaper kernel from m = 5
+    rule = MarginalRule(lambda _ctx: v, 4.0, use_confidence=True)
+    assert rule.choose(RoundState(0, 0, [], [0.9, 0.9, 0.9, 0.9])) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# the simulator against the DP
+
+
+@pytest.fixture(scope="module")
+def synth():
+    return synthetic_round_log(budgets=(0, 1, 2, 3), n_prompts=10, tokens=60, seed=13)
+
+
+@pytest.fixture(scope="module")
+def cf(synth):
+    return build_counterfactual(synth)
+
+
+def _cost(cf, seed=0):
+    rng = np.random.default_rng(seed)
+    base = np.array([6.0, 7.5, 8.5, 9.5])
+    return base + 0.1 * cf.union + rng.uniform(0, 0.5, cf.union.shape)
+
+
+def test_fixed_k_simulation_matches_the_exact_expectation(cf):
+    cost = _cost(cf)
+    n = cost.shape[1]
+    s = survival(cf.q, cf.k_max, n)
+    for k in (1, 3):
+        pol = np.full((len(cf.length), n), k, dtype=np.int8)
+        pi = occupancy(pol, s, cf.length)
+        exact = float((pi * cost[:, :, k]).sum())
+        sims = [simulate(FixedK(k), cf, cost, rng=np.random.default_rng(r),
+                         fill_confidence=0.5)[0] for r in range(30)]
+        assert np.mean(sims) == pytest.approx(exact, rel=0.01)
+
+
+class _Replay:
+    """A policy that reads the Oracle's table: the simulator must reproduce J(0)."""
+
+    name = "replay"
+
+    def __init__(self, policy, cf):
+        self.table, self.cf, self.g = policy, cf, -1
+
+    def reset(self):
+        self.g += 1
+
+    def choose(self, state):
+        return int(self.table[self.g, state.position])
+
+
+def test_the_oracle_policy_simulates_to_its_value(cf):
+    cost = _cost(cf, 1)
+    sol = solve(cost, cf.q, cf.length)
+    sims = [simulate(_Replay(sol.policy, cf), cf, cost, rng=np.random.default_rng(r),
+                     fill_confidence=0.5)[0] for r in range(40)]
+    assert np.mean(sims) == pytest.approx(sol.total.sum(), rel=0.01)
+
+
+def test_split_is_by_prompt(synth):
+    test = split_prompts(synth, test_fraction=0.3, seed=1)
+    assert set(synth["prompt_id"][test]).isdisjoint(synth["prompt_id"][~test])
+    assert len(set(synth["prompt_id"][test])) == 3
+
+
+def test_evaluate_policies_is_bounded_by_the_oracle(synth):
+    r = evaluate_policies(synth, l_max=3, repeats=2, seed=2)
+    names = set(r["policies"])
+    assert {"fixed-1", "fixed-2", "fixed-3", "staircase", "marginal", "marginal-ewma"} <= names
+    assert any(n.startswith("fixed-best") for n in names)
+    for p in r["policies"].values():
+        assert 0 < p.speedup and p.share_of_oracle <= 1.02  # simulation noise only
+        assert p.share_of_oracle == pytest.approx(p.speedup / r["oracle"]["s_max"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI
+
+
+def test_cli_policy_json_and_errors(tmp_path, synth, capsys):
+    runs = tmp_path / "runs"
+    for k in synth.budgets:
+        write_round_log(synth.select(synth["k"] == k), runs / f"k{k}.parquet")
+    rc = main(["policy", "--runs", str(runs), "--json", "--repeats", "1", "--l-max", "2"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    d = json.loads(cap.out)
+    assert d["l_max"] == 2
+    for p in d["policies"].values():
+        assert {"speedup", "share_of_oracle"} <= set(p)
+    rc = main(["policy", "--runs", str(runs), "--test-fraction", "1.5"])
+    cap = capsys.readouterr()
+    assert rc == 2 and "--test-fraction" in cap.err.strip().splitlines()[-1]
+    (tmp_path / "one").mkdir()
+    write_round_log(synth.select(synth["k"] == 3), tmp_path / "one" / "k3.parquet")
+    rc = main(["policy", "--runs", str(tmp_path / "one"), "--json"])
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "" and "one budget only" in cap.err
