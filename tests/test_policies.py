@@ -179,3 +179,19 @@ def test_cli_policy_json_and_errors(tmp_path, synth, capsys):
     rc = main(["policy", "--runs", str(tmp_path / "one"), "--json"])
     cap = capsys.readouterr()
     assert rc == 2 and cap.out == "" and "one budget only" in cap.err
+
+
+def test_learned_inputs_are_the_cost_model_at_the_typical_union(synth):
+    from specmoe.oracle.evaluate import learn_policy_inputs
+
+    inp = learn_policy_inputs(synth, l_max=3)
+    m, cf = inp.cost_model, inp.counterfactual
+    live = np.arange(cf.union.shape[1])[None, :] < cf.length[:, None]
+    union = np.median(cf.union[live], axis=0)
+    for ctx in (0.0, 700.0):
+        want = [m.beta0[k] + m.draft[k] + m.alpha[k] * union[k] + m.c[k] * ctx
+                for k in range(4)]
+        np.testing.assert_allclose(inp.step_times(ctx), want)
+    assert inp.value_per_token > 0 and 0 < inp.prior < 1
+    assert inp.marginal().value_per_token == inp.value_per_token
+    assert inp.staircase().choose(RoundState(0, 500, [])) in range(4)

@@ -20,19 +20,22 @@ time; share_of_oracle = speedup / S_max.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from specmoe.errors import InputError
 from specmoe.oracle.analysis import make_cost_model, oracle_costs
+from specmoe.oracle.costmodel import CostModel
 from specmoe.oracle.counterfactual import Counterfactual, build_counterfactual
 from specmoe.oracle.delta import delta_space
 from specmoe.oracle.policies import FixedK, MarginalRule, RoundState, StaircasePolicy
-from specmoe.oracle.ssp import summarise, survival
+from specmoe.oracle.ssp import OracleSummary, summarise, survival
 from specmoe.roundlog import RoundLog
 
-__all__ = ["PolicyScore", "evaluate_policies", "simulate", "split_prompts"]
+__all__ = ["PolicyInputs", "PolicyScore", "evaluate_policies", "learn_policy_inputs", "simulate",
+           "split_prompts"]
 
 
 @dataclass(frozen=True)
@@ -102,16 +105,62 @@ def _step_time_fn(model, cf: Counterfactual):
     slope = np.asarray(model.c[:cf.k_max + 1])
 
     def step_times(context_len: float) -> np.ndarray:
+        """V(k) = C(k) at the typical union of each budget and this context, k = 0..K."""
         return base + slope * context_len
 
     return step_times
+
+
+@dataclass(frozen=True, eq=False)
+class PolicyInputs:
+    """What the online policies learn from round logs (see :func:`learn_policy_inputs`)."""
+
+    step_times: Callable[[float], np.ndarray]  # context length -> [V(0), ..., V(K)] (ms)
+    value_per_token: float    # λ, ms: the Oracle's median marginal value of a token
+    boundary_slope: float     # the Delta-space boundary slope, ms per token
+    prior: float              # the pooled acceptance rate
+    cost_model: CostModel
+    counterfactual: Counterfactual
+    oracle: OracleSummary
+
+    def staircase(self, **options) -> StaircasePolicy:
+        return StaircasePolicy(self.step_times, prior=self.prior, **options)
+
+    def marginal(self, **options) -> MarginalRule:
+        return MarginalRule(self.step_times, self.value_per_token, prior=self.prior, **options)
+
+
+def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
+    """Fit the per-budget costs and the draft time, build the counterfactual, solve the Oracle
+    and read off λ and the prior: everything a policy needs, from ``log`` alone."""
+    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k
+
+    cf = build_counterfactual(log)
+    cf = cf.truncate(min(l_max, cf.k_max))
+    model = make_cost_model(log, "model", cf.k_max, fits=fit_verify_by_k(log),
+                            draft=fit_draft_time(log))
+    cost = oracle_costs(cf, model)
+    summary, sol, _ = summarise(cost, cf.q, cf.length)
+    dl = delta_space(cost, survival(cf.q, cf.k_max, cost.shape[1]), sol.value, sol.policy,
+                     cf.round_gen, cf.round_start)
+    lam = dl.marginal_value.get("median", float("nan"))
+    if not np.isfinite(lam):
+        raise InputError(f"{log.name}: no round recorded at the largest budget")
+    return PolicyInputs(
+        step_times=_step_time_fn(model, cf), value_per_token=lam, boundary_slope=dl.slope,
+        prior=float(np.average(cf.rate, weights=cf.length)), cost_model=model,
+        counterfactual=cf, oracle=summary)
+
+
+def _plain(cost: np.ndarray, length: np.ndarray) -> float:
+    live = np.arange(cost.shape[1])[None, :] < length[:, None]
+    return float(np.where(live, cost[:, :, 0], 0.0).sum())
 
 
 def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0.5,
                       repeats: int = 3, seed: int = 0, decay: float = 0.9,
                       quiet: bool = True) -> dict:
     """Score fixed K (1..L_max and the training-best), the staircase and the marginal rule."""
-    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k
 
     def say(msg):
         if not quiet:
@@ -119,31 +168,17 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
 
     test_rows = split_prompts(log, test_fraction=test_fraction, seed=seed)
     train_log, test_log = log.select(~test_rows), log.select(test_rows)
-    say("building counterfactual reference sequences")
-    cf_train = build_counterfactual(train_log)
+    say("learning from the training prompts (costs, Oracle, value of a token)")
+    learned = learn_policy_inputs(train_log, l_max=l_max)
+    say("Oracle on the held-out prompts")
     cf_test = build_counterfactual(test_log)
-    top = min(l_max, cf_train.k_max, cf_test.k_max)
-    cf_train, cf_test = cf_train.truncate(top), cf_test.truncate(top)
-    say("fitting costs (all rounds: evaluation; training rounds: policies)")
-    truth = make_cost_model(log, "model", top)
-    fits_train = fit_verify_by_k(train_log)
-    learned = make_cost_model(train_log, "model", top, fits=fits_train,
-                              draft=fit_draft_time(train_log))
-    cost_test = oracle_costs(cf_test, truth)
-    cost_train_learned = oracle_costs(cf_train, learned)
-    say("Oracle on training and held-out generations")
+    top = min(learned.counterfactual.k_max, cf_test.k_max)
+    cf_test = cf_test.truncate(top)
+    cf_train = learned.counterfactual.truncate(top)
+    cost_test = oracle_costs(cf_test, make_cost_model(log, "model", top))
     oracle_test, _, _ = summarise(cost_test, cf_test.q, cf_test.length)
-    s_tr, sol_tr, _ = summarise(cost_train_learned, cf_train.q, cf_train.length)
-    dl = delta_space(cost_train_learned, survival(cf_train.q, top, cost_train_learned.shape[1]),
-                     sol_tr.value, sol_tr.policy, cf_train.round_gen, cf_train.round_start)
-    lam = dl.marginal_value.get("median", float("nan"))
-    if not np.isfinite(lam):
-        raise InputError(f"{log.name}: no recorded round in the training generations")
-    prior = float(np.average(cf_train.rate, weights=cf_train.length))
-    fill = prior
-    step_times = _step_time_fn(learned, cf_train)
-    plain_test = float(np.where(np.arange(cost_test.shape[1])[None, :] < cf_test.length[:, None],
-                                cost_test[:, :, 0], 0).sum())
+    plain_test = _plain(cost_test, cf_test.length)
+    fill = learned.prior
 
     def score(policy, cf, cost, plain, s_max):
         res = [simulate(policy, cf, cost, rng=np.random.default_rng([seed, r]),
@@ -152,29 +187,25 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
         sp = plain / t
         return PolicyScore(policy.name, sp, sp / s_max, t, mk, ma, rounds)
 
-    say("choosing the best fixed K on training generations")
-    cost_train_truth = oracle_costs(cf_train, learned)
-    plain_train = float(np.where(
-        np.arange(cost_train_truth.shape[1])[None, :] < cf_train.length[:, None],
-        cost_train_truth[:, :, 0], 0).sum())
-    train_fixed = {k: score(FixedK(k), cf_train, cost_train_truth, plain_train,
-                            s_tr.s_max).speedup for k in range(top + 1)}
+    say("choosing the best fixed K on the training prompts")
+    cost_train = oracle_costs(cf_train, learned.cost_model)
+    plain_train = _plain(cost_train, cf_train.length)
+    train_fixed = {k: score(FixedK(k), cf_train, cost_train, plain_train,
+                            learned.oracle.s_max).speedup for k in range(top + 1)}
     best_k = max(train_fixed, key=lambda k: (train_fixed[k], -k))
-    policies = [FixedK(k) for k in range(1, top + 1)]
     best = FixedK(best_k)
-    policies.append(best)
-    policies.append(StaircasePolicy(step_times, decay=decay, prior=prior))
-    policies.append(MarginalRule(step_times, lam, decay=decay, prior=prior,
-                                 use_confidence=bool(np.isfinite(cf_test.confidence).any()),
-                                 name="marginal"))
-    policies.append(MarginalRule(step_times, lam, decay=decay, prior=prior,
-                                 use_confidence=False, name="marginal-ewma"))
+    policies = [*(FixedK(k) for k in range(1, top + 1)), best,
+                learned.staircase(decay=decay),
+                learned.marginal(decay=decay, name="marginal",
+                                 use_confidence=bool(np.isfinite(cf_test.confidence).any())),
+                learned.marginal(decay=decay, name="marginal-ewma", use_confidence=False)]
+    lam, prior = learned.value_per_token, learned.prior
     out = []
     for p in policies:
         say(f"simulating {p.name}")
         s = score(p, cf_test, cost_test, plain_test, oracle_test.s_max)
         if p is best:
-            s = PolicyScore(f"fixed-best (K={best_k})", *list(s.__dict__.values())[1:])
+            s = replace(s, name=f"fixed-best (K={best_k})")
         out.append(s)
     return {
         "oracle": {"s_max": oracle_test.s_max, "mean_k": oracle_test.mean_k,
@@ -184,7 +215,7 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
         "training": {"prompts_held_out": len(np.unique(test_log["prompt_id"])),
                      "prompts_training": len(np.unique(train_log["prompt_id"])),
                      "generations_held_out": len(cf_test.length),
-                     "value_per_token_ms": lam, "boundary_slope_ms": dl.slope,
+                     "value_per_token_ms": lam, "boundary_slope_ms": learned.boundary_slope,
                      "prior_acceptance": prior,
                      "best_fixed_k": best_k, "fixed_k_speedup": train_fixed},
         "repeats": repeats, "seed": seed,
