@@ -22,6 +22,7 @@ blocks; a portable loop (auto-vectorised by the compiler) covers other machines 
 """
 
 SOURCE = r"""
+#define _POSIX_C_SOURCE 200809L
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -97,22 +98,36 @@ static inline float sm_hsum(__m256 v) {
 }
 /* A register block: RB weight rows (row stride ldw elements) times TB activation rows xp[t]:
    out[t * ldo + r] = sum_c W[r, c] * xp[t][c]. Each weight vector is loaded once and applied
-   to all TB rows; the weights stream from memory once per block of rows. */
+   to all TB rows; the weights stream from memory once per block of rows. While a block is
+   computed, the next block's rows are prefetched, so the memory stream overlaps the FMAs (a
+   single core otherwise serialises the two once TB >= 3). */
+#ifndef SM_PF_HINT
+#define SM_PF_HINT _MM_HINT_T0
+#endif
+#define SM_STEP(RB, TB, cc)                                                                 \
+    {                                                                                       \
+        __m256 wv[RB];                                                                      \
+        for (int r = 0; r < RB; r++) wv[r] = sm_load8(w, wt, (size_t)r * ldw + (cc));       \
+        for (int t = 0; t < TB; t++) {                                                      \
+            __m256 xv = _mm256_loadu_ps(xp[t] + (cc));                                      \
+            for (int r = 0; r < RB; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]); \
+        }                                                                                   \
+    }
 #define SM_BLOCK(RB, TB)                                                                    \
-static void sm_block_##RB##x##TB(const void *w, int wt, size_t ldw, const float *const *xp, \
-                                 int cols, float *out, size_t ldo) {                        \
+static inline __attribute__((always_inline)) void sm_block_##RB##x##TB(                     \
+        const void *w, int wt, size_t ldw, const float *const *xp, int cols, float *out,    \
+        size_t ldo) {                                                                       \
     __m256 acc[RB][TB];                                                                     \
+    size_t es = (wt == WT_F32) ? 4 : 2;                                                     \
+    const char *pf = (const char *)w + (size_t)RB * ldw * es;                               \
     int c8 = cols & ~7;                                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
     for (int c = 0; c < c8; c += 8) {                                                       \
-        __m256 wv[RB];                                                                      \
-        for (int r = 0; r < RB; r++) wv[r] = sm_load8(w, wt, (size_t)r * ldw + c);          \
-        for (int t = 0; t < TB; t++) {                                                      \
-            __m256 xv = _mm256_loadu_ps(xp[t] + c);                                         \
-            for (int r = 0; r < RB; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]); \
-        }                                                                                   \
+        if (!(c & 15))                                                                      \
+            for (int r = 0; r < RB; r++)                                                    \
+                _mm_prefetch(pf + ((size_t)r * ldw + c) * es, SM_PF_HINT);                  \
+        SM_STEP(RB, TB, c)                                                                  \
     }                                                                                       \
-    size_t es = (wt == WT_F32) ? 4 : 2;                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
         out[(size_t)t * ldo + r] = sm_hsum(acc[r][t])                                       \
             + sm_dot1((const char *)w + (size_t)r * ldw * es, wt, xp[t], c8, cols);         \
@@ -123,43 +138,66 @@ SM_BLOCK(2, 1)
 SM_BLOCK(2, 2)
 SM_BLOCK(2, 3)
 SM_BLOCK(2, 4)
+SM_BLOCK(2, 5)
+SM_BLOCK(2, 6)
 SM_BLOCK(1, 1)
 SM_BLOCK(1, 4)
 #endif
 
-/* out[t * ldo + r] = W[r, :] . xp[t] for rows r in [r0, r1) and t in [0, k). */
-static void sm_rows(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp,
-                    int k, int cols, float *out, size_t ldo) {
+/* out[t * ldo + r] = W[r, :] . xp[t] for rows r in [r0, r1) and t in [0, k).
+   Register blocks (rows x tokens): 4x1 for one token, 4x2 for two, else 2x3..2x6 (token
+   blocks of at most six, as even as possible);
+   always inlined into one copy per weight type, so the type test leaves the inner loops. */
+static inline __attribute__((always_inline)) void
+sm_rows_impl(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp, int k,
+             int cols, float *out, size_t ldo) {
     size_t es = (wt == WT_F32) ? 4 : 2;
 #define WROW(r) ((const char *)w + (size_t)(r) * ldw * es)
+#define OUT(t, r) (out + (size_t)(t) * ldo + (r))
 #if SM_AVX2
     int r = r0;
     if (k <= 2) {
         for (; r + 4 <= r1; r += 4) {
-            if (k == 1) sm_block_4x1(WROW(r), wt, ldw, xp, cols, out + r, ldo);
-            else sm_block_4x2(WROW(r), wt, ldw, xp, cols, out + r, ldo);
+            if (k == 1) sm_block_4x1(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
+            else sm_block_4x2(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
         }
         for (; r < r1; r++)
-            for (int t = 0; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+            for (int t = 0; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
         return;
     }
+    int nb = (k + 5) / 6;  /* token blocks of at most 6, sizes as even as possible */
     for (; r + 2 <= r1; r += 2) {
-        int t = 0;
-        for (; t + 4 <= k; t += 4) sm_block_2x4(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
-        if (k - t == 3) sm_block_2x3(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
-        else if (k - t == 2) sm_block_2x2(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
-        else if (k - t == 1) sm_block_2x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        for (int b = 0, t = 0; b < nb; b++) {
+            int tb = k / nb + (b < k % nb);
+            switch (tb) {
+            case 6: sm_block_2x6(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            case 5: sm_block_2x5(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            case 4: sm_block_2x4(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            case 3: sm_block_2x3(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            case 2: sm_block_2x2(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            default: sm_block_2x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            }
+            t += tb;
+        }
     }
     for (; r < r1; r++) {
         int t = 0;
-        for (; t + 4 <= k; t += 4) sm_block_1x4(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
-        for (; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, out + (size_t)t * ldo + r, ldo);
+        for (; t + 4 <= k; t += 4) sm_block_1x4(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
+        for (; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
     }
 #else
     for (int r = r0; r < r1; r++)
-        for (int t = 0; t < k; t++) out[(size_t)t * ldo + r] = sm_dot1(WROW(r), wt, xp[t], 0, cols);
+        for (int t = 0; t < k; t++) *OUT(t, r) = sm_dot1(WROW(r), wt, xp[t], 0, cols);
 #endif
 #undef WROW
+#undef OUT
+}
+
+static void sm_rows(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp,
+                    int k, int cols, float *out, size_t ldo) {
+    if (wt == WT_F32) sm_rows_impl(w, WT_F32, ldw, r0, r1, xp, k, cols, out, ldo);
+    else if (wt == WT_BF16) sm_rows_impl(w, WT_BF16, ldw, r0, r1, xp, k, cols, out, ldo);
+    else sm_rows_impl(w, WT_F16, ldw, r0, r1, xp, k, cols, out, ldo);
 }
 
 static inline float sm_act(float g, float u, int act, float alpha, float limit) {
@@ -167,6 +205,12 @@ static inline float sm_act(float g, float u, int act, float alpha, float limit) 
     g = g < limit ? g : limit;                               /* gpt-oss: clamp, then      */
     u = u < -limit ? -limit : (u > limit ? limit : u);       /* (u + 1) * g * sigmoid(a g) */
     return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
+
+static void *sm_alloc(size_t bytes) {  /* 64-byte aligned: vector loads never split lines */
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
+    return p;
 }
 
 static void sm_split(int total, int tid, int nth, int align, int *a, int *b) {
@@ -211,10 +255,16 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
         for (int g = 0; g < ng; g++) if (gs[g + 1] - gs[g] > kmax) kmax = gs[g + 1] - gs[g];
     }
     size_t es = (wt == WT_F32) ? 4 : 2;
-    float *G = (float *)malloc(sizeof(float) * (size_t)kmax * 2 * I);
-    float *A = (float *)malloc(sizeof(float) * (size_t)kmax * I * 2);     /* double buffer */
-    float *Y = (float *)malloc(sizeof(float) * (size_t)kmax * h);
-    if (!G || !A || !Y) { free(ord); free(gs); free(G); free(A); free(Y); return -2; }
+    /* Activation rows are padded to 16 floats so that every row starts on a cache line. */
+    int ldx = (h + 15) & ~15, lda = (I + 15) & ~15;
+    float *X = (float *)sm_alloc(sizeof(float) * (size_t)n * ldx);
+    float *G = (float *)sm_alloc(sizeof(float) * (size_t)kmax * 2 * I);
+    float *A = (float *)sm_alloc(sizeof(float) * (size_t)kmax * lda * 2);  /* double buffer */
+    float *Y = (float *)sm_alloc(sizeof(float) * (size_t)kmax * h);
+    if (!X || !G || !A || !Y) {
+        free(ord); free(gs); free(X); free(G); free(A); free(Y); return -2;
+    }
+    for (int t = 0; t < n; t++) memcpy(X + (size_t)t * ldx, x + (size_t)t * h, sizeof(float) * (size_t)h);
     int nth = threads > 0 ? threads : 1;
     /* Small experts: a barrier per group costs more than the bytes it splits. */
     if ((double)3 * h * I * es < SM_MIN_PARALLEL_BYTES) nth = 1;
@@ -239,8 +289,8 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
             long long e = ids[sl[0]];
             const char *wg = (const char *)wgu + (size_t)e * sgu_e * es;
             const char *wdn = (const char *)wd + (size_t)e * sd_e * es;
-            float *Ab = A + (size_t)(g & 1) * kmax * I;
-            for (int i = 0; i < k; i++) { xg[i] = x + (size_t)(sl[i] / m) * h; ag[i] = Ab + (size_t)i * I; }
+            float *Ab = A + (size_t)(g & 1) * kmax * lda;
+            for (int i = 0; i < k; i++) { xg[i] = X + (size_t)(sl[i] / m) * ldx; ag[i] = Ab + (size_t)i * lda; }
             /* phase 1: this thread's gate rows [a0, a1) and the matching up rows */
             if (a1 > a0) {
                 sm_rows(wg, wt, (size_t)sgu_r, a0, a1, xg, k, h, G, (size_t)2 * I);
@@ -250,7 +300,7 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                     for (int j = a0; j < a1; j++) {
                         float gv = gi[j], uv = gi[I + j];
                         if (bgu) { gv += bgu[(size_t)e * 2 * I + j]; uv += bgu[(size_t)e * 2 * I + I + j]; }
-                        Ab[(size_t)i * I + j] = sm_act(gv, uv, act, alpha, limit);
+                        Ab[(size_t)i * lda + j] = sm_act(gv, uv, act, alpha, limit);
                     }
                 }
             }
@@ -272,7 +322,7 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
         }
         free(xg); free(ag);
     }
-    free(ord); free(gs); free(G); free(A); free(Y);
+    free(ord); free(gs); free(X); free(G); free(A); free(Y);
     return 0;
 }
 
