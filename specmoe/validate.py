@@ -1,0 +1,388 @@
+"""``specmoe validate``: score a plan against measured runs with the pre-registered rules.
+
+Three versions of the prediction (paper 002 Section 4), each a whole-model verify time
+tau_hat_p(n) for the per-slot and the deduplicating kernel at n = 1..n_max:
+
+* the **prediction**: Eq. (22), tau_hat_p(n) = tau_meas(1) + sum_l (t_p,l(n) - t_l(1)), with
+  each layer's fitted operation time at the union bytes of recorded routing windows (the
+  profile's ``op_time.predicted``);
+* the **measured-time version**: Eq. (22) with each layer's measured median operation time on
+  those windows (``op_time.measured``);
+* the **calibrated version**: the measured-time version plus the growth with n of the time
+  outside the expert operation, taken from the measured verify time with deduplication off:
+  tau_cal_p(n) = tau_mt_p(n) + (tau_off(n) - tau_mt_slot(n)).
+
+Eq. (22) is :func:`specmoe.cost.step.whole_model_verify_time`; the best draft length, the
+speedup and the bounds (18), (20), (21) come from :mod:`specmoe.cost`. Each configuration
+(model x depth x engine/device) is scored as in Tables 3, 4, 7 and 8: the largest saving error
+and the share of points inside the band of (18); the crossover predicted and measured; the
+acceptance values where k_hat* is within one of the measured best; the largest throughput lost
+at k_hat*; the verify-time error; the best speedup inside (21) with delta the step-time error.
+The rules and tolerances are read from ``validate_rules.json`` (:mod:`specmoe.validate_rules`)
+and decided unchanged. The runs folder format is :mod:`specmoe.validate_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe.errors import InputError
+from specmoe.validate_rules import (
+    VERSIONS,
+    RuleSet,
+    crossover_distance,
+    decide,
+    kstar_scores,
+    load_rules,
+    saving_band_scores,
+    sign_scores,
+    speedup_scores,
+    step_time_error,
+    verify_error,
+)
+from specmoe.validate_runs import Measured, load_runs
+
+__all__ = ["SCHEMA", "prediction_versions", "score_configuration", "validate"]
+
+SCHEMA = "specmoe.validation/1"
+MS = 1e3
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# the three versions
+
+
+def _expert_sum(op: np.ndarray, num_layers: int) -> np.ndarray:
+    """M_hat_p(n) = sum_l t_p,l(n) over the model's layers (the layer mean of the timed layers
+    times num_layers when only some were timed, as Eq. (22) does)."""
+    return op.sum(axis=0) if op.shape[0] == num_layers else op.mean(axis=0) * num_layers
+
+
+def prediction_versions(profile: Any, tau1_ms: float, verify_off_ms: np.ndarray, *,
+                        num_layers: int, n_max: int) -> dict[str, dict[str, np.ndarray]]:
+    """For each version, ``verify_ms`` {per_slot, dedup} [n_max] and ``expert_ms`` {per_slot,
+    dedup} [n_max], at n = 1..n_max. ``verify_off_ms`` [>= n_max] is the measured verify time
+    with deduplication off (the calibration)."""
+    from specmoe.cost.step import whole_model_verify_time
+
+    missing = [n for n in range(1, n_max + 1) if n not in profile.n]
+    if missing:
+        raise InputError(f"bandwidth profile: no operation times at pass size {missing[0]}")
+    idx = [profile.n.index(n) for n in range(1, n_max + 1)]
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for version, source in (("prediction", "predicted"), ("measured_time", "measured")):
+        tau = {p: whole_model_verify_time(profile, p, tau1_ms / MS, source=source,
+                                          num_layers=num_layers)[idx] * MS
+               for p in ("per_slot", "dedup")}
+        expert = {p: _expert_sum(np.asarray(profile.op_time[p][source], float),
+                                 num_layers)[idx] * MS for p in ("per_slot", "dedup")}
+        out[version] = {"verify_ms": tau, "expert_ms": expert}
+    mt = out["measured_time"]
+    growth = np.asarray(verify_off_ms[:n_max], float) - mt["verify_ms"]["per_slot"]
+    out["calibrated"] = {"verify_ms": {p: mt["verify_ms"][p] + growth
+                                       for p in ("per_slot", "dedup")},
+                         "expert_ms": mt["expert_ms"], "outside_growth_ms": growth}
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# scoring one configuration
+
+
+def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: float,
+                        rules: RuleSet) -> dict[str, Any]:
+    """Every score of one configuration for the three versions, and each rule's verdict."""
+    from specmoe.cost.step import crossover
+
+    n_top = min(max(m.n), max(profile.n))
+    n_hi = min(n_top, rules.n_max)
+    if n_hi < rules.n_min:
+        raise InputError(f"runs {m.name}: pass sizes reach only {n_top}, the rules score "
+                         f"n = {rules.n_min}..{rules.n_max}")
+    notes: list[str] = []
+    K = len(m.k) - 1
+    if K + 1 > n_top:
+        notes.append(f"draft lengths cut to k <= {n_top - 1}: verify times reach n = {n_top}")
+        K = n_top - 1
+    acc = m.acceptance
+    T = m.throughput[:, :K + 1]
+    h = np.zeros(K + 1) if m.draft_ms is None else m.draft_ms[:K + 1]
+    if m.draft_ms is None:
+        notes.append("no measured draft time: h(k) = 0")
+    off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+    tau1 = float(off[0])
+    versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
+    n_all = np.arange(1, n_top + 1)
+    sc = slice(rules.n_min - 1, n_hi)                     # the scored pass sizes
+    n_sc = n_all[sc]
+    S = off - on
+    cross_meas = crossover(S[:n_hi], n_all[:n_hi])
+    kernel = "dedup" if m.throughput_dedup else "per_slot"
+    measured_tau = {"per_slot": off, "dedup": on}
+    V = (measured_tau[kernel][:K + 1] + h).tolist()  # measured step times
+    samples = None
+    if m.per_prompt_off_ms is not None:
+        samples = (m.per_prompt_off_ms - m.per_prompt_on_ms)[:, :n_top][:, sc]
+
+    scores: dict[str, dict[str, Any]] = {}
+    detail: dict[str, dict[str, Any]] = {}
+    for version in VERSIONS:
+        v = versions[version]
+        tau = v["verify_ms"]
+        S_hat = tau["per_slot"] - tau["dedup"]
+        cross = crossover(S_hat[:n_hi], n_all[:n_hi])
+        band = saving_band_scores(S_hat[sc], S[sc], v["expert_ms"]["per_slot"][sc],
+                                  v["expert_ms"]["dedup"][sc], eps,
+                                  edge_inside=rules.band_edge_inside)
+        verr = {p: verify_error(tau[p][sc], measured_tau[p][sc]) for p in tau}
+        V_hat = (tau[kernel][:K + 1] + h).tolist()
+        ks = kstar_scores(V_hat, T, acc)
+        delta = step_time_error(V_hat, V)
+        thr_best = (T / T[:, :1]).max(axis=1)
+        sp = speedup_scores(V_hat, V, acc, delta,
+                            measured_best=(thr_best if rules.speedup_reference ==
+                                           "throughput_runs" else None))
+        sign = sign_scores(S_hat[sc], samples, level=rules.sign_level,
+                           resamples=rules.sign_resamples, seed=rules.sign_seed)
+        loss_bound = 2 * delta / (1 + delta)
+        scores[version] = {
+            "kstar_within_one": ks["kstar_within_one"],
+            "kstar_within_one_of": ks["kstar_within_one_of"],
+            "verify_error": max(verr[p] for p in rules.verify_error_kernels),
+            "crossover_distance": crossover_distance(cross, cross_meas, n_hi),
+            "saving_in_band_share": band["saving_in_band_share"],
+            "max_loss": ks["max_loss"],
+            "sign_agreement_share": sign["sign_agreement_share"],
+            "speedup_in_bound_share": sp["speedup_in_bound_share"],
+            "saving_error_ms": band["saving_error_ms"],
+            "delta": delta,
+        }
+        detail[version] = {
+            "verify_ms": {p: tau[p].tolist() for p in tau},
+            "expert_ms": {p: v["expert_ms"][p].tolist() for p in tau},
+            "saving_ms": S_hat.tolist(), "crossover": cross,
+            "band_ms": band["band_ms"], "inside_band": band["inside"],
+            "saving_in_band_count": band["saving_in_band_count"],
+            "implied_epsilon": band["implied_epsilon"],
+            "verify_error_by_kernel": verr,
+            "step_ms": V_hat, "k_hat": ks["k_hat"], "within_one": ks["within_one"],
+            "loss": ks["loss"], "loss_bound": loss_bound,
+            "loss_inside_bound": [x <= loss_bound + 1e-12 for x in ks["loss"]],
+            "speedup_predicted": sp["predicted"], "speedup_measured": sp["measured"],
+            "speedup_inside_bound": sp["inside"], "speedup_factor": sp["factor"],
+            "sign_counted": sign["sign_counted"],
+            **scores[version],
+        }
+        if version == "calibrated":
+            detail[version]["outside_growth_ms"] = v["outside_growth_ms"].tolist()
+    verdicts = decide(rules, scores)
+    required = [r for r in verdicts if r["required"]]
+    p = scores["prediction"]
+    thr_speedup = (T / T[:, :1]).max(axis=1)
+    return {
+        "name": m.name, "model": m.model, "depth": m.depth, "device": m.device,
+        "engine": m.engine, "n": n_all.tolist(), "scored_n": n_sc.tolist(),
+        "acceptance_values": acc, "k": list(range(K + 1)),
+        "kernel_of_runs": kernel,
+        "kstar_within_one": p["kstar_within_one"], "max_loss": p["max_loss"],
+        "verify_error": {v: scores[v]["verify_error"] for v in VERSIONS},
+        "saving_error_ms": {v: scores[v]["saving_error_ms"] for v in VERSIONS},
+        "saving_in_band_share": p["saving_in_band_share"],
+        "crossover_predicted": detail["prediction"]["crossover"],
+        "crossover_measured": cross_meas,
+        "crossover": {v: detail[v]["crossover"] for v in VERSIONS},
+        "delta": {v: scores[v]["delta"] for v in VERSIONS},
+        "measured": {
+            "verify_ms": {"off": off.tolist(), "on": on.tolist()},
+            "saving_ms": S.tolist(), "draft_ms": h.tolist(), "step_ms": V,
+            "k_star": [int(np.flatnonzero(r == r.max())[0]) for r in T],
+            "tokens_per_s": T.tolist(), "throughput_best_speedup": thr_speedup.tolist(),
+            "saving_interval_ms": sign_scores(S[sc], samples, level=rules.sign_level,
+                                              resamples=rules.sign_resamples,
+                                              seed=rules.sign_seed)["interval_ms"],
+        },
+        "versions": detail,
+        "rules": verdicts,
+        "all_hold": bool(required) and all(r["holds"] is True for r in required),
+        "notes": notes,
+        "sources": m.sources,
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# the whole validation
+
+
+def _load_plan(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "plan.json"
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"--plan {path}: no such plan file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--plan {path}: not a readable JSON plan ({exc})"
+                         .splitlines()[0]) from None
+    if not isinstance(d, dict) or d.get("schema") != "specmoe.plan/1" or "model" not in d:
+        raise InputError(f"--plan {path}: not a plan written by specmoe plan")
+    return d
+
+
+def _find_profile(plan: dict, plan_path: str | Path, runs: str | Path,
+                  explicit: str | None) -> Path:
+    if explicit is not None:
+        return Path(explicit)
+    cands = []
+    src = plan.get("sources", {}).get("bandwidth", {}).get("path")
+    if src:
+        cands.append(Path(src))
+    pp = Path(plan_path)
+    base = pp if pp.is_dir() else pp.parent
+    cands += [base / "profile.json", Path(runs) / "profile.json"]
+    for c in cands:
+        if c.is_file():
+            return c
+    raise InputError(f"--plan {plan_path}: its bandwidth profile is not found (looked for "
+                     f"{', '.join(str(c) for c in cands)}); pass --profile")
+
+
+def _same_model(plan_model: dict, run_model: str) -> bool:
+    if not run_model:
+        return True
+    names = {str(plan_model.get("name", "")).lower()}
+    return run_model.lower() in names or any(
+        run_model.lower() == Path(x).name.lower() for x in names if x)
+
+
+def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None = None,
+             profile_path: str | None = None) -> dict[str, Any]:
+    """Score every configuration of ``runs`` against the plan's model and bandwidth profile with
+    the rule set ``rules_path`` (default: the pre-registered one); -> the validation dict."""
+    from specmoe.bench.profile import check_profile_matches, load_profile
+    from specmoe.spec import ModelSpec
+
+    rules = load_rules(rules_path)
+    plan = _load_plan(plan_path)
+    try:
+        spec = ModelSpec.from_dict(plan["model"])
+    except (TypeError, ValueError, KeyError) as exc:
+        raise InputError(f"--plan {plan_path}: its model is not a model spec ({exc})") from None
+    configs = load_runs(runs)
+    for m in configs:
+        if not _same_model(plan["model"], m.model):
+            raise InputError(f"--plan {plan_path}: is for model {spec.name!r} but the runs "
+                             f"in {runs} are for {m.model!r}")
+    ppath = _find_profile(plan, plan_path, runs, profile_path)
+    profile = load_profile(ppath)
+    check_profile_matches(profile, spec, path=str(ppath))
+    eps = max(float(profile.epsilon["per_slot"]), float(profile.epsilon["dedup"]))
+    scored = []
+    for m in configs:
+        _err(f"validate: scoring {m.name}")
+        scored.append(score_configuration(m, profile, num_layers=spec.num_moe_layers, eps=eps,
+                                          rules=rules))
+    summary = []
+    for i, r in enumerate(rules.rules):
+        per = {c["name"]: c["rules"][i]["holds"] for c in scored}
+        vals = list(per.values())
+        holds = (None if any(v is None for v in vals) else all(vals))
+        summary.append({"id": r.id, "text": r.text, "version": r.version, "metric": r.metric,
+                        "op": r.op, "value": r.value, "of": r.of, "required": r.required,
+                        "holds": holds,
+                        "configurations_holding": sum(v is True for v in vals),
+                        "configurations": len(vals), "per_configuration": per})
+    req = [s for s in summary if s["required"]]
+    return {
+        "schema": SCHEMA,
+        "model": spec.name,
+        "plan": str(plan_path), "profile": str(ppath), "runs": str(runs),
+        "rules_file": {"path": rules.path, "sha256": rules.sha256, "title": rules.title},
+        "epsilon": eps,
+        "device": profile.device, "device_name": profile.device_name,
+        "configurations": scored,
+        "rules": summary,
+        "all_hold": all(s["holds"] is True for s in req),
+        "all_rules_hold": all(s["holds"] is True for s in summary),
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# the command
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--plan", required=True, metavar="PLAN",
+                        help="plan.json written by `specmoe plan` (or its folder)")
+    parser.add_argument("--runs", required=True, metavar="DIR",
+                        help="folder of measured runs (verify.json, throughput.json)")
+    parser.add_argument("--rules", default=None, metavar="FILE",
+                        help="rule set JSON (default: the pre-registered validate_rules.json)")
+    parser.add_argument("--profile", default=None, metavar="PROFILE",
+                        help="bandwidth profile (default: the plan's, or profile.json beside "
+                             "the plan or in the runs folder)")
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="write validation.json and figures to DIR")
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summary_text(d: dict[str, Any]) -> str:
+    """A terminal table: one row per configuration, then each rule and whether it holds."""
+    lines = [f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
+             f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
+             f"eps = {d['epsilon']:.3f}", "",
+             f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
+             f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}"]
+    for c in d["configurations"]:
+        cp = _fmt(c["crossover_predicted"], "d")
+        cm = _fmt(c["crossover_measured"], "d")
+        ve = c["verify_error"]
+        lines.append(
+            f"{c['name'][:33]:<34}{cp + '/' + cm:>10}"
+            f"{c['kstar_within_one']:>4} of {len(c['acceptance_values']):<2}"
+            f"{_fmt(c['max_loss'], '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
+            f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
+            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}")
+    lines.append("")
+    for r in d["rules"]:
+        mark = {True: "holds", False: "FAILS", None: "not scored"}[r["holds"]]
+        tag = "" if r["required"] else " (reported)"
+        lines.append(f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
+                     f"{r['configurations']} configurations — {r['text']}")
+    lines.append("")
+    lines.append("all required rules hold" if d["all_hold"] else
+                 "NOT every required rule holds")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
+
+    d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
+    text = summary_text(d)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "validation.json", d)
+        atomic_write_text(out / "validation.txt", text + "\n")
+        from specmoe.report.validate_figures import write_validation_figures
+
+        figs = write_validation_figures(d, out)
+        _err(f"validate: wrote {out / 'validation.json'} and {len(figs)} figures")
+    if args.json:
+        print(dumps_json(d))
+    else:
+        print(text)
+    return 0

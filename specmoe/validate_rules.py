@@ -1,0 +1,333 @@
+"""The pre-registered rule set of ``specmoe validate`` and the scores it decides on.
+
+The rules and their tolerances live in ``specmoe/validate_rules.json`` (package data), written
+before the runs they score (paper 002 Section 4.4 and Table 8 do the same for DeepSeek-V2-Lite).
+:func:`load_rules` reads and checks that file (or another one given with ``--rules``), and
+:func:`decide` compares a configuration's scores against each rule, unchanged.
+
+The score functions are pure functions of arrays, one per quantity of Tables 3, 4, 7 and 8 of
+paper 002: :func:`crossover_distance`, :func:`kstar_scores`, :func:`saving_band_scores`,
+:func:`verify_error`, :func:`step_time_error`, :func:`speedup_scores`, :func:`sign_scores`.
+The theory (best draft length, speedup) and the bounds (18), (20), (21) come from
+:mod:`specmoe.cost`; nothing here re-derives them.
+
+Legend: ``n`` pass sizes, ``A`` acceptance values, ``K`` draft lengths 0..k_max, ``P`` prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import operator
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe.cost import bounds, theory
+from specmoe.errors import InputError
+
+__all__ = [
+    "METRICS",
+    "VERSIONS",
+    "Rule",
+    "RuleSet",
+    "crossover_distance",
+    "decide",
+    "default_rules_path",
+    "kstar_scores",
+    "load_rules",
+    "saving_band_scores",
+    "sign_scores",
+    "speedup_scores",
+    "step_time_error",
+    "verify_error",
+]
+
+RULES_SCHEMA = "specmoe.validate_rules/1"
+VERSIONS = ("prediction", "measured_time", "calibrated")
+METRICS = ("kstar_within_one", "verify_error", "crossover_distance", "saving_in_band_share",
+           "max_loss", "sign_agreement_share", "speedup_in_bound_share", "saving_error_ms",
+           "delta")
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
+        "==": operator.eq}
+
+
+# ------------------------------------------------------------------------------------------
+# the rule set
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One scoring rule: ``metric`` of ``version`` compared by ``op`` with ``value``.
+
+    With ``of`` (a count rule such as "at >= 10 of 11 acceptance values") the metric is a count
+    over ``total`` values and the rule holds when count/total op value/of, so the same share
+    applies when a run has another number of acceptance values."""
+
+    id: str
+    version: str
+    metric: str
+    op: str
+    value: float
+    text: str
+    required: bool = True
+    of: int | None = None
+
+    def holds(self, measured: float | None, total: int | None = None) -> bool | None:
+        """The verdict on ``measured``; None when it could not be scored."""
+        if measured is None or (isinstance(measured, float) and not math.isfinite(measured)):
+            return None
+        if self.of is not None:
+            if not total:
+                return None
+            # count/total op value/of, compared without division
+            return bool(_OPS[self.op](measured * self.of, self.value * total))
+        return bool(_OPS[self.op](measured, self.value))
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[Rule, ...]
+    path: str
+    sha256: str
+    title: str
+    n_min: int
+    n_max: int
+    acceptance_values: int
+    verify_error_kernels: tuple[str, ...]
+    speedup_reference: str
+    sign_level: float
+    sign_resamples: int
+    sign_seed: int
+    band_edge_inside: bool
+    definitions: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "title": self.title,
+                "rules": [dataclasses.asdict(r) for r in self.rules]}
+
+
+def default_rules_path() -> Path:
+    """The pre-registered rule set shipped with the package."""
+    return Path(str(resources.files("specmoe") / "validate_rules.json"))
+
+
+def _get(d: dict, key: str, path: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    if key not in d:
+        raise InputError(f"{path}: {where}{key} is missing")
+    v = d[key]
+    if isinstance(v, bool) and kind is not bool:
+        raise InputError(f"{path}: {where}{key} must be {kind}, got {v!r}")
+    if not isinstance(v, kind):
+        raise InputError(f"{path}: {where}{key} has the wrong type ({type(v).__name__})")
+    return v
+
+
+def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
+    """Read and check a rule set (default: the pre-registered one). Any problem is a one-line
+    ``InputError`` naming the file."""
+    p = default_rules_path() if path is None else Path(path)
+    name = str(path) if path is not None else "validate_rules.json"
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"--rules {name}: no such rules file") from None
+    except OSError as exc:
+        raise InputError(f"--rules {name}: cannot read ({exc})") from None
+    try:
+        d = json.loads(raw)
+    except ValueError as exc:
+        raise InputError(f"--rules {name}: not JSON ({exc})".splitlines()[0]) from None
+    if not isinstance(d, dict) or d.get("schema") != RULES_SCHEMA:
+        raise InputError(f"--rules {name}: not a rule set (schema must be {RULES_SCHEMA!r})")
+    defs = _get(d, "definitions", name, dict)
+    ps = _get(defs, "pass_sizes", name, dict, "definitions.")
+    n_min = _get(ps, "min", name, int, "definitions.pass_sizes.")
+    n_max = _get(ps, "max", name, int, "definitions.pass_sizes.")
+    if not 2 <= n_min <= n_max:
+        raise InputError(f"--rules {name}: pass_sizes must have 2 <= min <= max, got "
+                         f"{n_min}..{n_max}")
+    if defs.get("crossover_none_as", "n_max + 1") != "n_max + 1":
+        raise InputError(f"--rules {name}: crossover_none_as must be 'n_max + 1'")
+    kernels = tuple(_get(defs, "verify_error_kernels", name, list, "definitions."))
+    if not kernels or any(k not in ("per_slot", "dedup") for k in kernels):
+        raise InputError(f"--rules {name}: verify_error_kernels must name per_slot and/or dedup")
+    ref = defs.get("speedup_reference", "step_times")
+    if ref not in ("step_times", "throughput_runs"):
+        raise InputError(f"--rules {name}: speedup_reference must be step_times or "
+                         f"throughput_runs, got {ref!r}")
+    sign = defs.get("sign_interval", {})
+    sign = sign if isinstance(sign, dict) else {}
+    level = float(sign.get("level", 0.95))
+    if not 0 < level < 1:
+        raise InputError(f"--rules {name}: sign_interval.level must lie in (0, 1)")
+    rules = []
+    seen = set()
+    for i, r in enumerate(_get(d, "rules", name, list)):
+        where = f"rules[{i}]."
+        if not isinstance(r, dict):
+            raise InputError(f"--rules {name}: rules[{i}] must be an object")
+        rid = _get(r, "id", name, str, where)
+        if rid in seen:
+            raise InputError(f"--rules {name}: rule id {rid!r} appears twice")
+        seen.add(rid)
+        version = _get(r, "version", name, str, where)
+        if version not in VERSIONS:
+            raise InputError(f"--rules {name}: rule {rid!r}: version {version!r} is not one of "
+                             f"{', '.join(VERSIONS)}")
+        metric = _get(r, "metric", name, str, where)
+        if metric not in METRICS:
+            raise InputError(f"--rules {name}: rule {rid!r}: metric {metric!r} is not one of "
+                             f"{', '.join(METRICS)}")
+        op = _get(r, "op", name, str, where)
+        if op not in _OPS:
+            raise InputError(f"--rules {name}: rule {rid!r}: op {op!r} is not one of "
+                             f"{', '.join(_OPS)}")
+        value = _get(r, "value", name, int | float, where)
+        of = r.get("of")
+        if of is not None and (isinstance(of, bool) or not isinstance(of, int) or of < 1):
+            raise InputError(f"--rules {name}: rule {rid!r}: of must be a positive integer")
+        rules.append(Rule(id=rid, version=version, metric=metric, op=op, value=float(value),
+                          text=str(r.get("text", "")), required=bool(r.get("required", True)),
+                          of=of))
+    if not rules:
+        raise InputError(f"--rules {name}: holds no rules")
+    return RuleSet(
+        rules=tuple(rules), path=name, sha256=hashlib.sha256(raw).hexdigest(),
+        title=str(d.get("title", "")), n_min=n_min, n_max=n_max,
+        acceptance_values=int(defs.get("acceptance_values", 11)),
+        verify_error_kernels=kernels, speedup_reference=ref, sign_level=level,
+        sign_resamples=int(sign.get("resamples", 2000)), sign_seed=int(sign.get("seed", 0)),
+        band_edge_inside=bool(defs.get("band_edge_inside", True)), definitions=defs)
+
+
+def decide(rules: RuleSet, scores: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rule against one configuration's ``scores[version][metric]`` (a count metric also
+    reads ``scores[version][metric + '_of']``, the number of values counted)."""
+    out = []
+    for r in rules.rules:
+        s = scores.get(r.version, {})
+        measured = s.get(r.metric)
+        holds = r.holds(measured, s.get(f"{r.metric}_of"))
+        out.append({"id": r.id, "version": r.version, "metric": r.metric, "op": r.op,
+                    "value": r.value, "of": r.of, "required": r.required, "text": r.text,
+                    "measured": measured, "total": s.get(f"{r.metric}_of"), "holds": holds})
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# the scores (pure functions)
+
+
+def crossover_distance(predicted: int | None, measured: int | None, n_max: int) -> int:
+    """|c_hat - c| with "none" counted as n_max + 1 (Table 8 of paper 002: a measured crossover
+    at n = 9 counts as within one of none)."""
+    a = n_max + 1 if predicted is None else int(predicted)
+    b = n_max + 1 if measured is None else int(measured)
+    return abs(a - b)
+
+
+def kstar_scores(V_hat: Sequence[float], throughput: np.ndarray,
+                 acceptance: Sequence[float]) -> dict[str, Any]:
+    """The predicted best draft length k_hat*(a) from predicted step times ``V_hat`` [K] (the
+    smallest maximiser of G_a(k)/V_hat(k), :func:`specmoe.cost.theory.best_draft_length`),
+    against the measured best k*(a), the smallest maximiser of the measured ``throughput``
+    [A, K]: how many acceptance values have |k_hat* - k*| <= 1, and the share of the best
+    measured throughput lost by drafting k_hat*, 1 - T(k_hat*)/T(k*) (Table 3 of paper 002)."""
+    T = np.asarray(throughput, dtype=np.float64)
+    if T.ndim != 2 or T.shape[0] != len(acceptance) or T.shape[1] != len(V_hat):
+        raise InputError(f"throughput: shape {T.shape} does not match {len(acceptance)} "
+                         f"acceptance values by {len(V_hat)} draft lengths")
+    k_hat, k_meas, loss = [], [], []
+    for a, row in zip(acceptance, T):
+        kh = theory.best_draft_length(list(V_hat), a)
+        km = int(np.flatnonzero(row == row.max())[0])
+        k_hat.append(kh)
+        k_meas.append(km)
+        loss.append(float(1.0 - row[kh] / row[km]))
+    within = [abs(a - b) <= 1 for a, b in zip(k_hat, k_meas)]
+    return {"k_hat": k_hat, "k_measured": k_meas, "within_one": within,
+            "kstar_within_one": int(sum(within)), "kstar_within_one_of": len(within),
+            "loss": loss, "max_loss": max(loss) if loss else None}
+
+
+def saving_band_scores(S_hat: np.ndarray, S: np.ndarray, expert_slot: np.ndarray,
+                       expert_dedup: np.ndarray, eps: float, *,
+                       edge_inside: bool = True) -> dict[str, Any]:
+    """The saving against the band of Eq. (18) of paper 002,
+    |S_hat(n) - S(n)| <= eps/(1 - eps) (M_hat_slot(n) + M_hat_dedup(n)), at each given n; also
+    the largest saving error and the implied eps, the bandwidth error at which the band just
+    covers it (Section 4.2)."""
+    S_hat, S = np.asarray(S_hat, float), np.asarray(S, float)
+    Ms, Md = np.asarray(expert_slot, float), np.asarray(expert_dedup, float)
+    band = np.asarray(bounds.saving_bound(Ms, Md, eps), dtype=np.float64)
+    err = np.abs(S_hat - S)
+    inside = err <= band if edge_inside else err < band
+    x = float(np.max(err / (Ms + Md))) if err.size else 0.0
+    return {"band_ms": band.tolist(), "inside": inside.tolist(),
+            "saving_in_band_share": float(inside.mean()) if inside.size else None,
+            "saving_in_band_count": int(inside.sum()), "saving_in_band_of": int(inside.size),
+            "saving_error_ms": float(err.max()) if err.size else None,
+            "implied_epsilon": x / (1.0 + x)}
+
+
+def verify_error(tau_hat: np.ndarray, tau: np.ndarray) -> float:
+    """max_n |tau_hat(n) - tau(n)| / tau(n) over the given pass sizes (Tables 4 and 7)."""
+    tau_hat, tau = np.asarray(tau_hat, float), np.asarray(tau, float)
+    return float(np.max(np.abs(tau_hat - tau) / tau))
+
+
+def step_time_error(V_hat: Sequence[float], V: Sequence[float]) -> float:
+    """delta of Section 4.3 of paper 002: max_k |V_hat(k) - V(k)| / V(k)."""
+    return verify_error(np.asarray(V_hat, float), np.asarray(V, float))
+
+
+def speedup_scores(V_hat: Sequence[float], V: Sequence[float], acceptance: Sequence[float],
+                   delta: float, *, measured_best: Sequence[float] | None = None
+                   ) -> dict[str, Any]:
+    """The predicted best speedup T_hat(k_hat*)/T_hat(0) against bound (21) of paper 002 around
+    the measured one: inside when (1 - delta)/(1 + delta) <= predicted/measured <=
+    (1 + delta)/(1 - delta). The measured best speedup is max_k G_a(k) V(0)/V(k) from measured
+    step times ``V``, or ``measured_best`` [A] when given (e.g. from throughput runs)."""
+    pred = [float(theory.best_speedup(list(V_hat), a)) for a in acceptance]
+    meas = ([float(theory.best_speedup(list(V), a)) for a in acceptance]
+            if measured_best is None else [float(x) for x in measured_best])
+    if not 0 <= delta < 1:
+        return {"predicted": pred, "measured": meas, "inside": None,
+                "speedup_in_bound_share": None, "factor": None}
+    f = float(bounds.speedup_factor(delta))
+    inside = [m / f <= p <= m * f for p, m in zip(pred, meas)]
+    return {"predicted": pred, "measured": meas, "inside": inside, "factor": f,
+            "speedup_in_bound_share": float(np.mean(inside)) if inside else None,
+            "largest_error": float(max(abs(p / m - 1) for p, m in zip(pred, meas)))}
+
+
+def sign_scores(S_hat: np.ndarray, saving_samples: np.ndarray | None, *, level: float = 0.95,
+                resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Where the measured saving's interval excludes 0, does the prediction have its sign?
+    ``saving_samples`` [P, n] holds each prompt's saving; the interval is the percentile
+    bootstrap of the mean over prompts (Table 8 of paper 002). None without samples."""
+    if saving_samples is None:
+        return {"interval_ms": None, "sign_agreement_share": None, "sign_counted": 0}
+    X = np.asarray(saving_samples, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != len(S_hat):
+        raise InputError(f"saving samples: shape {X.shape} does not match {len(S_hat)} "
+                         f"pass sizes")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, X.shape[0], size=(resamples, X.shape[0]))
+    means = X[idx].mean(axis=1)                                   # [resamples, n]
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    counted = (lo > 0) | (hi < 0)
+    agree = np.sign(np.asarray(S_hat, float)) == np.sign(X.mean(axis=0))
+    k = int(counted.sum())
+    return {"interval_ms": np.stack([lo, hi], axis=1).tolist(), "counted": counted.tolist(),
+            "sign_counted": k, "sign_agreement_count": int((agree & counted).sum()),
+            # no n with an interval excluding 0: the rule holds vacuously (0 of 0)
+            "sign_agreement_share": float((agree & counted).sum() / k) if k else 1.0}

@@ -1,0 +1,317 @@
+"""specmoe validate: the scoring rules on hand-made inputs with known answers, the rule set read
+from its file, the --json schema and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _synthetic_runs import (
+    ACC,
+    TAU1,
+    K,
+    draft_ms,
+    growth_ms,
+    measured_verify_ms,
+    predicted_saving_ms,
+    spec,
+    throughput_from_steps,
+    world,
+    write_plan,
+    write_profile,
+    write_runs,
+)
+
+from specmoe.cli import main
+from specmoe.cost import theory
+from specmoe.errors import InputError
+from specmoe.validate import validate
+from specmoe.validate_rules import (
+    crossover_distance,
+    default_rules_path,
+    kstar_scores,
+    load_rules,
+    saving_band_scores,
+    sign_scores,
+    speedup_scores,
+)
+
+
+def _rule(d, rid):
+    return next(r for r in d["rules"] if r["id"] == rid)
+
+
+# ------------------------------------------------------------------------------------------
+# the pre-registered rule set
+
+
+def test_preregistered_rules_encode_the_targets():
+    rules = {r.id: r for r in load_rules().rules}
+    k = rules["kstar_within_one"]
+    assert (k.version, k.op, k.value, k.of, k.required) == ("prediction", ">=", 10, 11, True)
+    assert (rules["verify_error_prediction"].op, rules["verify_error_prediction"].value) == (
+        "<=", 0.10)
+    assert rules["verify_error_calibrated"].version == "calibrated"
+    assert rules["verify_error_calibrated"].value == 0.05
+    assert (rules["crossover_within_one"].metric, rules["crossover_within_one"].value) == (
+        "crossover_distance", 1)
+    assert (rules["saving_in_band"].op, rules["saving_in_band"].value) == (">=", 1.0)
+    assert all(r.required for r in rules.values() if r.id in (
+        "kstar_within_one", "verify_error_prediction", "verify_error_calibrated",
+        "crossover_within_one", "saving_in_band"))
+    raw = json.loads(default_rules_path().read_text())
+    assert raw["definitions"]["pass_sizes"] == {"min": 2, "max": 9, "note": raw[
+        "definitions"]["pass_sizes"]["note"]}
+
+
+def test_count_rule_is_a_share_of_the_values():
+    k = next(r for r in load_rules().rules if r.id == "kstar_within_one")
+    assert k.holds(10, 11) is True
+    assert k.holds(9, 11) is False
+    assert k.holds(11, 11) is True
+    assert k.holds(9, 10) is False          # 0.90 < 10/11
+    assert k.holds(10, 10) is True
+    assert k.holds(None, 11) is None
+
+
+# ------------------------------------------------------------------------------------------
+# scores on hand-made inputs
+
+
+@pytest.mark.parametrize(("pred", "meas", "dist"), [
+    (5, 7, 2), (3, 4, 1), (4, 4, 0), (None, 9, 1), (None, None, 0), (3, None, 7), (9, None, 1),
+])
+def test_crossover_distance_counts_none_as_n_max_plus_one(pred, meas, dist):
+    assert crossover_distance(pred, meas, 9) == dist
+
+
+def test_saving_exactly_at_the_band_edge_is_inside():
+    # eps = 1/2: eps/(1 - eps) = 1, so the band is M_slot + M_dedup = 3 ms
+    S_hat = np.array([1.0, -0.5])
+    Ms, Md = np.array([2.0, 2.0]), np.array([1.0, 1.0])
+    at_edge = saving_band_scores(S_hat, S_hat + np.array([3.0, -3.0]), Ms, Md, 0.5)
+    assert at_edge["band_ms"] == [3.0, 3.0]
+    assert at_edge["inside"] == [True, True]
+    assert at_edge["saving_in_band_share"] == 1.0
+    assert at_edge["implied_epsilon"] == pytest.approx(0.5)
+    beyond = saving_band_scores(S_hat, S_hat + np.array([3.0 + 1e-9, 0.0]), Ms, Md, 0.5)
+    assert beyond["inside"] == [False, True]
+    assert beyond["saving_in_band_share"] == 0.5
+    strict = saving_band_scores(S_hat, S_hat + 3.0, Ms, Md, 0.5, edge_inside=False)
+    assert strict["inside"] == [False, False]
+
+
+def test_kstar_nine_of_eleven_within_one():
+    V = [10.0, 11.0, 12.5, 14.5, 17.0, 20.0, 23.5, 27.5, 32.0]
+    k_hat = [theory.best_draft_length(V, a) for a in ACC]
+    k_meas = list(k_hat)
+    k_meas[0] = k_hat[0] + 2 if k_hat[0] + 2 <= 8 else k_hat[0] - 2
+    k_meas[-1] = k_hat[-1] - 2 if k_hat[-1] >= 2 else k_hat[-1] + 2
+    T = np.array([[100.0 - abs(k - km) for k in K] for km in k_meas])
+    s = kstar_scores(V, T, ACC)
+    assert s["k_hat"] == k_hat and s["k_measured"] == k_meas
+    assert s["kstar_within_one"] == 9 and s["kstar_within_one_of"] == 11
+    assert s["max_loss"] == pytest.approx(2 / 100)    # T = 98 at k_hat, 100 at the best
+
+
+def test_kstar_exact_when_throughput_follows_the_step_times():
+    V = np.array([10.0, 10.8, 11.9, 13.2, 14.8, 16.6, 18.7, 21.0, 23.6])
+    s = kstar_scores(V.tolist(), throughput_from_steps(V), ACC)
+    assert s["k_hat"] == s["k_measured"]
+    assert s["max_loss"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_speedup_bound_common_factor_and_outside():
+    V = [10.0, 11.0, 12.5, 14.5, 17.0, 20.0, 23.5, 27.5, 32.0]
+    # a common factor on every step time leaves every speedup unchanged: inside at delta = 0
+    s = speedup_scores([2.0 * v for v in V], V, ACC, 0.0)   # exact in binary
+    assert s["speedup_in_bound_share"] == 1.0
+    assert s["predicted"] == pytest.approx(s["measured"])
+    # V_hat(k) = V(k) (1 + 0.2) for k >= 1 only: at a = 0.98 the ratio of best speedups is
+    # about 1/1.2, outside (1 - d)/(1 + d) for d = 0.05 and inside for d = 0.2
+    V_hat = [V[0]] + [1.2 * v for v in V[1:]]
+    tight = speedup_scores(V_hat, V, [0.98], 0.05)
+    loose = speedup_scores(V_hat, V, [0.98], 0.2)
+    ratio = tight["predicted"][0] / tight["measured"][0]
+    assert ratio == pytest.approx(1 / 1.2)
+    assert tight["inside"] == [False] and loose["inside"] == [True]
+
+
+def test_sign_counts_only_intervals_that_exclude_zero():
+    # n0: clearly positive; n1: clearly negative; n2: straddles 0 (not counted)
+    X = np.array([[1.0, -1.0, 0.5], [1.1, -0.9, -0.5], [0.9, -1.1, 0.4], [1.0, -1.0, -0.4]])
+    ok = sign_scores(np.array([0.3, -0.2, -9.0]), X, resamples=500)
+    assert ok["counted"] == [True, True, False]
+    assert ok["sign_agreement_share"] == 1.0
+    bad = sign_scores(np.array([0.3, 0.2, 9.0]), X, resamples=500)
+    assert bad["sign_agreement_share"] == 0.5
+    assert sign_scores(np.zeros(3), None)["sign_agreement_share"] is None
+
+
+# ------------------------------------------------------------------------------------------
+# end to end on the synthetic world
+
+
+def test_validate_known_answers(tmp_path):
+    plan, runs = world(tmp_path)
+    d = validate(plan, runs)
+    (c,) = d["configurations"]
+    _, on = measured_verify_ms()
+    g = growth_ms()
+    # the prediction misses exactly the growth outside the expert operation
+    want = float(np.max(g[1:] / on[1:]))
+    assert c["verify_error"]["prediction"] == pytest.approx(want, rel=1e-12)
+    assert c["verify_error"]["calibrated"] == pytest.approx(0.0, abs=1e-12)
+    assert c["versions"]["prediction"]["saving_ms"] == pytest.approx(predicted_saving_ms())
+    assert c["versions"]["prediction"]["verify_ms"]["per_slot"][0] == pytest.approx(TAU1)
+    assert c["crossover_predicted"] == 3 and c["crossover_measured"] == 3
+    assert c["saving_in_band_share"] == 1.0
+    assert c["kstar_within_one"] == 11
+    assert d["all_hold"] is True
+    assert all(r["holds"] is True for r in c["rules"])
+
+
+def test_calibrated_version_reproduces_the_dedup_off_time(tmp_path):
+    prof = write_profile(tmp_path / "profile.json", measured_scale=1.1)
+    plan = write_plan(tmp_path / "plan.json", prof)
+    runs = write_runs(tmp_path / "runs")
+    (c,) = validate(plan, runs)["configurations"]
+    off, _ = measured_verify_ms()
+    assert c["versions"]["calibrated"]["verify_ms"]["per_slot"] == pytest.approx(off)
+    mt = c["versions"]["measured_time"]["verify_ms"]["per_slot"]
+    assert mt[1] - mt[0] == pytest.approx(4 * 0.05 * 1.1)
+
+
+def test_nine_of_eleven_fails_the_kstar_rule(tmp_path):
+    off, on = measured_verify_ms()
+    h = draft_ms()
+    V_hat = measured_verify_ms(growth=np.zeros(9))[1] + h    # the prediction's step times
+    k_hat = [theory.best_draft_length(V_hat.tolist(), a) for a in ACC]
+    k_meas = list(k_hat)
+    for i in (0, 5):
+        k_meas[i] = k_hat[i] + 2 if k_hat[i] <= 6 else k_hat[i] - 2
+    T = np.array([[100.0 - abs(k - km) for k in K] for km in k_meas])
+    plan, runs = world(tmp_path, off=off, on=on, throughput=T)
+    d = validate(plan, runs)
+    (c,) = d["configurations"]
+    assert c["kstar_within_one"] == 9
+    assert _rule(c, "kstar_within_one")["holds"] is False
+    assert _rule(d, "kstar_within_one")["holds"] is False
+    assert d["all_hold"] is False
+    # one more value within one: 10 of 11 holds
+    k_meas[5] = k_hat[5]
+    T = np.array([[100.0 - abs(k - km) for k in K] for km in k_meas])
+    write_runs(tmp_path / "runs", off=off, on=on, throughput=T)
+    assert _rule(validate(plan, runs), "kstar_within_one")["holds"] is True
+
+
+def test_crossover_off_by_two_fails_off_by_one_holds(tmp_path):
+    shift = np.zeros(9)
+    shift[2:4] = 0.2        # measured S(3), S(4) < 0: measured crossover 5, predicted 3
+    off, on = measured_verify_ms(saving_shift=shift)
+    plan, runs = world(tmp_path, off=off, on=on)
+    (c,) = validate(plan, runs)["configurations"]
+    assert (c["crossover_predicted"], c["crossover_measured"]) == (3, 5)
+    assert _rule(c, "crossover_within_one")["holds"] is False
+    assert _rule(c, "crossover_within_one")["measured"] == 2
+    shift[3] = 0.0          # measured crossover 4
+    off, on = measured_verify_ms(saving_shift=shift)
+    write_runs(tmp_path / "runs", off=off, on=on)
+    (c,) = validate(plan, runs)["configurations"]
+    assert c["crossover_measured"] == 4
+    assert _rule(c, "crossover_within_one")["holds"] is True
+
+
+def test_band_share_counts_points_outside(tmp_path):
+    shift = np.zeros(9)
+    shift[8] = 1.0          # the measured saving at n = 9 is 1 ms lower: outside the band
+    off, on = measured_verify_ms(saving_shift=shift)
+    plan, runs = world(tmp_path, off=off, on=on)
+    (c,) = validate(plan, runs)["configurations"]
+    assert c["versions"]["prediction"]["inside_band"] == [True] * 7 + [False]
+    assert c["saving_in_band_share"] == pytest.approx(7 / 8)
+    assert _rule(c, "saving_in_band")["holds"] is False
+
+
+def test_a_modified_rules_file_changes_the_verdict(tmp_path):
+    plan, runs = world(tmp_path)
+    assert validate(plan, runs)["all_hold"] is True
+    raw = json.loads(default_rules_path().read_text())
+    for r in raw["rules"]:
+        if r["id"] == "verify_error_prediction":
+            r["value"] = 0.05      # the synthetic prediction misses by 6.9%
+    path = tmp_path / "stricter.json"
+    path.write_text(json.dumps(raw))
+    d = validate(plan, runs, rules_path=str(path))
+    assert _rule(d, "verify_error_prediction")["holds"] is False
+    assert d["all_hold"] is False
+    assert d["rules_file"]["sha256"] != validate(plan, runs)["rules_file"]["sha256"]
+
+
+def test_two_depths_are_two_configurations(tmp_path):
+    plan, runs = world(tmp_path, depths=(512, 4096))
+    d = validate(plan, runs)
+    assert [c["depth"] for c in d["configurations"]] == [512, 4096]
+    assert all(r["configurations"] == 2 for r in d["rules"])
+
+
+# ------------------------------------------------------------------------------------------
+# the command
+
+
+def test_cli_json_schema(tmp_path, capsys):
+    plan, runs = world(tmp_path)
+    rc = main(["validate", "--plan", str(plan), "--runs", str(runs), "--json",
+               "--out", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert rc == 0
+    d = json.loads(captured.out)               # stdout holds the JSON and nothing else
+    assert {"configurations", "all_hold", "rules", "rules_file"} <= set(d)
+    (c,) = d["configurations"]
+    for key in ("name", "acceptance_values", "kstar_within_one", "max_loss", "verify_error",
+                "crossover_predicted", "crossover_measured", "rules", "all_hold"):
+        assert key in c
+    assert set(c["verify_error"]) == {"prediction", "measured_time", "calibrated"}
+    assert len(c["acceptance_values"]) == 11
+    assert all(isinstance(r["holds"], bool) for r in c["rules"])
+    for name in ("validation.json", "validate_saving.png", "validate_kstar.png",
+                 "validate_verify.png"):
+        assert (tmp_path / "out" / name).is_file()
+    assert json.loads((tmp_path / "out" / "validation.json").read_text()) == d
+
+
+def _bad(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err[-1] if err else ""
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    plan, runs = world(tmp_path)
+    rc, msg = _bad(capsys, ["validate", "--plan", str(tmp_path / "nope.json"), "--runs",
+                            str(runs)])
+    assert rc == 2 and "--plan" in msg and "no such plan" in msg
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, msg = _bad(capsys, ["validate", "--plan", str(plan), "--runs", str(empty)])
+    assert rc == 2 and "verify.json" in msg
+    other = write_plan(tmp_path / "other" / "plan.json", tmp_path / "profile.json",
+                       model=spec().__class__(name="other-moe", num_experts=8, top_k=2,
+                                              num_moe_layers=4, hidden_size=64,
+                                              expert_intermediate=32))
+    rc, msg = _bad(capsys, ["validate", "--plan", str(other), "--runs", str(runs)])
+    assert rc == 2 and "other-moe" in msg and "tiny-moe" in msg
+    (tmp_path / "rules.json").write_text("{\"schema\": \"nope\"}")
+    rc, msg = _bad(capsys, ["validate", "--plan", str(plan), "--runs", str(runs), "--rules",
+                            str(tmp_path / "rules.json")])
+    assert rc == 2 and "--rules" in msg
+
+
+def test_runs_shape_errors_name_the_file(tmp_path):
+    plan, runs = world(tmp_path)
+    d = json.loads((runs / "throughput.json").read_text())
+    d["configurations"][0]["tokens_per_s"] = [[1.0, 2.0]]
+    (runs / "throughput.json").write_text(json.dumps(d))
+    with pytest.raises(InputError, match=r"throughput\.json.*tokens_per_s"):
+        validate(plan, runs)
