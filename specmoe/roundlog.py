@@ -84,6 +84,7 @@ COLUMNS: dict[str, tuple[str, bool]] = {
 COUNTERFACTUAL = ("routing", "draft_tokens", "target_tokens", "num_layers", "top_k")
 _STRING = [c for c, (t, _) in COLUMNS.items() if t == "string"]
 _LIST = [c for c, (t, _) in COLUMNS.items() if t.startswith("list")]
+_SLICE_RUNS = 1024  # RoundLog.select copies list values run by run below this many runs
 _INT_REQUIRED = [c for c, (t, req) in COLUMNS.items() if t.startswith("int") and req]
 
 
@@ -199,14 +200,23 @@ class RoundLog:
     def select(self, mask: np.ndarray) -> RoundLog:
         """The rounds where ``mask`` (bool [R] or indices) holds, in order."""
         idx = np.flatnonzero(mask) if np.asarray(mask).dtype == bool else np.asarray(mask)
+        idx = idx.astype(np.int64)
         data = {c: v[idx] for c, v in self.data.items()}
+        # runs of consecutive rounds are copied as slices, so selecting whole runs is cheap
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        first = np.split(idx, breaks)
         lists = {}
         for c, (values, off) in self.lists.items():
             lengths = (off[1:] - off[:-1])[idx]
-            starts = off[:-1][idx]
-            take = (np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-                    + np.arange(lengths.sum()))
-            lists[c] = (values[take], np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+            new_off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            if len(first) <= _SLICE_RUNS:
+                parts = [values[off[run[0]]:off[run[-1] + 1]] for run in first if len(run)]
+                vals = np.concatenate(parts) if parts else values[:0]
+            else:
+                starts = off[:-1][idx]
+                vals = values[np.repeat(starts - new_off[:-1], lengths)
+                              + np.arange(new_off[-1])]
+            lists[c] = (vals, new_off)
         return RoundLog(data, lists, self.name)
 
     def to_arrow(self):

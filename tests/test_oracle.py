@@ -372,3 +372,29 @@ def test_scalar_and_vectorised_paths_agree(monkeypatch):
     np.testing.assert_array_equal(sca.policy, vec.policy)
     np.testing.assert_allclose(occupancy(sca.policy, s, lengths), vec_pi, rtol=1e-12,
                                atol=1e-15)
+
+
+def test_oracle_modules_import_numpy_and_scipy_only():
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('torch', 'statsmodels', 'sklearn', 'pyarrow', 'matplotlib', 'pandas'):\n"
+            "    sys.modules[m] = None\n"
+            "import specmoe.roundlog, specmoe.oracle.analysis, specmoe.oracle.evaluate\n"
+            "import specmoe.oracle.cli, specmoe.oracle.policy_cli, specmoe.oracle.synthetic\n"
+            "import specmoe.report.oracle_figures\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_figures_are_written(synth, tmp_path):
+    pytest.importorskip("matplotlib")
+    from specmoe.report.oracle_figures import write_oracle_figures
+
+    res = oracle_analysis(synth, l_max=4, tables=False)
+    paths = write_oracle_figures(synth, res, tmp_path)
+    assert {p.name for p in paths} == {"oracle_bounds.png", "delta_space.png",
+                                       "verify_cost.png", "draft_time.png"}
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

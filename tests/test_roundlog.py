@@ -136,13 +136,18 @@ def test_synthetic_log_round_trip(tmp_path, small_log):
         np.testing.assert_array_equal(back.lists[c][1], off)
 
 
-def test_select_matches_per_round_lists(small_log):
-    idx = np.array([5, 0, 17, 3])
-    sub = small_log.select(idx)
-    for j, i in enumerate(idx):
-        for c in small_log.lists:
-            np.testing.assert_array_equal(sub.list_of(c, j), small_log.list_of(c, i))
-        assert sub["generation_id"][j] == small_log["generation_id"][i]
+@pytest.mark.parametrize("slice_runs", [0, 1024])  # fancy indexing, then slices per run
+def test_select_matches_per_round_lists(small_log, monkeypatch, slice_runs):
+    import specmoe.roundlog as rl
+
+    monkeypatch.setattr(rl, "_SLICE_RUNS", slice_runs)
+    for idx in (np.array([5, 0, 17, 3, 4, 5]), np.arange(10, 40), np.arange(len(small_log))[::3]):
+        sub = small_log.select(idx)
+        for j, i in enumerate(idx):
+            for c in small_log.lists:
+                np.testing.assert_array_equal(sub.list_of(c, j), small_log.list_of(c, i))
+            assert sub["generation_id"][j] == small_log["generation_id"][i]
+    assert len(small_log.select(np.zeros(len(small_log), bool))) == 0
 
 
 def test_synthetic_log_is_consistent(small_log):

@@ -47,21 +47,21 @@ from specmoe.roundlog import COUNTERFACTUAL, RoundLog
 
 __all__ = ["Counterfactual", "build_counterfactual", "expert_bits", "window_union"]
 
-_CHUNK = 1 << 15
+_CHUNK_BYTES = 1 << 25  # the bitsets of one chunk of window starts
 
 
 def expert_bits(ids: np.ndarray, num_experts: int) -> np.ndarray:
-    """Expert bitsets: ids [T, L, m] -> uint64 [T, L, W] with bit e set for each selected e."""
-    t, n_layers, m = ids.shape
+    """Expert bitsets: ids [T, L, m] -> uint64 [T, L, W], bit e % 64 of word e // 64 set for
+    each expert e a row selected. The m experts of a row are distinct, so the OR of their bits
+    is their sum."""
     words = (int(num_experts) + 63) // 64
-    bits = np.zeros((t, n_layers, words), dtype=np.uint64)
-    ids = ids.astype(np.int64)
-    w, b = ids >> 6, (ids & 63).astype(np.uint64)
-    for j in range(m):
-        for word in range(words):
-            sel = w[:, :, j] == word
-            bits[:, :, word] |= np.where(sel, np.uint64(1) << b[:, :, j], np.uint64(0))
-    return bits
+    ids = ids.astype(np.uint64)
+    shifts = np.left_shift(np.uint64(1), ids & np.uint64(63))  # [T, L, m]
+    if words == 1:
+        return shifts.sum(axis=-1, dtype=np.uint64)[..., None]
+    word = ids >> np.uint64(6)
+    return np.stack([np.where(word == w, shifts, np.uint64(0)).sum(axis=-1, dtype=np.uint64)
+                     for w in range(words)], axis=-1)
 
 
 def window_union(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: int,
@@ -75,8 +75,9 @@ def window_union(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: i
     ends = np.asarray(ends, dtype=np.int64)
     out = np.empty((len(starts), k_max + 1))
     n_layers = ids.shape[1]
-    for a in range(0, len(starts), _CHUNK):
-        s, e = starts[a:a + _CHUNK], ends[a:a + _CHUNK]
+    chunk = max(256, _CHUNK_BYTES // (8 * n_layers * ((int(num_experts) + 63) // 64)))
+    for a in range(0, len(starts), chunk):
+        s, e = starts[a:a + chunk], ends[a:a + chunk]
         if not len(s):
             continue
         lo, hi = int(s.min()), int(min(e.max(), s.max() + k_max + 1))
@@ -167,7 +168,8 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     sub = log.select(rows)
     gen, labels = sub.codes("generation_id")
     order = np.lexsort((sub["round"], gen))
-    sub, gen = sub.select(order), gen[order]
+    if (order != np.arange(len(order))).any():
+        sub, gen = sub.select(order), gen[order]
     n_layers, top_k = sub["num_layers"], sub["top_k"]
     if np.isnan(n_layers).any() or np.ptp(n_layers) or np.ptp(top_k):
         raise InputError(f"{log.name}: num_layers/top_k missing or not constant in the "
