@@ -1,0 +1,459 @@
+"""Maximum-entropy prediction of unique experts by iterative proportional fitting (paper 003).
+
+Legend for shapes: ``B`` independent problems (experts, bins or layers batched together),
+``n`` tokens in a window, ``P = 2**n`` activation patterns, ``L`` MoE layers, ``N`` experts,
+``J`` lags, ``K`` popularity bins.
+
+The model (paper 003 Section 6.3, Appendices K and L). Fix a layer and a window of n consecutive
+tokens. Expert e's activation pattern is the binary vector x = (x_1, ..., x_n), x_i = 1 when e
+is among the token at position i's m experts. Its law P_e on the 2^n patterns is taken to be the
+distribution of largest entropy that meets
+
+* the marginals   P_e(x_i = 1) = p_e                   for every position i, and
+* the pairs       P_e(x_i = 1, x_{i+j} = 1) = c_e(j)   for every pair at lag j = 1..n-1,
+
+that is, every 2x2 pairwise table of (x_i, x_k) is fixed: cells (1,1) = c, (1,0) = (0,1) = p − c,
+(0,0) = 1 − 2p + c. The constraints are position-independent (a stationary process). The
+solution is the Boltzmann distribution P(x) ∝ exp(Σ_i h_i x_i + Σ_{i<k} J_ik x_i x_k); IPF finds
+it by cycling through the n(n−1)/2 pairwise tables, each step rescaling the four cells of one
+table to their targets (Deming–Stephan IPF, which converges to the I-projection of the uniform
+starting table onto the constraint set, i.e. the maximum-entropy solution, whenever a positive
+solution exists). The predicted union is Û(n) = Σ_e P_e(x ≠ 0) = Σ_e (1 − P_e(0, ..., 0)).
+
+Two variants:
+
+* ``uniform``: every expert has p = m/N and c(j) = m·o(j)/N, with o(j) = E|S_t ∩ S_{t+j}|/m the
+  layer's measured overlap at lag j; Û(n) = N (1 − P(0)).
+* ``skewed``: per layer the experts are sorted by measured popularity and split into K bins of
+  (nearly) equal size; bin b uses its mean popularity p_b and its mean measured co-activation
+  c_b(j) = mean_e P(e ∈ S_t ∩ S_{t+j}); Û(n) = Σ_b |b| (1 − P_b(0)).
+
+Baselines (paper 002 Section 1; paper 003 Section 6.2): independent uniform routing N(1 − q^n)
+with q = 1 − m/N (Huang et al.), and independent routing with measured popularity
+Σ_e (1 − (1 − p_e)^n).
+
+Failure to converge and infeasible constraints are statuses of the result, not exceptions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specmoe._io import atomic_write_json
+from specmoe.errors import InputError
+from specmoe.routing.overlap import independent_union, uniform_union
+from specmoe.routing.stats import compute_stats, token_bitsets
+from specmoe.routing.trace import RoutingTrace, TraceReader
+
+__all__ = [
+    "STATUS_CONVERGED", "STATUS_INFEASIBLE", "STATUS_NOT_CONVERGED", "ExpertMoments",
+    "IPFSolution", "UnionPrediction", "bin_experts", "coactivation_counts", "fit_moments",
+    "ipf_pairwise", "load_moments", "pattern_bits", "predict_union", "save_moments",
+    "solve_windows", "stationary_moments",
+]
+
+STATUS_CONVERGED = "converged"
+STATUS_NOT_CONVERGED = "not_converged"
+STATUS_INFEASIBLE = "infeasible"
+STATS_FORMAT = "specmoe-expert-moments"
+
+# ------------------------------------------------------------------------------------------
+# Measured statistics
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertMoments:
+    """First and lagged second moments of each expert's activation, per layer.
+
+    popularity:   [L, N]    P(e ∈ S_t), summing to m over e.
+    coactivation: [L, J, N] P(e ∈ S_t ∩ S_{t+j}) for lags j = 1..J (pairs inside a document).
+    union:        [L, J+1] or None: measured U_l(n) for n = 1..J+1 (for reference only).
+    """
+
+    num_experts: int
+    top_k: int
+    popularity: np.ndarray
+    coactivation: np.ndarray
+    tokens: int = 0
+    union: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        pop = np.asarray(self.popularity, dtype=np.float64)
+        co = np.asarray(self.coactivation, dtype=np.float64)
+        if pop.ndim != 2 or pop.shape[1] != self.num_experts:
+            raise InputError(f"popularity must be [L, N={self.num_experts}], got {pop.shape}")
+        if co.ndim != 3 or co.shape[0] != pop.shape[0] or co.shape[2] != self.num_experts:
+            raise InputError(f"coactivation must be [L={pop.shape[0]}, J, "
+                             f"N={self.num_experts}], got {co.shape}")
+        if not 0 < self.top_k < self.num_experts:
+            raise InputError(f"top_k={self.top_k} must lie in 1..N-1 (N={self.num_experts})")
+        if not (np.all(np.isfinite(pop)) and np.all(np.isfinite(co))):
+            raise InputError("popularity/coactivation hold NaN or inf")
+        if pop.min() < 0 or pop.max() > 1 or co.min() < 0 or np.any(co > pop[:, None] + 1e-9):
+            raise InputError("moments out of range: need 0 <= coactivation <= popularity <= 1")
+        object.__setattr__(self, "popularity", pop)
+        object.__setattr__(self, "coactivation", co)
+        if self.union is not None:
+            object.__setattr__(self, "union", np.asarray(self.union, dtype=np.float64))
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.popularity.shape[0])
+
+    @property
+    def max_lag(self) -> int:
+        return int(self.coactivation.shape[1])
+
+    @property
+    def overlap(self) -> np.ndarray:
+        """[L, J] o_l(j) = E|S_t ∩ S_{t+j}| / m."""
+        return self.coactivation.sum(axis=2) / self.top_k
+
+    def check_window(self, n: int, *, name: str = "max-n") -> None:
+        if n - 1 > self.max_lag:
+            raise InputError(f"{name}: n={n} needs lags up to {n - 1}, but the statistics "
+                             f"cover lags 1..{self.max_lag} (n <= {self.max_lag + 1})")
+
+
+def _doc_ids(offsets: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+
+
+def coactivation_counts(experts: np.ndarray, doc_offsets: np.ndarray, num_experts: int, *,
+                        max_lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-expert lagged co-activation counts of one trace array.
+
+    experts: [T, L, m]. Returns counts [L, J, N], the number of t with e ∈ S_{l,t} ∩ S_{l,t+j}
+    and t, t+j in the same document, and pairs [J], the number of such t.
+    """
+    ex = np.asarray(experts).astype(np.int64)
+    T, L, _ = ex.shape
+    N = int(num_experts)
+    doc = _doc_ids(np.asarray(doc_offsets))
+    words = token_bitsets(ex, N)                                   # [T, L, W] uint64
+    word, bit = ex >> 6, (ex & 63).astype(np.uint64)               # [T, L, m]
+    flat = ex + (np.arange(L) * N)[None, :, None]                  # ids unique across layers
+    counts = np.zeros((L, max_lag, N))
+    pairs = np.zeros(max_lag)
+    for j in range(1, min(max_lag, T - 1) + 1):
+        valid = doc[:-j] == doc[j:]                                # [T-j]
+        pairs[j - 1] = valid.sum()
+        later = np.take_along_axis(words[j:], word[:-j], axis=2)   # S_{t+j} word of each slot
+        hit = ((later >> bit[:-j]) & np.uint64(1)).astype(bool) & valid[:, None, None]
+        counts[:, j - 1] = np.bincount(flat[:-j][hit], minlength=L * N).reshape(L, N)
+    return counts, pairs
+
+
+def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> ExpertMoments:
+    """Measure popularity and per-expert lagged co-activation of a trace (file shards streamed).
+
+    popularity[l, e] = #{t: e ∈ S_{l,t}} / T; coactivation[l, j-1, e] = #{t: e ∈ S_{l,t} ∩
+    S_{l,t+j}} / #{t: t and t+j in the same document}, so Σ_e coactivation / m is the overlap
+    o_l(j) of :func:`specmoe.routing.stats.compute_stats`, which also supplies the popularity
+    and the measured union U_l(n), n = 1..max_lag+1, kept for reference.
+    """
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1:
+        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
+    stats = compute_stats(trace, max_n=max_lag + 1, max_lag=max_lag)
+    shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
+    counts = np.zeros((stats.num_layers, max_lag, stats.num_experts))
+    pairs = np.zeros(max_lag)
+    for tr in shards:
+        c, p = coactivation_counts(tr.experts, tr.doc_offsets, tr.num_experts, max_lag=max_lag)
+        counts += c
+        pairs += p
+    meta = {"layers": list(stats.layers),
+            "source": str(getattr(trace, "path", getattr(trace, "name", "trace")))}
+    if getattr(trace, "meta", {}).get("model"):
+        meta["model"] = trace.meta["model"]
+    return ExpertMoments(num_experts=stats.num_experts, top_k=stats.top_k,
+                         popularity=stats.popularity, coactivation=counts / pairs[None, :, None],
+                         tokens=stats.tokens, union=stats.union, meta=meta)
+
+
+def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
+    """Write the statistics as a small JSON ("STATS") file, atomically."""
+    def r(a: np.ndarray) -> list:
+        return np.round(a, 9).tolist()
+
+    obj = {"format": STATS_FORMAT, "version": 1, "num_experts": moments.num_experts,
+           "top_k": moments.top_k, "num_layers": moments.num_layers, "max_lag": moments.max_lag,
+           "tokens": moments.tokens, "meta": moments.meta,
+           "popularity": r(moments.popularity), "coactivation": r(moments.coactivation),
+           "union": None if moments.union is None else r(moments.union)}
+    return atomic_write_json(path, obj)
+
+
+def load_moments(path: str | os.PathLike) -> ExpertMoments:
+    """Read a STATS file written by :func:`save_moments` (errors name the file)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such statistics file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a readable JSON statistics file ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("format") != STATS_FORMAT:
+        raise InputError(f"{path}: not a specmoe statistics file (format != {STATS_FORMAT!r})")
+    try:
+        return ExpertMoments(
+            num_experts=int(obj["num_experts"]), top_k=int(obj["top_k"]),
+            popularity=np.asarray(obj["popularity"], dtype=np.float64),
+            coactivation=np.asarray(obj["coactivation"], dtype=np.float64),
+            tokens=int(obj.get("tokens", 0)),
+            union=None if obj.get("union") is None else np.asarray(obj["union"], dtype=float),
+            meta=dict(obj.get("meta") or {}))
+    except KeyError as exc:
+        raise InputError(f"{path}: statistics file lacks {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}: {str(exc).splitlines()[0]}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# The IPF solver
+
+
+def pattern_bits(n: int) -> np.ndarray:
+    """[2**n, n] the patterns in C order: pattern index = Σ_i x_i 2^(n-1-i); row 0 is all zeros."""
+    return np.array(list(itertools.product((0, 1), repeat=n)), dtype=np.int8).reshape(-1, n)
+
+
+def stationary_moments(p: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:
+    """[B, n, n] moment matrices: diagonal p, entry (i, k) = c[|i-k| - 1] (c is [B, >= n-1])."""
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    c = np.asarray(c, dtype=np.float64).reshape(p.size, -1)
+    if n > 1 and c.shape[1] < n - 1:
+        raise InputError(f"a window of n={n} needs co-activation at lags 1..{n - 1}, "
+                         f"got {c.shape[1]} lags")
+    lag = np.abs(np.subtract.outer(np.arange(n), np.arange(n)))
+    M = np.empty((p.size, n, n))
+    M[:] = np.where(lag == 0, 0.0, np.nan)
+    off = lag > 0
+    M[:, off] = c[:, lag[off] - 1]
+    idx = np.arange(n)
+    M[:, idx, idx] = p[:, None]
+    return M
+
+
+@dataclass(frozen=True, eq=False)
+class IPFSolution:
+    """Maximum-entropy pattern laws of B problems.
+
+    probs:         [B, 2**n] (NaN for infeasible rows); pattern order of :func:`pattern_bits`.
+    status:        [B] ``converged`` | ``not_converged`` | ``infeasible``.
+    max_violation: [B] largest |fitted − target| over every cell of every pairwise table.
+    """
+
+    n: int
+    probs: np.ndarray
+    status: np.ndarray
+    max_violation: np.ndarray
+    iterations: int
+
+    @property
+    def converged(self) -> np.ndarray:
+        return self.status == STATUS_CONVERGED
+
+    @property
+    def p_any(self) -> np.ndarray:
+        """[B] P(x ≠ 0): the probability that the expert is active at least once."""
+        return 1.0 - self.probs[:, 0]
+
+
+def _pair_tables(M: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """Target 2x2 tables [B, pairs, 4] (cell 2·x_i + x_k) from moment matrices [B, n, n]."""
+    n = M.shape[1]
+    pairs = [(i, k) for i in range(n) for k in range(i + 1, n)]
+    tab = np.empty((M.shape[0], len(pairs), 4))
+    for q, (i, k) in enumerate(pairs):
+        pi, pk, c = M[:, i, i], M[:, k, k], M[:, i, k]
+        tab[:, q, 3] = c
+        tab[:, q, 2] = pi - c
+        tab[:, q, 1] = pk - c
+        tab[:, q, 0] = 1.0 - pi - pk + c
+    return pairs, tab
+
+
+def ipf_pairwise(moments: np.ndarray, *, tol: float = 1e-10, max_iter: int = 5000,
+                 feasibility_tol: float = 1e-12, check_every: int = 4,
+                 stall_sweeps: int = 200) -> IPFSolution:
+    """Maximum-entropy laws on {0,1}^n meeting given first and pairwise moments, by IPF.
+
+    moments: [B, n, n] symmetric; diagonal P(x_i = 1), off-diagonal P(x_i = 1, x_k = 1).
+    Starts from the uniform table and cycles through the pairwise 2x2 tables (i < k in
+    lexicographic order), rescaling the four cells of each to their targets (a cell whose current
+    mass is 0 stays 0). A row stops when every cell of every table is within ``tol`` (absolute)
+    of its target, checked every ``check_every`` sweeps, after ``max_iter`` sweeps, or when its
+    violation has not fallen by 10% over ``stall_sweeps`` sweeps. A row with a negative target
+    cell (beyond ``feasibility_tol``) is ``infeasible`` and not iterated; a row that stops off
+    target is ``not_converged`` (jointly infeasible tables, which IPF cycles on, or a solution
+    on the boundary of the constraint set that IPF only approaches).
+    """
+    M = np.asarray(moments, dtype=np.float64)
+    if M.ndim != 3 or M.shape[1] != M.shape[2] or M.shape[1] < 1:
+        raise InputError(f"moments must be [B, n, n], got shape {M.shape}")
+    if not np.all(np.isfinite(M)):
+        raise InputError("moments hold NaN or inf")
+    if tol <= 0 or max_iter < 1:
+        raise InputError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+    B, n = M.shape[0], M.shape[1]
+    M = 0.5 * (M + M.transpose(0, 2, 1))
+    if n == 1:  # no pairs: the marginal alone
+        p = M[:, 0, 0]
+        bad = (p < -feasibility_tol) | (p > 1 + feasibility_tol)
+        probs = np.stack([1 - p, p], axis=1)
+        probs[bad] = np.nan
+        status = np.where(bad, STATUS_INFEASIBLE, STATUS_CONVERGED)
+        return IPFSolution(1, probs, status, np.where(bad, np.nan, 0.0), 0)
+    pairs, tab = _pair_tables(M)                                   # [B, Q, 4]
+    Q = len(pairs)
+    bits = pattern_bits(n).astype(np.int64)                        # [P, n]
+    cell = np.stack([2 * bits[:, i] + bits[:, k] for i, k in pairs])  # [Q, P]
+    onehot = np.zeros((2**n, Q * 4))                               # [P, 4Q]
+    onehot[np.arange(2**n)[:, None], 4 * np.arange(Q)[None, :] + cell.T] = 1.0
+    onehot_t = np.ascontiguousarray(onehot.T)                      # [4Q, P]
+    # Patterns lead, problems trail ([P, b], problems contiguous): the pattern axis viewed as
+    # (before i, x_i, between, x_k, after) lets one pair's marginal be a sum over the other
+    # axes and its rescale a broadcast multiply, both over contiguous rows of problems.
+    views = [(2**i, 2, 2 ** (k - i - 1), 2, 2 ** (n - k - 1)) for i, k in pairs]
+    infeasible = (tab < -feasibility_tol).any(axis=(1, 2))
+    tab = np.clip(tab, 0.0, None)
+    probs = np.full((B, 2**n), np.nan)
+    viol = np.full(B, np.nan)
+    live = np.nonzero(~infeasible)[0]                              # rows still iterating
+    work = np.full((2**n, live.size), 1.0 / 2**n)                  # [P, b]
+    tq = np.ascontiguousarray(tab[live].transpose(1, 2, 0))        # [Q, 4, b] targets
+    v_ref = np.full(live.size, np.inf)                             # violation at the last mark
+    it = 0
+    while live.size and it < max_iter:
+        mark = it > 0 and it % stall_sweeps < check_every
+        for _ in range(min(check_every, max_iter - it)):
+            for q in range(Q):
+                view = work.reshape(*views[q], -1)
+                cur = view.sum(axis=(0, 2, 4)).reshape(4, -1)      # [4, b], cell 2·x_i + x_k
+                f = np.divide(tq[q], cur, out=np.zeros_like(cur), where=cur > 0)
+                view *= f.reshape(1, 2, 1, 2, 1, -1)
+            it += 1
+        v = np.abs(onehot_t @ work - tq.reshape(4 * Q, -1)).max(axis=0)  # [b]
+        done = v <= tol
+        stalled = np.zeros_like(done)
+        if mark:  # no real progress over stall_sweeps sweeps: a cycle or a boundary solution
+            stalled = v > 0.9 * v_ref
+            v_ref = v
+        fin = done | stalled | (it >= max_iter)
+        if fin.any():
+            probs[live[fin]] = work[:, fin].T
+            viol[live[fin]] = v[fin]
+            keep = ~fin
+            live, v_ref = live[keep], v_ref[keep]
+            work, tq = np.ascontiguousarray(work[:, keep]), np.ascontiguousarray(tq[:, :, keep])
+    status = np.where(infeasible, STATUS_INFEASIBLE,
+                      np.where(viol <= tol, STATUS_CONVERGED, STATUS_NOT_CONVERGED))
+    return IPFSolution(n, probs, status, viol, it)
+
+
+def solve_windows(p: np.ndarray, c: np.ndarray, n: int, **kw: Any) -> IPFSolution:
+    """IPF for B stationary problems: marginal p [B], co-activation c [B, >= n-1] at lags 1.."""
+    return ipf_pairwise(stationary_moments(p, c, n), **kw)
+
+
+# ------------------------------------------------------------------------------------------
+# Predicting the union
+
+
+def bin_experts(popularity: np.ndarray, bins: int) -> np.ndarray:
+    """[L, N] bin index of each expert: per layer, sorted by popularity, ``bins`` near-equal parts."""
+    L, N = popularity.shape
+    if not 1 <= bins <= N:
+        raise InputError(f"bins must be in 1..{N}, got {bins}")
+    order = np.argsort(popularity, axis=1, kind="stable")
+    rank_bin = (np.arange(N) * bins) // N                          # [N] bin of each rank
+    out = np.empty((L, N), dtype=np.int64)
+    np.put_along_axis(out, order, np.broadcast_to(rank_bin, (L, N)), axis=1)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class UnionPrediction:
+    """Predicted unique experts per layer and window length.
+
+    n: [S] window lengths; predicted: [L, S]; status: [L, S] worst status over the layer's bins;
+    max_violation: [L, S]; uniform_baseline: [S]; popularity_baseline: [L, S].
+    """
+
+    n: np.ndarray
+    predicted: np.ndarray
+    status: np.ndarray
+    max_violation: np.ndarray
+    uniform_baseline: np.ndarray
+    popularity_baseline: np.ndarray
+    variant: str
+    bins: int
+    iterations: int
+
+    @property
+    def converged(self) -> bool:
+        return bool(np.all(self.status == STATUS_CONVERGED))
+
+    @property
+    def mean_predicted(self) -> np.ndarray:
+        """[S] layer mean."""
+        return self.predicted.mean(axis=0)
+
+
+VARIANTS = ("uniform", "skewed")
+
+
+def predict_union(moments: ExpertMoments, *, max_n: int = 9, min_n: int = 2,
+                  variant: str = "skewed", bins: int = 8, tol: float = 1e-10,
+                  max_iter: int = 5000) -> UnionPrediction:
+    """Û_l(n) for n = min_n..max_n by maximum-entropy IPF (see the module docstring).
+
+    All layers and bins of one n are solved as one batch [L*K, 2**n].
+    """
+    if variant not in VARIANTS:
+        raise InputError(f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
+    if not 1 <= min_n <= max_n:
+        raise InputError(f"need 1 <= min-n <= max-n, got {min_n}..{max_n}")
+    moments.check_window(max_n)
+    N, m, L = moments.num_experts, moments.top_k, moments.num_layers
+    ns = np.arange(min_n, max_n + 1)
+    if variant == "uniform":
+        K = 1
+        p = np.full((L, 1), m / N)
+        c = (moments.coactivation.sum(axis=2) / N)[:, None, :]     # [L, 1, J] = m o_l(j)/N
+        size = np.full((L, 1), float(N))
+    else:
+        K = bins
+        b = bin_experts(moments.popularity, bins)                  # [L, N]
+        onehot = (b[:, :, None] == np.arange(K)).astype(np.float64)  # [L, N, K]
+        size = onehot.sum(axis=1)                                  # [L, K]
+        p = np.einsum("ln,lnk->lk", moments.popularity, onehot) / size
+        c = np.einsum("ljn,lnk->lkj", moments.coactivation, onehot) / size[:, :, None]
+    pred = np.zeros((L, ns.size))
+    status = np.empty((L, ns.size), dtype=object)
+    viol = np.zeros((L, ns.size))
+    iters = 0
+    rank = {STATUS_CONVERGED: 0, STATUS_NOT_CONVERGED: 1, STATUS_INFEASIBLE: 2}
+    for s, n in enumerate(ns):
+        sol = solve_windows(p.reshape(-1), c.reshape(L * K, -1), int(n), tol=tol,
+                            max_iter=max_iter)
+        iters = max(iters, sol.iterations)
+        pred[:, s] = (size * sol.p_any.reshape(L, K)).sum(axis=1)
+        st = sol.status.reshape(L, K)
+        worst = np.vectorize(rank.get)(st).max(axis=1)
+        status[:, s] = np.array([k for k in rank])[worst]
+        viol[:, s] = sol.max_violation.reshape(L, K).max(axis=1)
+    return UnionPrediction(
+        n=ns, predicted=pred, status=status.astype(str), max_violation=viol,
+        uniform_baseline=uniform_union(N, m, max_n)[ns - 1],
+        popularity_baseline=independent_union(moments.popularity, max_n)[:, ns - 1],
+        variant=variant, bins=K, iterations=iters)

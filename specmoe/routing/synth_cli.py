@@ -1,0 +1,98 @@
+"""``specmoe synth``: a synthetic routing trace from fitted statistics (paper 003 Section 8).
+
+``specmoe synth --from TRACE|STATS --tokens N [--model SPEC] [--seed S] --out FILE [--json]``
+fits popularity and lagged co-activation on a trace (or reads a STATS .json), draws a stationary
+synthetic trace (:func:`specmoe.routing.synth.synthesize`) of N tokens and writes it to FILE
+(.npz). ``--model`` takes N, m and the layer count from a model spec (N and m must match the
+statistics). ``--json`` prints a summary with the fidelity checks (popularity correlation,
+overlap difference per lag, union error per n) on stdout. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specmoe.errors import InputError
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--from", dest="source", required=True, metavar="TRACE|STATS",
+                        help="a trace (.npz or shard directory) or a STATS .json file")
+    parser.add_argument("--tokens", type=int, required=True, help="tokens to generate")
+    parser.add_argument("--model", default=None, metavar="SPEC",
+                        help="model spec (preset, HF config or spec JSON) giving N, m, layers")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="synthetic trace (.npz)")
+    parser.add_argument("--variant", choices=("uniform", "skewed"), default="skewed",
+                        help="expert probabilities: uniform, or measured popularity (default)")
+    parser.add_argument("--bins", type=int, default=8,
+                        help="popularity bins sharing a lag correlation (default 8)")
+    parser.add_argument("--window", type=int, default=None,
+                        help="window w of the pattern chain (default: max lag + 1, at most 9)")
+    parser.add_argument("--max-lag", type=int, default=8,
+                        help="lags to fit when --from is a trace (default 8)")
+    parser.add_argument("--doc-tokens", type=int, default=None,
+                        help="split the output into documents of this many tokens")
+    parser.add_argument("--save-stats", default=None, metavar="FILE",
+                        help="also write the fitted statistics as a STATS .json")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the fidelity checks (faster on long traces)")
+    parser.add_argument("--json", action="store_true", help="print JSON on stdout")
+
+
+def run(args) -> int:
+    from specmoe._io import dumps_json
+    from specmoe.routing.ipf import fit_moments, load_moments, save_moments
+    from specmoe.routing.synth import synth_fidelity, synthesize
+    from specmoe.routing.trace import open_trace, save_trace
+
+    if args.tokens < 1:
+        raise InputError(f"--tokens must be >= 1, got {args.tokens}")
+    if args.bins < 1:
+        raise InputError(f"--bins must be >= 1, got {args.bins}")
+    if Path(args.out).is_dir():
+        raise InputError(f"--out {args.out}: is a directory, expected a .npz file name")
+    spec = None
+    if args.model is not None:
+        from specmoe.spec import resolve_spec
+
+        spec = resolve_spec(args.model)
+    print(f"synth: statistics from {args.source}", file=sys.stderr, flush=True)
+    if Path(args.source).suffix.lower() == ".json":
+        moments = load_moments(args.source)
+    else:
+        moments = fit_moments(open_trace(args.source), max_lag=args.max_lag)
+    if args.save_stats:
+        save_moments(moments, args.save_stats)
+    print(f"synth: drawing {args.tokens} tokens", file=sys.stderr, flush=True)
+    trace = synthesize(
+        moments, args.tokens, seed=args.seed, variant=args.variant, bins=args.bins,
+        window=args.window, doc_tokens=args.doc_tokens,
+        num_experts=None if spec is None else spec.num_experts,
+        top_k=None if spec is None else spec.top_k,
+        num_layers=None if spec is None else spec.num_moe_layers)
+    if spec is not None:
+        trace.meta["model"] = spec.name
+        trace.meta["layers"] = list(spec.moe_layer_indices)
+    save_trace(trace, args.out)
+    rec = {"out": str(args.out), "source": str(args.source), "tokens": trace.num_tokens,
+           "num_experts": trace.num_experts, "top_k": trace.top_k,
+           "num_layers": trace.num_layers, "seed": args.seed, "variant": args.variant,
+           "model": None if spec is None else spec.name,
+           "synthetic": trace.meta["synthetic"], "fidelity": None}
+    if not args.no_check and trace.num_layers == moments.num_layers:
+        f = synth_fidelity(moments, trace)
+        rec["fidelity"] = f
+        msg = (f"synth: popularity r >= {f['popularity_r_min']:.4f}, overlap within "
+               f"{f['overlap_max_abs_diff']:.4f}")
+        if "union_max_abs_rel_err" in f:
+            msg += f", union within {f['union_max_abs_rel_err']:.2%}"
+        print(msg, file=sys.stderr)
+    print(f"synth: wrote {args.out}", file=sys.stderr)
+    if args.json:
+        print(dumps_json(rec))
+    else:
+        print(f"{args.out}: {trace.num_tokens} tokens, N={trace.num_experts} "
+              f"m={trace.top_k} L={trace.num_layers}")
+    return 0
