@@ -398,3 +398,15 @@ def test_figures_are_written(synth, tmp_path):
                                        "verify_cost.png", "draft_time.png"}
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_budgets_borrow_the_nearest_fit_and_say_so():
+    log = synthetic_round_log(budgets=(1, 3), n_prompts=4, tokens=30, seed=2)
+    res = oracle_analysis(log, l_max=8, tables=False)
+    assert res.cost_model.source == (1, 1, 1, 3)  # K=2 is as near to 1 as to 3: the smaller
+    assert [s.l_max for s in res.summaries] == [1, 2, 3]
+    notes = " ".join(res.notes)
+    assert "K=0" in notes and "K=2" in notes and "capped at 3" in notes
+    for measured in (True, False):
+        res = oracle_analysis(log, l_max=3, tables=False, cost="measured" if measured else "model")
+        assert res.cost_model.kind == ("measured" if measured else "model")

@@ -62,6 +62,7 @@ class OracleResult:
     cost_model: CostModel
     counterfactual: dict
     l_max_recorded: int
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         s = self.summaries
@@ -73,6 +74,7 @@ class OracleResult:
             "tokens": s[0].tokens if s else 0, "l_max_recorded": self.l_max_recorded,
             "delta_space": self.delta.summary(), "cost_model": self.cost_model,
             "counterfactual": self.counterfactual, "regression": self.regression,
+            "notes": list(self.notes),
         }
 
 
@@ -122,4 +124,12 @@ def oracle_analysis(log: RoundLog, *, l_max: int = 8, cost: str = "model",
             if cf.num_positions > len(cf.length) else float("nan"),
             "union_gap": cf.union_gap[:top + 1].tolist(),
             "cost": cost}
-    return OracleResult(summaries, delta, report, model, info, cf.k_max)
+    notes = []
+    if l_max > cf.k_max:
+        notes.append(f"L_max capped at {cf.k_max}, the largest recorded budget")
+    for k, src in enumerate(model.source[:top + 1]):
+        if src != k:
+            notes.append(f"no rounds at K={k}: its cost uses the fit (or median) at K={src}")
+    for n in notes:
+        _say(f"note: {n}", quiet)
+    return OracleResult(summaries, delta, report, model, info, cf.k_max, tuple(notes))

@@ -17,9 +17,11 @@ The boundary. If J were linear with slope -λ near i, the Oracle's optimality wo
 cost per token), with quadrant I points above it (their extra tokens cost more than λ each)
 and quadrant III points above it too (the time they save is worth less than the tokens they
 lose). The line is fitted as the slope that leaves the fewest points below it: when the
-points are separable that is an interval [max over III of x/y, min over I of x/y] and the
-midpoint is reported; otherwise the midpoint of the best interval, with its violations. It is
-compared with the DP's marginal value of a token at each round, λ_i = (J(i+1) - J(i+K+1)) / K.
+points are separable that is an interval [max over III of x/y, min over I of x/y] and its
+midpoint is reported (its finite end when only one side constrains it, as when the Oracle
+never stops short of a matching run and quadrant I is empty); otherwise the midpoint of the
+best interval, with the number of points left below. It is compared with the DP's marginal
+value of a token at each round, λ_i = (J(i+1) - J(i+K+1)) / K.
 """
 
 from __future__ import annotations
