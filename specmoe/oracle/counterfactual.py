@@ -53,15 +53,18 @@ _CHUNK_BYTES = 1 << 25  # the bitsets of one chunk of window starts
 def expert_bits(ids: np.ndarray, num_experts: int) -> np.ndarray:
     """Expert bitsets: ids [T, L, m] -> uint64 [T, L, W], bit e % 64 of word e // 64 set for
     each expert e a row selected. The m experts of a row are distinct, so the OR of their bits
-    is their sum."""
+    is their sum (taken slot by slot over contiguous [T, L] planes)."""
     words = (int(num_experts) + 63) // 64
-    ids = ids.astype(np.uint64)
-    shifts = np.left_shift(np.uint64(1), ids & np.uint64(63))  # [T, L, m]
+    x = np.ascontiguousarray(np.moveaxis(ids, 2, 0)).astype(np.uint64)  # [m, T, L]
+    shifts = np.left_shift(np.uint64(1), x & np.uint64(63))
+    out = np.empty((*ids.shape[:2], words), dtype=np.uint64)
     if words == 1:
-        return shifts.sum(axis=-1, dtype=np.uint64)[..., None]
-    word = ids >> np.uint64(6)
-    return np.stack([np.where(word == w, shifts, np.uint64(0)).sum(axis=-1, dtype=np.uint64)
-                     for w in range(words)], axis=-1)
+        out[..., 0] = shifts.sum(axis=0, dtype=np.uint64)
+        return out
+    word = x >> np.uint64(6)
+    for w in range(words):
+        out[..., w] = np.where(word == w, shifts, np.uint64(0)).sum(axis=0, dtype=np.uint64)
+    return out
 
 
 def window_union(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: int,
