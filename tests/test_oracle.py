@@ -410,3 +410,13 @@ def test_missing_budgets_borrow_the_nearest_fit_and_say_so():
     for measured in (True, False):
         res = oracle_analysis(log, l_max=3, tables=False, cost="measured" if measured else "model")
         assert res.cost_model.kind == ("measured" if measured else "model")
+
+
+def test_delta_space_boundary_tracks_the_marginal_value_of_a_token(synth):
+    # under an expectation over acceptance every candidate moves E[a]: the rejected points
+    # hug a line through the origin whose slope is the DP's value of a token (Figure 3)
+    d = oracle_analysis(synth, tables=False, acceptance="geometric").delta
+    assert d.quadrants["II"] == 0 and d.quadrants["axes"] == 0
+    assert d.quadrants["I"] > 0 and d.quadrants["III"] > 0
+    assert d.violations < 0.05 * len(d.d_cost)
+    assert abs(d.slope / d.marginal_value["median"] - 1) < 0.3
