@@ -40,7 +40,7 @@ experts of routing positions 0..k'.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,10 +82,7 @@ COLUMNS: dict[str, tuple[str, bool]] = {
     "draft_confidence": ("list<float32>", False),
 }
 COUNTERFACTUAL = ("routing", "draft_tokens", "target_tokens", "num_layers", "top_k")
-_STRING = [c for c, (t, _) in COLUMNS.items() if t == "string"]
-_LIST = [c for c, (t, _) in COLUMNS.items() if t.startswith("list")]
 _SLICE_RUNS = 1024  # RoundLog.select copies list values run by run below this many runs
-_INT_REQUIRED = [c for c, (t, req) in COLUMNS.items() if t.startswith("int") and req]
 
 
 def _arrow_type(spec: str):
@@ -456,6 +453,3 @@ class RoundLogWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.flush()
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:  # the buffered rounds, for inspection
-        return iter(self._rows)
