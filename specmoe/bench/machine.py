@@ -1,0 +1,220 @@
+"""Facts about the machine the benchmark runs on: measured, or read from the system, never guessed.
+
+* :func:`last_level_cache_bytes` reads the last-level cache from sysfs (CPU) or the device
+  properties (CUDA L2); ``None`` when the system does not say.
+* :func:`measure_ceiling` is the read bandwidth of a buffer much larger than that cache (at
+  least 8x, and 1 GiB on a CPU), median over repetitions: the memory-bandwidth ceiling that the
+  effective bandwidths of paper 002 Section 2 are set against.
+* :func:`measure_peak_flops` is the matrix-multiply rate at the timed dtype, for the roofline
+  bound ``max(bytes / ceiling, flops / peak)``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specmoe.errors import InputError
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG]?)i?B?\s*$", re.IGNORECASE)
+
+
+def _parse_size(text: str) -> int | None:
+    m = _SIZE_RE.match(text)
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+
+
+def cpu_last_level_cache_bytes(sysfs: str = "/sys/devices/system/cpu") -> int | None:
+    """Total bytes of the CPU's last-level cache, from sysfs; None when sysfs does not say.
+
+    Each cache instance is counted once (instances are told apart by ``shared_cpu_list``), so
+    a processor with several L3 slices reports their sum.
+    """
+    best_level, instances = -1, {}
+    for idx in glob.glob(os.path.join(sysfs, "cpu[0-9]*", "cache", "index[0-9]*")):
+        try:
+            with open(os.path.join(idx, "level")) as fh:
+                level = int(fh.read().strip())
+            with open(os.path.join(idx, "type")) as fh:
+                kind = fh.read().strip()
+            with open(os.path.join(idx, "size")) as fh:
+                size = _parse_size(fh.read().strip())
+            with open(os.path.join(idx, "shared_cpu_list")) as fh:
+                shared = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or size is None:
+            continue
+        if level > best_level:
+            best_level, instances = level, {}
+        if level == best_level:
+            instances[shared] = size
+    return sum(instances.values()) if instances else None
+
+
+def last_level_cache_bytes(device: str = "cpu") -> int | None:
+    """Last-level cache bytes of ``device`` ("cpu" or "cuda"), or None if unknown."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+        return int(size) or None
+    return cpu_last_level_cache_bytes()
+
+
+def device_name(device: str = "cpu") -> str:
+    """The processor or GPU name ("unknown CPU" when the system does not say)."""
+    if device == "cuda":
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or f"unknown {platform.machine()} CPU"
+
+
+def check_device(device: str) -> str:
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"--device: unknown {device!r} (choose cpu or cuda)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is available")
+    return device
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """A measured read bandwidth."""
+
+    gbps: float            # median over repetitions, 1 GB = 1e9 B
+    iqr_gbps: tuple[float, float]
+    buffer_bytes: int
+    llc_bytes: int | None  # None: the system did not say
+    threads: int | None    # CPU threads of the best reading
+    method: str
+
+
+def _ceiling_buffer_bytes(device: str, llc: int | None) -> int:
+    floor = (1 << 30) if device == "cpu" else (2 << 30)
+    return max(floor, 8 * (llc or 0))
+
+
+def _clock(clock: str):
+    if clock == "wall":
+        return time.perf_counter
+    if clock == "cpu":
+        return time.thread_time
+    raise InputError(f"--clock: unknown {clock!r} (choose wall or cpu)")
+
+
+def measure_ceiling(device: str = "cpu", *, reps: int = 7, threads: list[int] | None = None,
+                    buffer_bytes: int | None = None, clock: str = "wall") -> Ceiling:
+    """Read bandwidth of a buffer much larger than the last-level cache (median of ``reps``).
+
+    CPU: the C read loop of the kernel library (each thread sums its own contiguous share),
+    tried at each thread count in ``threads`` (default 1..torch threads); the best median
+    wins. Without the C library, ``torch.sum``. CUDA: ``torch.sum`` in float32 of an int32
+    buffer, timed with events. ``clock="cpu"`` times the calling thread's CPU time (one
+    thread only; see :mod:`specmoe.bench.timing`).
+    """
+    check_device(device)
+    now = _clock(clock)
+    if clock == "cpu":
+        threads = [1]
+    llc = last_level_cache_bytes(device)
+    nbytes = buffer_bytes or _ceiling_buffer_bytes(device, llc)
+    count = nbytes // 4
+    if device == "cuda":
+        buf = torch.ones(count, dtype=torch.int32, device="cuda")
+        times = []
+        for i in range(reps + 2):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            buf.sum(dtype=torch.float32)
+            end.record()
+            torch.cuda.synchronize()
+            if i >= 2:
+                times.append(start.elapsed_time(end) / 1e3)
+        del buf
+        return _ceiling_from(times, count * 4, llc, None, "torch.sum of an int32 buffer (CUDA)")
+    from specmoe.kernels import _cbuild
+
+    buf = torch.empty(count, dtype=torch.float32).uniform_(-1, 1)  # touches every page
+    lib = _cbuild.load()
+    candidates = threads or list(range(1, max(1, torch.get_num_threads()) + 1))
+    best = None
+    for k in candidates:
+        times = []
+        for i in range(reps + 1):
+            prev = torch.get_num_threads()
+            torch.set_num_threads(k)
+            t0 = now()
+            if lib is not None:
+                lib.lib.specmoe_read(buf.data_ptr(), count, k)
+            else:
+                buf.sum()
+            dt = now() - t0
+            torch.set_num_threads(prev)
+            if i >= 1:
+                times.append(dt)
+        method = (("C read loop" if lib is not None else "torch.sum") + f", {k} thread(s)"
+                  + (", thread CPU time" if clock == "cpu" else ""))
+        c = _ceiling_from(times, count * 4, llc, k, method)
+        if best is None or c.gbps > best.gbps:
+            best = c
+    del buf
+    assert best is not None
+    return best
+
+
+def _ceiling_from(times: list[float], nbytes: int, llc: int | None, threads: int | None,
+                  method: str) -> Ceiling:
+    q1, q3 = np.percentile(times, [25, 75])
+    return Ceiling(gbps=nbytes / statistics.median(times) / 1e9,
+                   iqr_gbps=(nbytes / q3 / 1e9, nbytes / q1 / 1e9), buffer_bytes=nbytes,
+                   llc_bytes=llc, threads=threads, method=method)
+
+
+def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, *,
+                       size: int | None = None, reps: int = 5, clock: str = "wall") -> float:
+    """Matrix-multiply rate (flop/s) of a square ``torch.mm`` at ``dtype``: median of reps,
+    with torch's current thread count (``clock="cpu"``: one thread, its CPU time)."""
+    check_device(device)
+    now = _clock(clock)
+    if clock == "cpu" and device != "cpu":
+        raise InputError("--clock cpu: thread CPU time does not measure CUDA kernels")
+    size = size or (1024 if device == "cpu" else 8192)
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    prev = torch.get_num_threads()
+    if clock == "cpu":
+        torch.set_num_threads(1)
+    try:
+        times = []
+        for i in range(reps + 2):
+            sync(device)
+            t0 = now()
+            torch.mm(a, b)
+            sync(device)
+            if i >= 2:
+                times.append(now() - t0)
+    finally:
+        torch.set_num_threads(prev)
+    return 2.0 * size**3 / statistics.median(times)
