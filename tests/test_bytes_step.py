@@ -225,6 +225,7 @@ def test_whole_model_verify_time_eq22():
     tau1 = 0.02
     got = step.whole_model_verify_time(prof, "dedup", tau1)
     ref = [tau1 + sum(op_d[layer, n] - op_s[layer, 0] for layer in range(2)) for n in range(4)]
+    ref[0] = tau1                       # one-token passes run the per-slot kernel either way
     assert got == pytest.approx(ref, rel=1e-14)
     slot = step.whole_model_verify_time(prof, "per_slot", tau1)
     assert slot[0] == tau1

@@ -145,7 +145,8 @@ def whole_model_verify_time(profile: Any, kernel: str, tau1: float, *,
     """Eq. (22) from a :class:`~specmoe.bench.profile.BandwidthProfile`: ``source`` "predicted"
     uses the fits at the union bytes of recorded windows (the prediction), "measured" the
     measured median operation times (the measured-time version). Returns tau_hat_p(n) [n_max] at
-    the profile's pass sizes; ``tau1`` is tau_meas(1) in seconds."""
+    the profile's pass sizes; ``tau1`` is tau_meas(1) in seconds. A one-token pass runs the
+    per-slot kernel with deduplication off and on, so tau_hat_p(1) = tau_meas(1) for both."""
     if kernel not in ("per_slot", "dedup"):
         raise InputError(f"kernel: choose per_slot or dedup, got {kernel!r}")
     if source not in ("predicted", "measured"):
@@ -153,8 +154,9 @@ def whole_model_verify_time(profile: Any, kernel: str, tau1: float, *,
     if 1 not in profile.n:
         raise InputError("profile: has no one-token pass (n = 1) for t_l(1)")
     i1 = profile.n.index(1)
-    op = np.asarray(profile.op_time[kernel][source], dtype=np.float64)
+    op = np.array(profile.op_time[kernel][source], dtype=np.float64)
     one = np.asarray(profile.op_time["per_slot"][source], dtype=np.float64)[:, i1]
+    op[:, i1] = one   # a one-token pass runs the per-slot kernel with dedup off and on
     return verify_time_from_op_times(op, one, tau1, num_layers=num_layers)
 
 
