@@ -10,6 +10,7 @@ on stdout and nothing else; progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
                 "clock": prof.extra.get("clock"), "expert_bytes": prof.extra.get("expert_bytes"),
                 "records": [r.to_dict() for r in records or []]})))
         if not args.no_figures:
-            from specmoe.report.bench_figures import write_figures
+            try:
+                from specmoe.report.bench_figures import write_figures
 
-            files.extend(str(p) for p in write_figures(prof, out))
+                files.extend(str(p) for p in write_figures(prof, out))
+            except ImportError as exc:  # matplotlib missing: the numbers still stand
+                print(f"specmoe bench: no figures ({exc})", file=sys.stderr)
     if args.json:
         print(dumps_json({**summary(prof), "files": files}))
     else:

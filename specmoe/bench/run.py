@@ -173,17 +173,27 @@ class _Progress:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self._p = None
+        self.console = None
         if enabled:
-            from rich.console import Console
-
+            try:
+                from rich.console import Console
+            except ImportError:  # plain lines on stderr without rich
+                return
             self.console = Console(stderr=True)
 
     def say(self, text: str) -> None:
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self.console is None:
+            import re
+
+            print(re.sub(r"\[/?bold\]", "", text), file=sys.stderr, flush=True)
+        else:
             self.console.print(text)
 
     def start(self, total: int, label: str) -> None:
-        if not self.enabled:
+        if not self.enabled or self.console is None:
+            self.say(f"{label}: {total} passes")
             return
         from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 

@@ -1,0 +1,136 @@
+"""The kernel contract as a standalone check: every kernel against ``reference`` on a device.
+
+``python -m specmoe.kernels.selfcheck [--device cuda] [--kernels a,b] [--json]`` runs the cases
+of ``tests/test_kernels.py`` (pass sizes 1..16, slots 1..8, repetition patterns, float32 /
+bfloat16 / float16, gpt-oss's activation with biases) where pytest is not installed, e.g. on a
+bare GPU machine. Exit status 0 when every case is within tolerance, 1 otherwise.
+
+Tolerances (relative L2 error against the float64 reference on the same rounded inputs):
+float32 1e-5, float16 5e-3, bfloat16 3e-2 (kernels may round the activation to the weight
+dtype between the two products, as transformers' do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+import torch
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24), (16, 1, 3)]
+HALF_SHAPES = [(1, 8, 12), (3, 8, 16), (9, 4, 10), (16, 8, 24)]
+PATTERNS = ["random", "same_set", "all_one", "no_repeats", "duplicates"]
+
+
+def make_ids(n: int, m: int, num: int, pattern: str, g: torch.Generator) -> torch.Tensor:
+    """[n, m] expert ids following ``pattern``."""
+    if pattern == "random":  # distinct within each token, as a router's
+        return torch.stack([torch.randperm(num, generator=g)[:m] for _ in range(n)])
+    if pattern == "same_set":  # every token names the same m experts: U = m
+        s = torch.randperm(num, generator=g)[:m]
+        return torch.stack([s[torch.randperm(m, generator=g)] for _ in range(n)])
+    if pattern == "all_one":  # every slot on one expert (repeats within tokens too)
+        return torch.full((n, m), int(torch.randint(num, (1,), generator=g)))
+    if pattern == "no_repeats":  # U = min(nm, N): as few repeats as N allows
+        k = n * m
+        return (torch.randperm(max(num, k), generator=g)[:k] % num).reshape(n, m)
+    if pattern == "duplicates":  # drawn with replacement, repeats within tokens allowed
+        return torch.randint(num, (n, m), generator=g)
+    raise ValueError(f"pattern: unknown {pattern!r}")
+
+
+def make_case(n, m, num, pattern, dtype, *, h=32, inter=24, seed=0, bias=False, device="cpu"):
+    """(x, w_gate_up, w_down, ids, weights, biases) of one contract case."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=g)
+    wgu = torch.randn(num, 2 * inter, h, generator=g) / h**0.5
+    wd = torch.randn(num, h, inter, generator=g) / inter**0.5
+    ids = make_ids(n, m, num, pattern, g)
+    w = torch.rand(n, m, generator=g)
+    bgu = torch.randn(num, 2 * inter, generator=g) * 0.5 if bias else None
+    bd = torch.randn(num, h, generator=g) * 0.5 if bias else None
+
+    def cast(t):
+        return None if t is None else t.to(device, dtype)
+
+    return (cast(x), cast(wgu), cast(wd), ids.to(device), w.to(device),
+            {"b_gate_up": cast(bgu), "b_down": cast(bd)})
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖y − ref‖ / ‖ref‖ in float64 on the CPU."""
+    yd, rd = y.detach().double().cpu(), ref.detach().double().cpu()
+    return float((yd - rd).norm() / rd.norm())
+
+
+def cases():
+    """(label, n, m, N, pattern, dtype, activation, bias) of every check."""
+    for n, m, num in SHAPES:
+        for p in PATTERNS:
+            yield (f"n{n}-m{m}-N{num}-{p}-fp32", n, m, num, p, torch.float32, "swiglu", False)
+    for dt, name in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        for n, m, num in HALF_SHAPES:
+            yield (f"n{n}-m{m}-N{num}-random-{name}", n, m, num, "random", dt, "swiglu", False)
+    for p in ("random", "same_set"):
+        yield (f"n6-m4-N9-{p}-oai-bias", 6, 4, 9, p, torch.float32, "swiglu_oai", True)
+
+
+def check(kernel: str, device: str) -> list[dict]:
+    """Run every case for one kernel; each result has label, error, tolerance, ok, note."""
+    from specmoe.kernels import get_kernel, reference
+
+    fn = get_kernel(kernel, device)
+    out = []
+    for label, n, m, num, pattern, dtype, act, bias in cases():
+        x, wgu, wd, ids, w, b = make_case(n, m, num, pattern, dtype, bias=bias, device=device)
+        if act == "swiglu_oai":
+            x = x * 8
+        rec = {"kernel": kernel, "case": label, "tol": TOL[dtype]}
+        try:
+            y = fn(x, wgu, wd, ids, w, activation=act, **b)
+            ok_shape = tuple(y.shape) == tuple(x.shape) and y.dtype == dtype
+            err = rel_err(y, reference.expert_op(x, wgu, wd, ids, w, activation=act, **b))
+            rec.update(error=err, ok=bool(ok_shape and err < TOL[dtype]),
+                       note="" if ok_shape else f"shape/dtype {tuple(y.shape)} {y.dtype}")
+        except Exception as exc:
+            rec.update(error=None, ok=False, note=f"{type(exc).__name__}: "
+                       f"{(str(exc).splitlines() or [''])[0]}",
+                       trace=traceback.format_exc(limit=3))
+        out.append(rec)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specmoe.kernels import kernel_names
+
+    ap = argparse.ArgumentParser(prog="python -m specmoe.kernels.selfcheck",
+                                 description="every kernel against the float64 reference")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--kernels", default=None, help="comma-separated (default: all)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("selfcheck: no CUDA device", file=sys.stderr)
+        return 2
+    names = (args.kernels.split(",") if args.kernels else
+             [k for k in kernel_names(args.device) if k != "reference"])
+    results = []
+    for k in names:
+        res = check(k, args.device)
+        results += res
+        bad = [r for r in res if not r["ok"]]
+        worst = max((r["error"] for r in res if r["error"] is not None), default=float("nan"))
+        print(f"{k:>16} on {args.device}: {len(res) - len(bad)}/{len(res)} within tolerance, "
+              f"largest error {worst:.2e}"
+              + "".join(f"\n    FAIL {r['case']}: {r['note'] or r['error']}" for r in bad[:5]),
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
