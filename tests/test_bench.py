@@ -446,3 +446,22 @@ def test_real_kernels_small_run(monkeypatch):
         assert v > 0 and np.isfinite(v)
     assert set(p.extra["kernels"]) == {"per_slot", "dedup", "per_slot_torch", "dedup_torch"}
     profile_from_dict(json.loads(json.dumps(p.to_dict())))
+
+
+def test_a_failing_kernel_is_left_out_and_said(modelled, monkeypatch):
+    def broken(x, *a, **k):
+        raise RuntimeError("grouped_mm: dtype not supported on this device")
+
+    real = run.get_kernel
+    monkeypatch.setattr(run, "get_kernel",
+                        lambda name, device: broken if name == "grouped_mm" else real(name, device))
+    tr = _sticky_trace()
+    res = run.benchmark(SPEC, trace=tr, progress=False, settings=_settings(),
+                        kernels=["grouped_mm", "per_slot", "dedup"])
+    assert res.profile.extra["failed_kernels"] == {
+        "grouped_mm": "RuntimeError: grouped_mm: dtype not supported on this device"}
+    assert res.profile.extra["roles"] == {"per_slot": "per_slot", "dedup": "dedup"}
+    assert set(res.profile.extra["kernels"]) == {"per_slot", "dedup"}
+    with pytest.raises(RuntimeError, match="no per-slot or no dedup kernel ran"):
+        run.benchmark(SPEC, trace=tr, progress=False, settings=_settings(),
+                      kernels=["grouped_mm", "per_slot"])

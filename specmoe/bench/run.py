@@ -286,9 +286,29 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
             raise InputError(f"--trace {trace_label}: no document has {missing[0]} tokens; "
                              f"recorded windows are needed at every n up to {cfg.n_max}")
 
-        # 4. Warm-up (compilation, thread pools, caches of the allocator), then time.
-        for rec in [records[0], records[len(records) // 2], records[-1]]:
-            time_pass(pool, fns, rec.ids, reps=cfg.warmup, device=device, clock=clock, rng=rng)
+        # 4. Warm-up (compilation, thread pools, caches of the allocator), then time. A kernel
+        #    that fails here (a peer on an unsupported dtype or device) is left out and said.
+        failed: dict[str, str] = {}
+        for name, fn in list(fns):
+            try:
+                for rec in [records[0], records[len(records) // 2], records[-1]]:
+                    time_pass(pool, [(name, fn)], rec.ids, reps=cfg.warmup, device=device,
+                              clock=clock, rng=rng)
+            except InputError:
+                raise
+            except Exception as exc:
+                failed[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                prog.say(f"[bold]left out[/bold] {name}: {failed[name]}")
+        if failed:
+            kernels = [k for k in kernels if k not in failed]
+            fns = [(k, f) for k, f in fns if k not in failed]
+            if slot_k in failed or dedup_k in failed:
+                try:
+                    slot_k, dedup_k = _check_kernels(kernels, device)
+                except InputError:
+                    raise RuntimeError("no per-slot or no dedup kernel ran: "
+                                       + "; ".join(f"{k}: {v}" for k, v in failed.items())
+                                       ) from None
         order = rng.permutation(len(records))
         prog.start(len(records), "timing passes")
         try:
@@ -306,6 +326,7 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
                      device=device, dtype=dtype, settings=cfg, threads=threads, clock=clock,
                      pool_slots=slots, flush_bytes=flush, wall_s=wall, trace_label=trace_label,
                      seed=seed, quick=quick)
+    prof.extra["failed_kernels"] = failed
     return BenchResult(profile=prof, records=records, ceiling=ceiling)
 
 
