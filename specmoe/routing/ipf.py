@@ -40,6 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ from specmoe.routing.trace import RoutingTrace, TraceReader
 
 __all__ = [
     "STATUS_CONVERGED", "STATUS_INFEASIBLE", "STATUS_NOT_CONVERGED", "ExpertMoments",
-    "IPFSolution", "UnionPrediction", "bin_experts", "coactivation_counts", "fit_moments",
+    "IPFSolution", "UnionPrediction", "bin_experts", "coactivation_counts",
+    "fit_document_moments", "fit_moments",
     "ipf_pairwise", "load_moments", "pattern_bits", "predict_union", "save_moments",
     "solve_windows", "stationary_moments",
 ]
@@ -177,6 +179,34 @@ def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> Exper
     return ExpertMoments(num_experts=stats.num_experts, top_k=stats.top_k,
                          popularity=stats.popularity, coactivation=counts / pairs[None, :, None],
                          tokens=stats.tokens, union=stats.union, meta=meta)
+
+
+def fit_document_moments(trace: RoutingTrace | TraceReader, *,
+                         max_lag: int = 8) -> list[ExpertMoments]:
+    """The statistics of each document of more than ``max_lag`` tokens, one
+    :class:`ExpertMoments` each (``tokens`` is the document's length; ``union`` is None).
+    Shorter documents have no pair at lag ``max_lag`` and are left out."""
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1:
+        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
+    shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
+    out: list[ExpertMoments] = []
+    for tr in shards:
+        N, L = tr.num_experts, tr.num_layers
+        names = tr.meta.get("documents") or []
+        for d, (a, b) in enumerate(zip(tr.doc_offsets[:-1], tr.doc_offsets[1:])):
+            if b - a <= max_lag:
+                continue
+            ex = tr.experts[a:b].astype(np.int64)
+            flat = ex + (np.arange(L) * N)[None, :, None]
+            pop = np.bincount(flat.ravel(), minlength=L * N).reshape(L, N) / (b - a)
+            counts, pairs = coactivation_counts(ex, np.array([0, b - a]), N, max_lag=max_lag)
+            meta = {"document": names[d] if d < len(names) else int(d)}
+            out.append(ExpertMoments(num_experts=N, top_k=tr.top_k, popularity=pop,
+                                     coactivation=counts / pairs[None, :, None],
+                                     tokens=int(b - a), meta=meta))
+    if not out:
+        raise InputError(f"trace: no document is longer than max-lag={max_lag} tokens")
+    return out
 
 
 def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
@@ -398,6 +428,7 @@ class UnionPrediction:
     variant: str
     bins: int
     iterations: int
+    pooling: str = "trace"
 
     @property
     def converged(self) -> bool:
@@ -412,48 +443,79 @@ class UnionPrediction:
 VARIANTS = ("uniform", "skewed")
 
 
-def predict_union(moments: ExpertMoments, *, max_n: int = 9, min_n: int = 2,
-                  variant: str = "skewed", bins: int = 8, tol: float = 1e-10,
+def _bin_targets(moments: ExpertMoments, variant: str,
+                 bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer and bin: marginal p [L, K], co-activation c [L, K, J], experts per bin [L, K]."""
+    N, m, L = moments.num_experts, moments.top_k, moments.num_layers
+    if variant == "uniform":
+        p = np.full((L, 1), m / N)
+        c = (moments.coactivation.sum(axis=2) / N)[:, None, :]     # [L, 1, J] = m o_l(j)/N
+        return p, c, np.full((L, 1), float(N))
+    b = bin_experts(moments.popularity, bins)                      # [L, N]
+    onehot = (b[:, :, None] == np.arange(bins)).astype(np.float64)  # [L, N, K]
+    size = onehot.sum(axis=1)                                      # [L, K]
+    p = np.einsum("ln,lnk->lk", moments.popularity, onehot) / size
+    c = np.einsum("ljn,lnk->lkj", moments.coactivation, onehot) / size[:, :, None]
+    return p, c, size
+
+
+def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: int = 9,
+                  min_n: int = 2, variant: str = "skewed", bins: int = 8, tol: float = 1e-10,
                   max_iter: int = 5000) -> UnionPrediction:
     """Û_l(n) for n = min_n..max_n by maximum-entropy IPF (see the module docstring).
 
-    All layers and bins of one n are solved as one batch [L*K, 2**n].
+    ``moments`` is one set of statistics (the paper's method: one stationary law for the whole
+    trace), or a sequence of single-document statistics (:func:`fit_document_moments`): then
+    each document d gets its own maximum-entropy laws and Û_l(n) = Σ_d w_d(n) Û_{l,d}(n) /
+    Σ_d w_d(n), with w_d(n) = T_d − n + 1 its windows of n tokens. This mixture over documents
+    is our extension: it keeps routing that stays in a regime for a whole document (pairwise
+    overlap that hardly decays with the lag), which one pooled pairwise law cannot. The
+    baselines use the pooled popularity. Every layer, bin (and document) of one n is solved as
+    one batch [D*L*K, 2**n].
     """
     if variant not in VARIANTS:
         raise InputError(f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
     if not 1 <= min_n <= max_n:
         raise InputError(f"need 1 <= min-n <= max-n, got {min_n}..{max_n}")
-    moments.check_window(max_n)
-    N, m, L = moments.num_experts, moments.top_k, moments.num_layers
+    parts = [moments] if isinstance(moments, ExpertMoments) else list(moments)
+    if not parts:
+        raise InputError("no statistics to predict from (no document long enough?)")
+    first = parts[0]
+    N, m, L = first.num_experts, first.top_k, first.num_layers
+    for part in parts:
+        part.check_window(max_n)
+        if (part.num_experts, part.top_k, part.num_layers) != (N, m, L):
+            raise InputError("document statistics disagree on N, m or L")
     ns = np.arange(min_n, max_n + 1)
-    if variant == "uniform":
-        K = 1
-        p = np.full((L, 1), m / N)
-        c = (moments.coactivation.sum(axis=2) / N)[:, None, :]     # [L, 1, J] = m o_l(j)/N
-        size = np.full((L, 1), float(N))
-    else:
-        K = bins
-        b = bin_experts(moments.popularity, bins)                  # [L, N]
-        onehot = (b[:, :, None] == np.arange(K)).astype(np.float64)  # [L, N, K]
-        size = onehot.sum(axis=1)                                  # [L, K]
-        p = np.einsum("ln,lnk->lk", moments.popularity, onehot) / size
-        c = np.einsum("ljn,lnk->lkj", moments.coactivation, onehot) / size[:, :, None]
+    D = len(parts)
+    targets = [_bin_targets(part, variant, bins) for part in parts]
+    p = np.stack([t[0] for t in targets])                          # [D, L, K]
+    c = np.stack([t[1] for t in targets])                          # [D, L, K, J]
+    size = np.stack([t[2] for t in targets])                       # [D, L, K]
+    K = p.shape[2]
+    tokens = np.array([part.tokens for part in parts], dtype=np.float64)  # [D]
     pred = np.zeros((L, ns.size))
     status = np.empty((L, ns.size), dtype=object)
     viol = np.zeros((L, ns.size))
     iters = 0
     rank = {STATUS_CONVERGED: 0, STATUS_NOT_CONVERGED: 1, STATUS_INFEASIBLE: 2}
     for s, n in enumerate(ns):
-        sol = solve_windows(p.reshape(-1), c.reshape(L * K, -1), int(n), tol=tol,
+        sol = solve_windows(p.reshape(-1), c.reshape(D * L * K, -1), int(n), tol=tol,
                             max_iter=max_iter)
         iters = max(iters, sol.iterations)
-        pred[:, s] = (size * sol.p_any.reshape(L, K)).sum(axis=1)
-        st = sol.status.reshape(L, K)
-        worst = np.vectorize(rank.get)(st).max(axis=1)
-        status[:, s] = np.array([k for k in rank])[worst]
-        viol[:, s] = sol.max_violation.reshape(L, K).max(axis=1)
+        per = (size * sol.p_any.reshape(D, L, K)).sum(axis=2)      # [D, L]
+        w = np.maximum(tokens - n + 1, 0.0) if D > 1 else np.ones(1)
+        pred[:, s] = (w[:, None] * per).sum(axis=0) / w.sum()
+        st = np.vectorize(rank.get)(sol.status.reshape(D, L, K)).max(axis=(0, 2))
+        status[:, s] = np.array(list(rank))[st]
+        viol[:, s] = sol.max_violation.reshape(D, L, K).max(axis=(0, 2))
+    pooled = np.einsum("d,dln->ln", tokens, np.stack([q.popularity for q in parts]))
+    pooled /= tokens.sum() if D > 1 else 1.0
+    if D == 1:
+        pooled = first.popularity
     return UnionPrediction(
         n=ns, predicted=pred, status=status.astype(str), max_violation=viol,
         uniform_baseline=uniform_union(N, m, max_n)[ns - 1],
-        popularity_baseline=independent_union(moments.popularity, max_n)[:, ns - 1],
-        variant=variant, bins=K, iterations=iters)
+        popularity_baseline=independent_union(pooled, max_n)[:, ns - 1],
+        variant=variant, bins=K, iterations=iters,
+        pooling="trace" if isinstance(moments, ExpertMoments) else "documents")

@@ -1,10 +1,12 @@
 """``specmoe ipf TRACE``: predict unique experts U_l(n) by maximum-entropy IPF (paper 003 §6.3).
 
 Fits popularity and lagged co-activation on TRACE (a trace, or a STATS file written by
-``specmoe synth --save-stats`` or ``--out``), predicts U_l(n) for n = 2..max-n and compares it
-with the union measured on ``--validate TRACE2`` (default: TRACE itself) and with the two
-independence baselines. ``--json`` prints the result on stdout; ``--out DIR`` writes
-``ipf.json``, the fitted ``stats.json`` and ``ipf_union.png``. Progress goes to stderr.
+``specmoe synth --save-stats`` or ``ipf --out``), predicts U_l(n) for n = 2..max-n and compares
+it with the union measured on ``--validate TRACE2`` (default: TRACE itself) and with the two
+independence baselines. ``--pool documents`` predicts from each fit document's own statistics
+and averages them (:func:`specmoe.routing.ipf.predict_union`). ``--json`` prints the result on
+stdout; ``--out DIR`` writes ``ipf.json``, the fitted ``stats.json`` and ``ipf_union.png``.
+Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ def add_arguments(parser) -> None:
                         help="uniform expert probabilities, or popularity bins (default)")
     parser.add_argument("--bins", type=int, default=8,
                         help="popularity bins per layer for --variant skewed (default 8)")
+    parser.add_argument("--pool", choices=("trace", "documents"), default="trace",
+                        help="one law for the whole fit trace (paper 003, default), or a "
+                             "mixture of per-document laws weighted by their windows")
     parser.add_argument("--max-n", type=int, default=9, help="longest window (default 9)")
     parser.add_argument("--tol", type=float, default=1e-10,
                         help="IPF tolerance on every pairwise cell (default 1e-10)")
@@ -54,7 +59,8 @@ def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
         "validate": None if validate_name is None else {"source": validate_name},
         "num_experts": moments.num_experts, "top_k": moments.top_k,
         "num_layers": moments.num_layers, "layers": moments.meta.get("layers"),
-        "variant": pred.variant, "bins": pred.bins, "tol": tol, "max_iter": max_iter,
+        "variant": pred.variant, "bins": pred.bins, "pooling": pred.pooling, "tol": tol,
+        "max_iter": max_iter,
         "n": pred.n.tolist(),
         "predicted_union": pred.mean_predicted, "empirical_union": emp_mean,
         "relative_error": rel,
@@ -75,7 +81,8 @@ def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
 
 
 def summary(rec: dict[str, Any]) -> str:
-    lines = [f"ipf ({rec['variant']}, bins={rec['bins']}): N={rec['num_experts']} "
+    lines = [f"ipf ({rec['variant']}, bins={rec['bins']}, pool={rec['pooling']}): "
+             f"N={rec['num_experts']} "
              f"m={rec['top_k']} L={rec['num_layers']}, fit on {rec['fit']['source']}"
              + (f", scored on {rec['validate']['source']}" if rec["validate"] else ""),
              f"{'n':>3} {'IPF':>8} {'measured':>9} {'error':>8} {'indep':>8} {'uniform':>8}"]
@@ -86,14 +93,26 @@ def summary(rec: dict[str, Any]) -> str:
         lines.append(f"{n:>3} {rec['predicted_union'][i]:8.3f} {e:>9} {r:>8} "
                      f"{rec['baselines']['popularity_independent'][i]:8.3f} "
                      f"{rec['baselines']['uniform_independent'][i]:8.3f}")
-    lines.append("converged" if rec["converged"] else
-                 "NOT converged in every layer (see per_layer.status)")
+    if rec["converged"]:
+        lines.append("IPF converged everywhere")
+    else:
+        st = np.asarray(rec["per_layer"]["status"])
+        worst = np.nanmax(np.asarray(rec["per_layer"]["max_violation"], dtype=float))
+        lines.append(f"IPF did not converge in {int((st != 'converged').sum())} of {st.size} "
+                     f"(layer, n) cells; largest pairwise-cell violation {worst:.2g} "
+                     f"(see per_layer.status)")
     return "\n".join(lines)
 
 
 def run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json, to_jsonable
-    from specmoe.routing.ipf import fit_moments, load_moments, predict_union, save_moments
+    from specmoe.routing.ipf import (
+        fit_document_moments,
+        fit_moments,
+        load_moments,
+        predict_union,
+        save_moments,
+    )
     from specmoe.routing.stats import compute_stats
     from specmoe.routing.trace import open_trace
 
@@ -108,6 +127,9 @@ def run(args) -> int:
         raise InputError(f"--out {args.out}: exists and is not a directory")
     fit_reader = moments = None
     if Path(args.trace).suffix.lower() == ".json":
+        if args.pool == "documents":
+            raise InputError(f"--pool documents needs a trace, not the statistics file "
+                             f"{args.trace}")
         moments = load_moments(args.trace)
         moments.check_window(args.max_n, name="--max-n")
         want = (moments.num_experts, moments.top_k, moments.num_layers)
@@ -132,9 +154,14 @@ def run(args) -> int:
         empirical = compute_stats(reader, max_n=args.max_n, max_lag=1).union[:, 1:]
     elif moments.union is not None and moments.union.shape[1] >= args.max_n:
         empirical = moments.union[:, 1:args.max_n]
+    source = moments
+    if args.pool == "documents":
+        source = fit_document_moments(fit_reader, max_lag=args.max_n - 1)
+        print(f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
+              file=sys.stderr, flush=True)
     print(f"ipf: solving {args.variant} IPF for n = 2..{args.max_n}", file=sys.stderr,
           flush=True)
-    pred = predict_union(moments, max_n=args.max_n, variant=args.variant, bins=args.bins,
+    pred = predict_union(source, max_n=args.max_n, variant=args.variant, bins=args.bins,
                          tol=args.tol, max_iter=args.max_iter)
     rec = to_jsonable(build_result(moments, pred, empirical=empirical, fit_name=args.trace,
                                    validate_name=args.validate, tol=args.tol,
