@@ -308,6 +308,7 @@ def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None 
         "plan": str(plan_path), "profile": str(ppath), "runs": str(runs),
         "rules_file": {"path": rules.path, "sha256": rules.sha256, "title": rules.title},
         "epsilon": eps,
+        "crossover_plan": plan.get("crossover"),   # Eq. (5) from bandwidths, for reference
         "device": profile.device, "device_name": profile.device_name,
         "configurations": scored,
         "rules": summary,
