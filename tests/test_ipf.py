@@ -193,6 +193,20 @@ def test_infeasible_and_non_convergent_are_statuses():
     assert sol.status[0] == STATUS_NOT_CONVERGED and sol.max_violation[0] > 1e-3
 
 
+def test_prediction_moves_edge_estimates_into_the_valid_box():
+    # an always-active run measured over pairs can put c a hair above p: clipped and counted
+    pop = np.full((1, 4), 0.5)
+    co = np.array([[[0.5005, 0.2, 0.1, 0.4]], [[0.3, 0.2, 0.1, 0.3]]]).reshape(1, 2, 4)
+    pred = predict_union(ExpertMoments(num_experts=4, top_k=2, popularity=pop,
+                                       coactivation=co), max_n=3, bins=4)
+    assert pred.clipped == 1 and np.all(np.isfinite(pred.predicted))
+    # the same as predicting from the clipped target c = p
+    ref = predict_union(ExpertMoments(num_experts=4, top_k=2, popularity=pop,
+                                      coactivation=np.where(co > pop[:, None], 0.5, co)),
+                        max_n=3, bins=4)
+    np.testing.assert_allclose(pred.predicted, ref.predicted, atol=1e-8)
+
+
 def test_bad_moment_shapes_raise():
     with pytest.raises(InputError):
         ipf_pairwise(np.zeros((2, 3)))

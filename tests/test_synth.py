@@ -175,4 +175,4 @@ def test_cli_synth(tmp_path, capsys, source):
 def test_bad_statistics_raise():
     with pytest.raises(InputError):
         ExpertMoments(num_experts=4, top_k=1, popularity=np.full((1, 4), 0.25),
-                      coactivation=np.full((1, 2, 4), 0.5))   # co-activation above popularity
+                      coactivation=np.full((1, 2, 4), 1.5))   # not a probability

@@ -28,6 +28,16 @@ Two variants:
   (nearly) equal size; bin b uses its mean popularity p_b and its mean measured co-activation
   c_b(j) = mean_e P(e ∈ S_t ∩ S_{t+j}); Û(n) = Σ_b |b| (1 − P_b(0)).
 
+Pooling. ``trace`` (the paper's method): one set of statistics, hence one stationary law, for
+the whole fit trace. ``documents`` (our extension, :func:`fit_document_moments`): every fit
+document gets its own laws and the prediction is their mean weighted by each document's windows
+of n tokens. The second keeps routing that stays in one regime for a whole document (pairwise
+overlap that hardly decays with the lag, as in randomly initialised models), which a single
+pairwise law spreads over too many experts at long windows.
+
+The statistics are measured inside documents: popularity p_e = P(e ∈ S_t) over all tokens, and
+co-activation c_e(j) = P(e ∈ S_t ∩ S_{t+j}) over the pairs (t, t+j) of one document.
+
 Baselines (paper 002 Section 1; paper 003 Section 6.2): independent uniform routing N(1 − q^n)
 with q = 1 − m/N (Huang et al.), and independent routing with measured popularity
 Σ_e (1 − (1 − p_e)^n).
@@ -99,8 +109,11 @@ class ExpertMoments:
             raise InputError(f"top_k={self.top_k} must lie in 1..N-1 (N={self.num_experts})")
         if not (np.all(np.isfinite(pop)) and np.all(np.isfinite(co))):
             raise InputError("popularity/coactivation hold NaN or inf")
-        if pop.min() < 0 or pop.max() > 1 or co.min() < 0 or np.any(co > pop[:, None] + 1e-9):
-            raise InputError("moments out of range: need 0 <= coactivation <= popularity <= 1")
+        # c_e(j) <= p_e need not hold exactly (pairs and tokens differ at document edges);
+        # moments that no law meets show up as an IPF status, not here.
+        if min(pop.min(), co.min()) < 0 or max(pop.max(), co.max()) > 1:
+            raise InputError("moments out of range: popularity and coactivation must lie in "
+                             "[0, 1]")
         object.__setattr__(self, "popularity", pop)
         object.__setattr__(self, "coactivation", co)
         if self.union is not None:
@@ -416,7 +429,8 @@ class UnionPrediction:
     """Predicted unique experts per layer and window length.
 
     n: [S] window lengths; predicted: [L, S]; status: [L, S] worst status over the layer's bins;
-    max_violation: [L, S]; uniform_baseline: [S]; popularity_baseline: [L, S].
+    max_violation: [L, S]; uniform_baseline: [S]; popularity_baseline: [L, S]; clipped: number
+    of co-activation targets moved into the valid range max(0, 2p − 1) <= c <= p.
     """
 
     n: np.ndarray
@@ -429,6 +443,7 @@ class UnionPrediction:
     bins: int
     iterations: int
     pooling: str = "trace"
+    clipped: int = 0
 
     @property
     def converged(self) -> bool:
@@ -493,6 +508,11 @@ def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: in
     c = np.stack([t[1] for t in targets])                          # [D, L, K, J]
     size = np.stack([t[2] for t in targets])                       # [D, L, K]
     K = p.shape[2]
+    # Estimates at document edges can leave c a hair outside the box 2p − 1 <= c <= p that a
+    # 2x2 table needs; such targets are moved into it and counted (``clipped``).
+    box = np.clip(c, np.maximum(0.0, 2 * p - 1)[..., None], p[..., None])
+    clipped = int((np.abs(box - c)[..., : max_n - 1] > 1e-12).sum())
+    c = box
     tokens = np.array([part.tokens for part in parts], dtype=np.float64)  # [D]
     pred = np.zeros((L, ns.size))
     status = np.empty((L, ns.size), dtype=object)
@@ -518,4 +538,4 @@ def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: in
         uniform_baseline=uniform_union(N, m, max_n)[ns - 1],
         popularity_baseline=independent_union(pooled, max_n)[:, ns - 1],
         variant=variant, bins=K, iterations=iters,
-        pooling="trace" if isinstance(moments, ExpertMoments) else "documents")
+        pooling="trace" if isinstance(moments, ExpertMoments) else "documents", clipped=clipped)

@@ -68,6 +68,7 @@ def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
         "per_layer": {"predicted": pred.predicted, "empirical": empirical,
                       "status": pred.status.tolist(), "max_violation": pred.max_violation},
         "converged": pred.converged,
+        "clipped_targets": pred.clipped,
         "iterations": pred.iterations,
         "baselines": {
             "uniform_independent": pred.uniform_baseline,

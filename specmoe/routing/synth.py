@@ -67,8 +67,9 @@ def _expert_targets(moments: ExpertMoments, *, variant: str,
         return p, c
     p = moments.popularity
     co = moments.coactivation.transpose(0, 2, 1)                  # [L, N, J]
-    if bins >= N:
-        return p, co
+    lo = np.maximum(0.0, 2.0 * p - 1.0)[:, :, None]                # a valid 2x2 table needs
+    if bins >= N:                                                  # 2p − 1 <= c <= p
+        return p, np.clip(co, lo, p[:, :, None])
     b = bin_experts(p, bins)                                       # [L, N]
     onehot = (b[:, :, None] == np.arange(bins)).astype(np.float64)  # [L, N, K]
     var = p * (1.0 - p)                                            # [L, N]
@@ -78,7 +79,6 @@ def _expert_targets(moments: ExpertMoments, *, variant: str,
     rho_b = np.divide(cb, vb[:, :, None], out=np.zeros_like(cb), where=vb[:, :, None] > 0)
     rho = np.take_along_axis(rho_b, b[:, :, None], axis=1)         # [L, N, J]
     c = (p**2)[:, :, None] + rho * var[:, :, None]
-    lo = np.maximum(0.0, 2.0 * p - 1.0)[:, :, None]
     return p, np.clip(c, lo, p[:, :, None])
 
 
