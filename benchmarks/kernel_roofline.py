@@ -1,0 +1,131 @@
+"""Expert kernels against their roofline and against their peers, at a model's real shapes.
+
+Runs the expert-operation benchmark (:func:`specmoe.bench.run.benchmark`) at the shapes of
+``--model`` (default OLMoE-1B-7B-0125, fp32 on the CPU) for our kernels and their peers, and
+prints one JSON record (stdout) with, for n = 1..9 on recorded windows:
+
+* each kernel's effective bandwidth β(n) (per-slot on n·m·b, dedup on U·b) and its roofline
+  ratio: time / max(bytes / measured read ceiling, flops / measured matmul peak);
+* the targets: β_dedup(n) >= 0.9 β_slot(1) at n = 2..9, and every kernel within 1.25 of its
+  roofline at every n, each with a yes/no and the worst value;
+* the time ratio of each peer to ours of the same kind (per-slot: ``per_slot_torch`` and
+  ``hf_batched_mm`` against ``per_slot``; dedup: ``dedup_torch``, ``grouped_mm``,
+  ``hf_grouped_mm``, ``hf_eager`` against ``dedup``), summed over the recorded windows of each n.
+
+Recorded windows come from ``--trace`` or the bundled fit trace; without either, from a sticky
+synthetic trace (each expert kept by the next token with probability ``--keep``, 0.363 = ρ(2)
+of OLMoE in paper 002 Section 2), said in the record.
+
+    python benchmarks/kernel_roofline.py [--model OLMoE-1B-7B-0125] [--quick] [--clock wall|cpu]
+        [--threads K] [--kernels per_slot,dedup,...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from specmoe.bench.run import Settings, benchmark
+from specmoe.routing.trace import RoutingTrace
+from specmoe.spec import resolve_spec
+
+PEERS = {"per_slot": ["per_slot_torch", "hf_batched_mm"],
+         "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager"]}
+
+
+def sticky_trace(num_experts: int, m: int, layers: int, keep: float, *, tokens: int = 1500,
+                 docs: int = 10, seed: int = 0) -> RoutingTrace:
+    rng = np.random.default_rng(seed)
+    ex = np.zeros((tokens, layers, m), dtype=np.int64)
+    for li in range(layers):
+        prev = rng.choice(num_experts, m, replace=False)
+        for t in range(tokens):
+            kept = prev[rng.random(m) < keep]
+            rest = np.setdiff1d(np.arange(num_experts), kept)
+            prev = np.concatenate([kept, rng.choice(rest, m - kept.size, replace=False)])
+            ex[t, li] = prev
+    return RoutingTrace(experts=ex, doc_offsets=np.linspace(0, tokens, docs + 1).astype(int),
+                        num_experts=num_experts, meta={"source": f"sticky synthetic {keep}"},
+                        name=f"sticky synthetic routing (keep {keep})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="OLMoE-1B-7B-0125")
+    ap.add_argument("--trace", default=None)
+    ap.add_argument("--keep", type=float, default=0.363)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--kernels", default="per_slot,dedup,per_slot_torch,dedup_torch,grouped_mm")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"))
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--windows", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="also write profile.json here")
+    a = ap.parse_args(argv)
+
+    spec = resolve_spec(a.model)
+    trace = a.trace
+    trace_note = a.trace
+    if trace is None:
+        from specmoe.data.corpus import bundled_trace_path
+
+        p = bundled_trace_path("fit")
+        if p.exists():
+            trace, trace_note = str(p), "bundled fit trace"
+        else:
+            trace = sticky_trace(spec.num_experts, spec.top_k, max(a.layers, 1), a.keep)
+            trace_note = trace.name
+    settings = Settings.for_run(quick=a.quick, device=a.device, max_layers=a.layers,
+                                windows=a.windows, reps=a.reps)
+    res = benchmark(spec, trace=trace, device=a.device, dtype=a.dtype, quick=a.quick,
+                    seed=a.seed, progress=True, kernels=a.kernels.split(","),
+                    threads=a.threads, clock=a.clock, settings=settings)
+    p = res.profile
+    ek = p.extra["kernels"]
+    roles = p.extra["roles"]
+    b1 = p.beta_slot[0]
+    dedup_vs = [d / b1 for d in p.beta_dedup]
+    roof = {k: v["roofline_ratio"] for k, v in ek.items()}
+    peers = {}
+    rec = [r for r in res.records if r.source == "recorded"]
+    for kind, names in PEERS.items():
+        ours = roles[kind]
+        for peer in names:
+            if peer not in ek:
+                continue
+            peers[f"{peer}/{ours}"] = [
+                float(sum(r.timed[peer].median for r in rec if r.n == n)
+                      / sum(r.timed[ours].median for r in rec if r.n == n)) for n in p.n]
+    record = {
+        "benchmark": "kernel_roofline", "model": p.model_name, "device": p.device,
+        "device_name": p.device_name, "dtype": p.dtype, "clock": p.extra["clock"],
+        "threads": p.extra["threads"], "trace": trace_note, "quick": a.quick,
+        "ceiling_gbps": p.ceiling_gbps, "peak_gflops": p.peak_gflops, "n": p.n,
+        "beta_gbps": {k: v["beta_gbps"] for k, v in ek.items()},
+        "r": p.r, "u_bar": p.u_bar, "reread_cost": p.reread_cost, "epsilon": p.epsilon,
+        "crossover": p.crossover, "roofline_ratio": roof,
+        "target_dedup_vs_slot1": {"ratio": dedup_vs[1:], "worst": min(dedup_vs[1:]),
+                                  "met": bool(min(dedup_vs[1:]) >= 0.9)},
+        "target_roofline": {k: {"worst": max(v), "met": bool(max(v) <= 1.25)}
+                            for k, v in roof.items()},
+        "peer_time_ratio": peers, "failed_kernels": p.extra.get("failed_kernels", {}),
+        "wall_s": p.extra["wall_s"],
+        "loadavg": list(Path("/proc/loadavg").read_text().split()[:3])
+        if Path("/proc/loadavg").exists() else None,
+    }
+    if a.out:
+        p.save(Path(a.out) / "profile.json")
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
