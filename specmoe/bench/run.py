@@ -45,6 +45,7 @@ from specmoe.bench.machine import (
     Ceiling,
     check_device,
     device_name,
+    last_level_cache_bytes,
     measure_ceiling,
     measure_peak_flops,
 )
@@ -55,6 +56,9 @@ from specmoe.errors import InputError
 from specmoe.kernels import get_kernel, kernel_kind, kernel_names, torch_dtype
 from specmoe.routing.trace import RoutingTrace, load_trace
 from specmoe.spec import ModelSpec
+
+__all__ = ["BenchResult", "Settings", "benchmark", "last_level_cache_bytes", "measure_ceiling",
+           "run_benchmark", "summarize"]
 
 UNKNOWN_LLC_ASSUMED = 256 << 20  # flush size assumed when the system does not state its cache
 
