@@ -1,0 +1,427 @@
+"""``specmoe run``: real speculative decoding on an MoE model, one round-log row per round.
+
+Models: a local HF directory, ``bundled`` (the package's tiny OLMoE), ``PRESET-dummy`` (a
+preset's transformers class and shapes with dummy weights, routed by a forced trace: paper 003
+Section 8; ``--layers`` keeps the first N decoder layers) or ``random:TYPE`` (a tiny random
+model, for demos). Prompts default to validation-split documents of the bundled corpus with at
+least ``--context`` tokens, truncated to ``--context`` tokens (paper 002 Section 4).
+
+Grids: ``--k`` takes ``4``, ``0..8`` or ``0,2,4``; ``--acceptance`` (oracle drafter only)
+``0.8``, ``0.5,0.9`` or ``LO..HI:COUNT`` (evenly spaced, e.g. ``0.2..0.98:11``). Every (k, a)
+pair runs on every prompt, ``--repeats`` times; k = 0 (plain decoding) runs once per
+repetition, with a null acceptance. Run ids are ``key=value`` lists (model, drafter, k, a,
+kernel, depth, rep); ``--out DIR`` gets ``rounds/<run>/part-*.parquet`` (flushed as rounds
+finish, so an interrupted run keeps them) and ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from specmoe.errors import InputError
+
+K_MAX = 15  # the switch covers passes up to 16 tokens
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="bundled",
+                        help="HF model directory, 'bundled', 'PRESET-dummy' or 'random:TYPE'")
+    parser.add_argument("--drafter", default="oracle", help="oracle, ngram or draft-model")
+    parser.add_argument("--draft-model", metavar="PATH",
+                        help="draft model directory (default: the bundled draft model)")
+    parser.add_argument("--k", default="4", help="draft budgets: 4, 0..8 or 0,2,4")
+    parser.add_argument("--acceptance", default=None,
+                        help="oracle acceptance grid: 0.8, 0.5,0.9 or 0.2..0.98:11 "
+                             "(default 0.8)")
+    parser.add_argument("--kernel", default="dedup", help="per_slot, dedup or auto")
+    parser.add_argument("--crossover", type=int, help="auto: dedup from this pass size on")
+    parser.add_argument("--plan", metavar="PLAN", help="auto: the crossover of a plan.json")
+    parser.add_argument("--forced-trace", metavar="TRACE",
+                        help="force routing from a trace (.npz or shard directory, or "
+                             "bundled:fit / bundled:validation); dummy models default to "
+                             "bundled:validation")
+    parser.add_argument("--layers", type=int, help="decoder layers of a PRESET-dummy model")
+    parser.add_argument("--prompts", metavar="FILE",
+                        help="prompts: one per line, or a JSON list of strings")
+    parser.add_argument("--num-prompts", type=int, default=3,
+                        help="validation documents to use as prompts (default 3)")
+    parser.add_argument("--prompt-offset", type=int, default=0,
+                        help="skip this many eligible validation documents (held-out sets)")
+    parser.add_argument("--context", type=int, default=512,
+                        help="prompt tokens before decoding (default 512)")
+    parser.add_argument("--tokens", type=int, default=256,
+                        help="tokens to generate per prompt (default 256)")
+    parser.add_argument("--repeats", type=int, default=1, help="repetitions of each run")
+    parser.add_argument("--seed", type=int, default=0, help="seed (oracle draws, dummy weights)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.add_argument("--threads", type=int, help="torch and kernel threads")
+    parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
+    parser.add_argument("--out", help="directory for round logs and summary.json")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# ------------------------------------------------------------------------------------------
+# argument parsing
+
+def parse_k(text: str) -> list[int]:
+    """``4`` | ``0..8`` | ``0,2,4`` -> sorted distinct budgets in 0..K_MAX."""
+    t = str(text).strip()
+    try:
+        if ".." in t:
+            lo, hi = (int(x) for x in t.split(".."))
+            ks = list(range(lo, hi + 1))
+        else:
+            ks = [int(x) for x in t.split(",")]
+    except ValueError:
+        raise InputError(f"--k {text!r}: expected 4, 0..8 or 0,2,4") from None
+    if not ks:
+        raise InputError(f"--k {text!r}: empty range")
+    bad = [k for k in ks if not 0 <= k <= K_MAX]
+    if bad:
+        raise InputError(f"--k {bad[0]}: must be in 0..{K_MAX}")
+    return sorted(set(ks))
+
+
+def parse_grid(text: str) -> list[float]:
+    """``0.8`` | ``0.5,0.9`` | ``LO..HI:COUNT`` -> acceptance values in [0, 1]."""
+    import numpy as np
+
+    t = str(text).strip()
+    m = re.fullmatch(r"([0-9.eE+-]+)\.\.([0-9.eE+-]+):(\d+)", t)
+    try:
+        if m:
+            count = int(m.group(3))
+            if count < 1:
+                raise ValueError
+            vals = [float(round(v, 6)) for v in np.linspace(float(m.group(1)),
+                                                           float(m.group(2)), count)]
+        else:
+            vals = [float(x) for x in t.split(",")]
+    except ValueError:
+        raise InputError(f"--acceptance {text!r}: expected 0.8, 0.5,0.9 or 0.2..0.98:11"
+                         ) from None
+    bad = [a for a in vals if not 0.0 <= a <= 1.0]
+    if bad:
+        raise InputError(f"--acceptance {bad[0]}: must be in [0, 1]")
+    return vals
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag in ("tokens", "context", "repeats", "num_prompts", "threads", "layers"):
+        v = getattr(args, flag, None)
+        if v is not None and v < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be a positive integer, got {v}")
+    if args.context < 2:
+        raise InputError(f"--context must be at least 2, got {args.context}")
+    if args.prompt_offset < 0:
+        raise InputError(f"--prompt-offset must be >= 0, got {args.prompt_offset}")
+    from specmoe.engine.drafters import DRAFTERS
+    from specmoe.engine.switch import KERNEL_SETTINGS
+
+    if args.drafter not in DRAFTERS:
+        raise InputError(f"--drafter {args.drafter!r}: unknown (choose from "
+                         f"{', '.join(DRAFTERS)})")
+    if args.kernel not in KERNEL_SETTINGS:
+        raise InputError(f"--kernel {args.kernel!r}: unknown (choose from "
+                         f"{', '.join(KERNEL_SETTINGS)})")
+    if args.acceptance is not None and args.drafter != "oracle":
+        raise InputError("--acceptance applies to --drafter oracle only")
+    if args.draft_model is not None and args.drafter != "draft-model":
+        raise InputError("--draft-model applies to --drafter draft-model only")
+    if args.crossover is not None and args.plan is not None:
+        raise InputError("--crossover and --plan exclude each other")
+    if args.kernel == "auto" and args.crossover is None and args.plan is None:
+        raise InputError("--kernel auto needs --crossover N or --plan PLAN")
+    if args.kernel != "auto" and (args.crossover is not None or args.plan is not None):
+        raise InputError("--crossover/--plan apply to --kernel auto only")
+    if args.crossover is not None and args.crossover < 1:
+        raise InputError(f"--crossover must be a positive pass size, got {args.crossover}")
+
+
+# ------------------------------------------------------------------------------------------
+# model, prompts, forced routing
+
+def load_target(spec: str, *, device: str = "cpu", layers: int | None = None,
+                seed: int = 0, context: int = 4096) -> tuple[Any, Any, str, bool]:
+    """``(model, tokenizer, label, dummy)`` for a --model value."""
+    from specmoe.engine import models
+    from specmoe.engine.switch import dummy_model, parse_dummy
+
+    preset = parse_dummy(spec)
+    if preset is None and layers is not None:
+        raise InputError("--layers applies to PRESET-dummy models only")
+    if preset is not None:
+        net = dummy_model(preset, layers=layers, seed=seed, context=context)
+        net.to(device)
+        tok = models.load_tokenizer("bundled")
+        n = net.config.num_hidden_layers
+        return net, tok, f"{preset}-dummy-{n}L", True
+    if spec.startswith("random:"):
+        net = models.tiny_random_model(spec.split(":", 1)[1], seed=seed,
+                                       context=max(256, context + 64))
+        net.to(device)
+        return net, models.byte_tokenizer(), f"random-{spec.split(':', 1)[1]}", False
+    path = models.resolve_model_dir(spec)
+    net = models.load_model(path, device=device)
+    return net, models.load_tokenizer(path), path.name, False
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def validation_prompts(tokenizer: Any, *, count: int, context: int,
+                       offset: int = 0) -> list[tuple[str, list[int]]]:
+    """The first ``count`` validation documents (after ``offset``) with at least ``context``
+    tokens, truncated to ``context`` tokens: ``[(document name, token ids)]``."""
+    from specmoe.data import corpus
+
+    out, skipped = [], 0
+    for name, text in corpus.documents("validation"):
+        ids = _encode(tokenizer, text)
+        if len(ids) < context:
+            continue
+        if skipped < offset:
+            skipped += 1
+            continue
+        out.append((name, ids[:context]))
+        if len(out) == count:
+            break
+    if len(out) < count:
+        raise InputError(f"--context {context}: only {len(out)} validation documents (after "
+                         f"--prompt-offset {offset}) have that many tokens, "
+                         f"{count} needed")
+    return out
+
+
+def file_prompts(path: str, tokenizer: Any, *, context: int) -> list[tuple[str, list[int]]]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"--prompts {p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--prompts {p}: unreadable ({exc})") from None
+    if p.suffix == ".json":
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            raise InputError(f"--prompts {p}: not valid JSON ({exc})") from None
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise InputError(f"--prompts {p}: must be a JSON list of strings")
+    else:
+        items = [line for line in text.splitlines() if line.strip()]
+    if not items:
+        raise InputError(f"--prompts {p}: holds no prompts")
+    out = []
+    for i, s in enumerate(items):
+        ids = _encode(tokenizer, s)[-context:]
+        if not ids:
+            raise InputError(f"--prompts {p}: prompt {i + 1} encodes to no tokens")
+        out.append((f"prompt-{i:03d}", ids))
+    return out
+
+
+def forced_from(spec: str | None, model: Any) -> Any:
+    """A :class:`ForcedRouting` for ``--forced-trace`` (None: no forcing)."""
+    from specmoe.engine.switch import ForcedRouting
+    from specmoe.routing.trace import load_trace
+
+    if spec is None:
+        return None
+    if spec.startswith("bundled:"):
+        from specmoe.data import corpus
+
+        path = corpus.bundled_trace_path(spec.split(":", 1)[1])
+    else:
+        path = Path(spec)
+    if not Path(path).exists():
+        raise InputError(f"--forced-trace {spec}: no such trace ({path})")
+    return ForcedRouting.from_trace(model, load_trace(path))
+
+
+# ------------------------------------------------------------------------------------------
+# the grid of runs
+
+def run_id(**fields: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in fields.items())
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(",", "__"))
+
+
+def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
+             ks: list[int], accs: list[float] | None, tokens: int, label: str,
+             out: Path | None, seed: int = 0, repeats: int = 1, rep_offset: int = 0,
+             draft_model: Any = None, forced: Any = None, progress: bool = True,
+             extra: dict[str, Any] | None = None, depth: int | None = None
+             ) -> list[dict[str, Any]]:
+    """Run every (k, a, repetition) on every prompt; one summary dict per generation.
+
+    With ``out``, each run's rounds go to ``out/rounds/<run id>/`` (a part file per prompt).
+    """
+    from tqdm.auto import tqdm
+
+    from specmoe.engine.drafters import OracleDrafter, make_drafter
+    from specmoe.engine.speculative import realised_acceptance, speculative_generate
+    from specmoe.roundlog import RoundLogWriter
+
+    combos: list[tuple[int, float | None]] = []
+    for k in ks:
+        if drafter == "oracle" and k > 0:
+            combos += [(k, a) for a in (accs or [0.8])]
+        else:
+            combos.append((k, None))
+    total = len(combos) * repeats * len(prompts) * tokens
+    bar = tqdm(total=total, unit="tok", desc=f"run {label}", file=sys.stderr,
+               disable=not progress, dynamic_ncols=True)
+    refs: dict[tuple[int, ...], list[int]] = {}  # the oracle's greedy continuations, shared
+    model_drafter = None
+    results = []
+    kernel = engine.policy.label
+    try:
+        for rep in range(rep_offset, rep_offset + repeats):
+            for k, a in combos:
+                if drafter == "oracle":
+                    d = OracleDrafter(engine.greedy, acceptance=a,
+                                      vocab_size=engine.vocab_size, seed=seed + 7919 * rep,
+                                      cache=refs)
+                elif drafter == "draft-model":
+                    model_drafter = model_drafter or make_drafter(
+                        "draft-model", draft_model=draft_model, vocab_size=engine.vocab_size)
+                    d = model_drafter
+                else:
+                    d = make_drafter(drafter)
+                rid = run_id(model=label, drafter=drafter, k=k,
+                             a="none" if a is None else f"{a:.3f}", kernel=kernel,
+                             depth=depth or len(prompts[0][1]), rep=rep, **(extra or {}))
+                writer = (RoundLogWriter(out / "rounds" / _safe(rid), flush_every=64,
+                                         defaults={"run_id": rid})
+                          if out is not None else None)
+                try:
+                    for pid, ids in prompts:
+                        if forced is not None:
+                            forced.use_document(pid if pid in forced.documents
+                                                else prompts.index((pid, ids)))
+                        gen = speculative_generate(engine, ids, d, budget=k,
+                                                   max_new_tokens=tokens, max_k=K_MAX,
+                                                   writer=writer, row={"run_id": rid,
+                                                                       "prompt_id": pid},
+                                                   progress=bar)
+                        if writer is not None:
+                            writer.flush()
+                        results.append(_summary(gen, rid, pid, k, a, drafter, kernel, rep,
+                                                len(ids), realised_acceptance))
+                        if progress:
+                            bar.set_postfix_str(f"k={k} a={a}")
+                finally:
+                    if writer is not None:
+                        writer.flush()
+    finally:
+        bar.close()
+    return results
+
+
+def _summary(gen: Any, rid: str, pid: str, k: int, a: float | None, drafter: str, kernel: str,
+             rep: int, depth: int, realised: Any) -> dict[str, Any]:
+    import numpy as np
+
+    tv = [r["t_verify_ms"] for r in gen.rounds]
+    td = [r["t_draft_ms"] for r in gen.rounds]
+    return {"run_id": rid, "prompt_id": pid, "k": k, "acceptance": a, "drafter": drafter,
+            "kernel": kernel, "rep": rep, "depth": depth, "tokens": len(gen.tokens),
+            "rounds": len(gen.rounds), "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
+            "tokens_per_s": gen.tokens_per_s,
+            "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
+            "realised_acceptance": realised(gen.rounds), "mismatches": gen.mismatches,
+            "sum_t_verify_ms": float(np.sum(tv)), "sum_t_draft_ms": float(np.sum(td)),
+            "median_t_verify_ms": float(np.median(tv)), "median_t_draft_ms": float(np.median(td))}
+
+
+# ------------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specmoe._io import atomic_write_json, dumps_json
+    from specmoe.engine.speculative import Engine
+    from specmoe.engine.switch import KernelPolicy, crossover_from_plan
+
+    _check(args)
+    ks = parse_k(args.k)
+    accs = parse_grid(args.acceptance if args.acceptance is not None else "0.8")
+    crossover = crossover_from_plan(args.plan) if args.plan else args.crossover
+    policy = KernelPolicy(args.kernel, crossover=crossover, max_pass=K_MAX + 1)
+    if args.threads:
+        from specmoe.kernels import cpu
+
+        torch.set_num_threads(args.threads)
+        cpu.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    draft = None
+    if args.drafter == "draft-model":
+        from specmoe.engine.drafters import load_draft_model
+
+        draft = load_draft_model(args.draft_model, device=args.device)
+    model, tokenizer, label, dummy = load_target(args.model, device=args.device,
+                                                 layers=args.layers, seed=args.seed,
+                                                 context=args.context + args.tokens + 32)
+    limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if limit and args.context + args.tokens + K_MAX > limit:
+        raise InputError(f"--context {args.context} + --tokens {args.tokens}: longer than the "
+                         f"model's {limit} positions")
+    trace_spec = args.forced_trace
+    if trace_spec is None and dummy:
+        from specmoe.data import corpus
+
+        if corpus.bundled_trace_path("validation").exists():
+            trace_spec = "bundled:validation"
+        else:
+            print("specmoe run: note: no bundled trace; the dummy model routes by its random "
+                  "routers", file=sys.stderr)
+    forced = forced_from(trace_spec, model)
+    prompts = (file_prompts(args.prompts, tokenizer, context=args.context) if args.prompts
+               else validation_prompts(tokenizer, count=args.num_prompts, context=args.context,
+                                       offset=args.prompt_offset))
+    engine = Engine(model, policy=policy, forced=forced, prefill="skip" if dummy else "model")
+    try:
+        gens = run_grid(engine, prompts, drafter=args.drafter, ks=ks,
+                        accs=accs if args.drafter == "oracle" else None, tokens=args.tokens,
+                        label=label, out=out, seed=args.seed, repeats=args.repeats,
+                        draft_model=draft, forced=forced, progress=not args.quiet,
+                        depth=args.context)
+    finally:
+        engine.close()
+    summary = {"model": label, "drafter": args.drafter, "kernel": policy.label,
+               "crossover": crossover, "forced_trace": trace_spec,
+               "layers": model.config.num_hidden_layers, "context": args.context,
+               "tokens": args.tokens, "seed": args.seed, "repeats": args.repeats,
+               "prompts": [p for p, _ in prompts], "k": ks,
+               "acceptance": accs if args.drafter == "oracle" else None,
+               "generations": gens, "out": None if out is None else str(out)}
+    if out is not None:
+        atomic_write_json(out / "summary.json", summary)
+    if args.json:
+        print(dumps_json(summary))
+    else:
+        for g in gens:
+            a = "" if g["acceptance"] is None else f" a={g['acceptance']:.3f}"
+            print(f"{g['prompt_id']}: k={g['k']}{a} {g['tokens']} tokens in {g['rounds']} "
+                  f"rounds, {g['tokens_per_s']:.1f} tok/s, realised acceptance "
+                  f"{g['realised_acceptance']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from specmoe.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))
