@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "oracle": ("specmoe.oracle.cli", "the offline Oracle bound and Delta space"),
     "policy": ("specmoe.oracle.policy_cli", "evaluate online draft-budget policies"),
     "spec": ("specmoe.spec", "show a model spec (preset or HF config)"),
+    "efficiency": ("specmoe.engine.efficiency_cli", "target efficiency and speedup against batch size"),
 }
 
 
