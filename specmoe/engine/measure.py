@@ -37,10 +37,11 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
                   settings: Sequence[str] = ("per_slot", "dedup"),
                   n_values: Sequence[int] = tuple(range(1, 10)), repeats: int = 3,
                   warmup: int = 1, crossover: int | None = None,
-                  progress: Any = None) -> dict[str, Any]:
+                  progress: Any = None, on_prompt: Any = None) -> dict[str, Any]:
     """Time passes of n tokens under each kernel setting; returns records and agreement.
 
-    ``prompts``: (prompt id, tokens) pairs, every prompt at least 2 tokens. Returns
+    ``prompts``: (prompt id, tokens) pairs, every prompt at least 2 tokens; ``on_prompt(id)``
+    is called before each (e.g. to point forced routing at the prompt's document). Returns
     ``{"records": [...], "agreement": {"rows": R, "agree": A, "near_ties": [...]}}`` where a
     record holds prompt_id, depth (prompt tokens), context_len (= depth - 1, the cache before
     the pass), setting, kernel, n,
@@ -60,6 +61,8 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
             tokens = [int(t) for t in tokens]
             if len(tokens) < 2:
                 raise ValueError(f"prompt {pid!r}: needs at least 2 tokens")
+            if on_prompt is not None:
+                on_prompt(pid)
             kv = new_cache(engine.model)
             engine.prefill(kv, tokens[:-1])
             depth, ctx = len(tokens), len(tokens) - 1   # prompt tokens; cached before a pass

@@ -336,7 +336,8 @@ def _summary(gen: Any, rid: str, pid: str, k: int, a: float | None, drafter: str
     td = [r["t_draft_ms"] for r in gen.rounds]
     return {"run_id": rid, "prompt_id": pid, "k": k, "acceptance": a, "drafter": drafter,
             "kernel": kernel, "rep": rep, "depth": depth, "tokens": len(gen.tokens),
-            "rounds": len(gen.rounds), "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
+            "rounds": len(gen.rounds), "drafted": gen.drafted, "accepted": gen.accepted,
+            "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
             "tokens_per_s": gen.tokens_per_s,
             "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
             "realised_acceptance": realised(gen.rounds), "mismatches": gen.mismatches,
@@ -415,9 +416,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         for g in gens:
             a = "" if g["acceptance"] is None else f" a={g['acceptance']:.3f}"
+            real = ("" if g["k"] == 0 or g["drafted"] == 0
+                    else f", realised acceptance {g['realised_acceptance']:.3f}")
             print(f"{g['prompt_id']}: k={g['k']}{a} {g['tokens']} tokens in {g['rounds']} "
-                  f"rounds, {g['tokens_per_s']:.1f} tok/s, realised acceptance "
-                  f"{g['realised_acceptance']:.3f}")
+                  f"rounds, {g['tokens_per_s']:.1f} tok/s{real}")
     return 0
 
 
