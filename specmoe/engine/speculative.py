@@ -16,8 +16,10 @@ cache holds every token of the context but the current one. A round:
    (accepted + 1 tokens); the cache is cropped to C + 1 + accepted entries
    (``DynamicCache.crop``), the new current token is t_accepted.
 
-Every emitted token is the target's greedy token given the emitted tokens before it, so the
-output equals plain greedy decoding (up to argmax near-ties between a batched pass and a
+Generation runs to a fixed number of tokens and does not stop at an end-of-sequence token (the
+fixed-length runs of paper 002 Appendix D.2); the last rounds' budgets are capped so the
+emitted tokens add up to exactly that number. Every emitted token is the target's greedy token
+given the emitted tokens before it, so the output equals plain greedy decoding (up to argmax near-ties between a batched pass and a
 one-token pass). Each round's routing ``[n, L, m]`` is recorded by router hooks
 (:class:`specmoe.engine.capture.RouterRecorder`) after the timing stops, and written with the
 round to a round log (:mod:`specmoe.roundlog`).
