@@ -11,7 +11,7 @@ Writes, under ``--out`` (default ``results/cpu``), one folder per model:
 ``<model>/verify.json``, ``<model>/throughput.json``   the ``specmoe validate`` runs format
                                    (configurations with both a verify sweep and a full oracle
                                    grid)
-``campaign.json``                  command, machine, versions, every unit's status and load
+``runs_campaign.json``             command, machine, versions, every unit's status and load
 
 Rerunning the same command skips finished units and reruns unfinished ones from the start.
 ``--budget MIN`` stops starting units after MIN minutes. ``--quick`` runs a few-minute subset
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu.set_num_threads(int(os.environ["SPECMOE_NUM_THREADS"]))
     units, cfg = plan(args.quick)
-    manifest_path = out / "campaign.json"
+    manifest_path = out / "runs_campaign.json"
     manifest = (json.loads(manifest_path.read_text()) if manifest_path.exists() else {})
     manifest.update({"protocol": "docs/runs-protocol.md", "quick": args.quick,
                      "command": "python scripts/measure_runs.py " + " ".join(argv or sys.argv[1:]),
