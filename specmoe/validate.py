@@ -25,6 +25,7 @@ and decided unchanged. The runs folder format is :mod:`specmoe.validate_runs`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -256,12 +257,30 @@ def _find_profile(plan: dict, plan_path: str | Path, runs: str | Path,
                      f"{', '.join(str(c) for c in cands)}); pass --profile")
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "", name.lower())
+
+
 def _same_model(plan_model: dict, run_model: str) -> bool:
+    """Whether runs labelled ``run_model`` are of the plan's model: the spec's name (without a
+    "[N layers]" suffix), or the folder of the HF config it was read from (a local model's
+    label); a dummy-weight label "PRESET-dummy-NL" matches the preset cut to N layers."""
     if not run_model:
         return True
-    names = {str(plan_model.get("name", "")).lower()}
-    return run_model.lower() in names or any(
-        run_model.lower() == Path(x).name.lower() for x in names if x)
+    name = str(plan_model.get("name", ""))
+    base = re.sub(r"\[\d+ layers\]$", "", name).strip()
+    aliases = {_norm(name), _norm(base)}
+    src = str(plan_model.get("source", ""))
+    if src:
+        p = Path(src)
+        aliases.add(_norm(p.parent.name if p.name == "config.json" else p.name))
+    m = re.fullmatch(r"(.+)-dummy-(\d+)L", run_model)
+    if m:
+        layers = int(m.group(2))
+        return _norm(m.group(1)) in aliases and layers in (
+            plan_model.get("num_hidden_layers"), plan_model.get("num_moe_layers"))
+    aliases.discard("")
+    return _norm(run_model) in aliases
 
 
 def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None = None,
@@ -277,11 +296,16 @@ def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None 
         spec = ModelSpec.from_dict(plan["model"])
     except (TypeError, ValueError, KeyError) as exc:
         raise InputError(f"--plan {plan_path}: its model is not a model spec ({exc})") from None
-    configs = load_runs(runs)
-    for m in configs:
-        if not _same_model(plan["model"], m.model):
-            raise InputError(f"--plan {plan_path}: is for model {spec.name!r} but the runs "
-                             f"in {runs} are for {m.model!r}")
+    every = load_runs(runs)
+    configs = [m for m in every if _same_model(plan["model"], m.model)]
+    if not configs:
+        models = ", ".join(sorted({repr(m.model) for m in every}))
+        raise InputError(f"--plan {plan_path}: is for model {spec.name!r} but the runs in "
+                         f"{runs} are for {models}")
+    skipped = sorted({m.model for m in every if not _same_model(plan["model"], m.model)})
+    if skipped:
+        _err(f"validate: scoring the runs of {spec.name}; skipping those of "
+             f"{', '.join(skipped)} (another plan scores them)")
     ppath = _find_profile(plan, plan_path, runs, profile_path)
     profile = load_profile(ppath)
     check_profile_matches(profile, spec, path=str(ppath))

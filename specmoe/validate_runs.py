@@ -113,10 +113,20 @@ def _depth(path: Path, c: dict) -> int:
 
 def load_runs(folder: str | Path) -> list[Measured]:
     """Every configuration of a runs folder, matched by depth (and name, when given) between
-    ``verify.json`` and ``throughput.json``."""
+    ``verify.json`` and ``throughput.json``. A folder without them reads each sub-folder that
+    has both (one folder per model, as ``scripts/measure_runs.py`` writes them)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"--runs {folder}: no such folder")
+    if not (folder / VERIFY_FILE).exists():
+        subs = [d for d in sorted(folder.iterdir()) if d.is_dir()
+                and (d / VERIFY_FILE).is_file() and (d / THROUGHPUT_FILE).is_file()]
+        if subs:
+            return [m for d in subs for m in _load_folder(d)]
+    return _load_folder(folder)
+
+
+def _load_folder(folder: Path) -> list[Measured]:
     vpath, tpath = folder / VERIFY_FILE, folder / THROUGHPUT_FILE
     for p in (vpath, tpath):
         if not p.is_file():

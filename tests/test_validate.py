@@ -315,3 +315,28 @@ def test_runs_shape_errors_name_the_file(tmp_path):
     (runs / "throughput.json").write_text(json.dumps(d))
     with pytest.raises(InputError, match=r"throughput\.json.*tokens_per_s"):
         validate(plan, runs)
+
+
+def test_model_labels_of_the_runs_match_the_plan():
+    from specmoe.spec import get_preset
+    from specmoe.validate import _same_model
+
+    cut = get_preset("OLMoE-1B-7B-0125").with_layers(4).to_dict()
+    assert _same_model(cut, "OLMoE-1B-7B-0125-dummy-4L")
+    assert not _same_model(cut, "OLMoE-1B-7B-0125-dummy-16L")
+    assert not _same_model(cut, "Qwen3-30B-A3B")
+    local = {"name": "olmoe", "source": "models/tiny_olmoe/config.json", "num_hidden_layers": 4}
+    assert _same_model(local, "tiny_olmoe")
+    assert not _same_model(local, "OLMoE-1B-7B-0125-dummy-4L")
+
+
+def test_a_folder_of_model_folders_scores_the_plans_model_only(tmp_path):
+    plan, _ = world(tmp_path)
+    top = tmp_path / "campaign"
+    write_runs(top / "tiny", model="tiny-moe", depths=(512, 2048))
+    write_runs(top / "other", model="other-moe")
+    d = validate(plan, top)
+    assert [c["depth"] for c in d["configurations"]] == [512, 2048]
+    assert {c["model"] for c in d["configurations"]} == {"tiny-moe"}
+    with pytest.raises(InputError, match="other-moe"):
+        validate(plan, top / "other")
