@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install install-dev demo test lint slow-test
+.PHONY: install install-dev demo quick test lint slow-test
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ install-dev: $(BIN)/python
 
 demo: install
 	$(BIN)/specmoe plan --out out/demo
+
+# the whole path in minutes: benchmark, plan, quick runs, validate, HTML report (out/quick)
+quick: install
+	PYTHON=$(BIN)/python bash scripts/quick_e2e.sh out/quick
 
 test: install-dev
 	$(BIN)/ruff check .
