@@ -13,12 +13,21 @@ of a pass are grouped before the weights are streamed:
 
 Both read the weights in place through the caller's pointers and strides (a view: no gather
 copy). Work is split across OpenMP threads by output rows, so every output element has one
-writer and the result is bitwise the same for every thread count (each output is summed in one fixed order).
+writer and is summed in one fixed order: the result is bitwise the same for every thread count.
 Experts under 1 MiB run on one thread: a barrier per group would cost more than it saves.
 
 Weights may be float32 (code 0), bfloat16 (1) or float16 (2); activations, accumulation and
-the output are float32. AVX2+FMA micro-kernels handle 4x2 and 2x4 (rows x tokens) register
-blocks; a portable loop (auto-vectorised by the compiler) covers other machines and tails.
+the output are float32. AVX2+FMA register blocks (rows x tokens: 4x1, 4x2, 4x3, 3x4, then 2x3
+to 2x6) load each weight vector once for all of a group's tokens and prefetch the next block's
+rows while they compute, so the memory stream overlaps the FMAs; activation rows are copied to
+64-byte-aligned buffers so that no vector load splits a cache line. A portable loop
+(auto-vectorised by the compiler) covers other machines and the tails.
+
+Why not ``F.linear`` on each group's rows: on this kind of CPU a matrix product of 2 to 8 rows
+by one expert moves far fewer bytes per second than a one-row product (MKL packs the weights
+or threads the small product), which is the slow deduplicating kernel paper 002 describes;
+this loop keeps the one-row bandwidth for up to about four tokens per expert and stays
+compute-bound, not packing-bound, above that.
 """
 
 SOURCE = r"""
