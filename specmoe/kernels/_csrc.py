@@ -23,11 +23,10 @@ rows while they compute, so the memory stream overlaps the FMAs; activation rows
 64-byte-aligned buffers so that no vector load splits a cache line. A portable loop
 (auto-vectorised by the compiler) covers other machines and the tails.
 
-Why not ``F.linear`` on each group's rows: on this kind of CPU a matrix product of 2 to 8 rows
-by one expert moves far fewer bytes per second than a one-row product (MKL packs the weights
-or threads the small product), which is the slow deduplicating kernel paper 002 describes;
-this loop keeps the one-row bandwidth for up to about four tokens per expert and stays
-compute-bound, not packing-bound, above that.
+Why not ``F.linear`` on each group's rows (``dedup_torch``): on the CPUs measured, a matrix
+product of 2 to 8 rows by one expert moves far fewer bytes per second than a one-row product
+(``benchmarks/kernel_roofline.py`` prints both), which is the slow deduplicating kernel paper
+002 describes; this loop keeps the one-row bandwidth for up to about four tokens per expert.
 """
 
 SOURCE = r"""
