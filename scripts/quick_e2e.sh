@@ -22,11 +22,19 @@ start=$(date +%s)
 
 mkdir -p "$out"
 
-say "1/5 benchmark of the expert operation (the bundled model, quick)"
-specmoe bench --model "$model" --quick --out "$out/bench" >/dev/null
+trace=$("$py" -c "from specmoe.data import corpus; print(corpus.bundled_trace_path('fit'))")
+if [ ! -f "$trace" ]; then
+    say "0/5 no bundled fit trace: capturing 4000 tokens of the bundled model's routing"
+    trace=$out/trace/fit.npz
+    [ -f "$trace" ] || specmoe capture --model bundled --tokens 4000 --out "$trace" --quiet >/dev/null
+fi
 
-say "2/5 plan from the bundled routing and the measured bandwidths"
-specmoe plan --model "$model" --bandwidth "$out/bench/profile.json" --out "$out/plan" >/dev/null
+say "1/5 benchmark of the expert operation (the bundled model, quick)"
+specmoe bench --model "$model" --trace "$trace" --quick --out "$out/bench" >/dev/null
+
+say "2/5 plan from the recorded routing and the measured bandwidths"
+specmoe plan --model "$model" --trace "$trace" --bandwidth "$out/bench/profile.json" \
+    --out "$out/plan" >/dev/null
 
 if [ -n "${SPECMOE_QUICK_RUNS:-}" ]; then
     say "3/5 measured runs from $SPECMOE_QUICK_RUNS"

@@ -30,7 +30,7 @@ from specmoe.errors import InputError
 
 __all__ = ["Found", "build_report", "discover", "write_report"]
 
-MAX_DEPTH = 4
+MAX_DEPTH = 8
 JSON_KINDS = {"stats.json": "routing", "ipf.json": "routing", "profile.json": "profile",
               "plan.json": "plan", "verify.json": "runs", "throughput.json": "runs",
               "validation.json": "validation", "oracle.json": "oracle",
@@ -113,9 +113,11 @@ def discover(root: str | os.PathLike) -> Found:
                     found.add(kind, p, data, err)
 
     walk(root, 0)
-    # a round log is a folder of parts; report the top folder of nested parts once
-    for d in sorted(round_dirs):
-        if not any(parent in round_dirs for parent in d.parents):
+    # a round log is a folder of parts, one per run; the runs of one ``rounds/`` folder (the
+    # layout `specmoe run --out` writes) read as one log; nested folders are reported once
+    logs = {d.parent if d.parent.name == "rounds" else d for d in round_dirs}
+    for d in sorted(logs):
+        if not any(parent in logs for parent in d.parents):
             found.add("rounds", d, None)
     return found
 
