@@ -29,6 +29,9 @@ if [ ! -f "$trace" ]; then
     [ -f "$trace" ] || specmoe capture --model bundled --tokens 4000 --out "$trace" --quiet >/dev/null
 fi
 
+say "routing statistics of the trace"
+specmoe stats "$trace" --model "$model" --out "$out/stats" >/dev/null
+
 say "1/5 benchmark of the expert operation (the bundled model, quick)"
 specmoe bench --model "$model" --trace "$trace" --quick --out "$out/bench" >/dev/null
 
