@@ -225,9 +225,16 @@ def test_per_slot_kernel_runs_per_slot(olmoe):
     from specmoe.engine.efficiency import RoutingTable, measure_efficiency
 
     rand = RoutingTable("rand", _table(40, 2, 8, 2), np.array([0, 40]))
+    import torch
+
+    from specmoe.kernels.cpu import num_threads
+
+    threads = (torch.get_num_threads(), num_threads())
     out = measure_efficiency(olmoe, [rand], batches=[2], ks=[1], context=4, repeats=1,
-                             warmup=0, kernel="per_slot")
+                             warmup=0, kernel="per_slot", clock="cpu")
     assert "dedup" not in out["calls"] and out["calls"]["per_slot"] > 0
+    assert all(r["t_ms"] == r["t_cpu_ms"] for r in out["records"])
+    assert (torch.get_num_threads(), num_threads()) == threads     # one thread only inside
 
 
 # ------------------------------------------------------------------------------------------

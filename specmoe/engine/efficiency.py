@@ -256,24 +256,59 @@ def _sync(device: Any) -> None:
 
 def measure_efficiency(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[int],
                        ks: Sequence[int], kernel: str = "dedup", context: int = 128,
-                       repeats: int = 3, warmup: int = 1, seed: int = 0,
+                       repeats: int = 3, warmup: int = 1, seed: int = 0, clock: str = "wall",
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time one-token steps and verification passes for every table, B and K (module docstring).
 
-    Returns ``{"records": [...], "kv_bytes": {B: bytes}}``; a record holds routing, batch, k
-    (None for the step), repetition, rows, t_ms and unique ([L] distinct experts per layer).
+    ``clock``: ``wall`` (``time.perf_counter``, synchronised on CUDA) or ``cpu`` (CPU only: one
+    thread for torch and the expert kernels, timed by the thread's CPU time
+    ``time.thread_time``, which leaves out the time the thread waited for a core on a shared
+    machine; memory stalls still count). Every record keeps both clocks.
+
+    Returns ``{"records": [...], "kv_bytes": {B: bytes}, "calls": {...}}``; a record holds
+    routing, batch, k (None for the step), repetition, rows, t_ms (the chosen clock), t_wall_ms,
+    t_cpu_ms and unique ([L] distinct experts per layer).
     """
+    import torch
+
+    if kernel not in ("dedup", "per_slot"):
+        raise InputError(f"--kernel {kernel!r}: choose dedup or per_slot")
+    if clock not in ("wall", "cpu"):
+        raise InputError(f"--clock {clock!r}: choose wall or cpu")
+    device = next(model.parameters()).device
+    if clock == "cpu" and device.type != "cpu":
+        raise InputError(f"--clock cpu: times CPU runs only, the model is on {device}")
+    if repeats < 1 or warmup < 0 or context < 1:
+        raise InputError(f"repeats >= 1, warmup >= 0 and context >= 1, got {repeats}, "
+                         f"{warmup}, {context}")
+    if clock == "wall":
+        return _measure(model, tables, batches=batches, ks=ks, kernel=kernel, context=context,
+                        repeats=repeats, warmup=warmup, seed=seed, cpu_clock=False,
+                        progress=progress)
+    from specmoe.kernels import cpu as cpu_kernels
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cpu_kernels.set_num_threads(1)
+    try:
+        return _measure(model, tables, batches=batches, ks=ks, kernel=kernel, context=context,
+                        repeats=repeats, warmup=warmup, seed=seed, cpu_clock=True,
+                        progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+        cpu_kernels.set_num_threads(None)
+
+
+def _measure(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[int],
+             ks: Sequence[int], kernel: str, context: int, repeats: int, warmup: int,
+             seed: int, cpu_clock: bool,
+             progress: Callable[[str], None] | None) -> dict[str, Any]:
     import torch
 
     from specmoe.engine.speculative import cache_kwarg, crop_cache, new_cache
 
-    if kernel not in ("dedup", "per_slot"):
-        raise InputError(f"--kernel {kernel!r}: choose dedup or per_slot")
-    if repeats < 1 or warmup < 0 or context < 1:
-        raise InputError(f"repeats >= 1, warmup >= 0 and context >= 1, got {repeats}, "
-                         f"{warmup}, {context}")
-    batches, ks = sorted({int(b) for b in batches}), sorted({int(k) for k in ks})
     device = next(model.parameters()).device
+    batches, ks = sorted({int(b) for b in batches}), sorted({int(k) for k in ks})
     vocab = int(model.get_output_embeddings().weight.shape[0])
     kw = cache_kwarg(model)
     rng = np.random.default_rng(seed)
@@ -306,19 +341,22 @@ def measure_efficiency(model: Any, tables: Sequence[RoutingTable], *, batches: S
                             forced.set_windows(starts)
                             x = torch.randint(0, vocab, (b, s), generator=gen).to(device)
                             _sync(device)
-                            t0 = time.perf_counter()
+                            c0, t0 = time.thread_time(), time.perf_counter()
                             with torch.inference_mode():
                                 out = model(input_ids=x, use_cache=True, **{kw: kv})
                                 out.logits.argmax(-1)
                             _sync(device)
-                            t_ms = (time.perf_counter() - t0) * 1e3
+                            t_wall = (time.perf_counter() - t0) * 1e3
+                            t_cpu = (time.thread_time() - c0) * 1e3
                             crop_cache(kv, context)
                             if rep < warmup:
                                 continue
                             rows = window_rows(starts, 0, s, table.experts.shape[0])
                             records.append({
                                 "routing": table.name, "batch": b, "k": k,
-                                "repetition": rep - warmup, "rows": b * s, "t_ms": t_ms,
+                                "repetition": rep - warmup, "rows": b * s,
+                                "t_ms": t_cpu if cpu_clock else t_wall,
+                                "t_wall_ms": t_wall, "t_cpu_ms": t_cpu,
                                 "unique": batch_unique(table.experts, rows).tolist()})
                     if progress is not None:
                         last = [r for r in records if r["routing"] == table.name

@@ -4,7 +4,7 @@
 ``specmoe efficiency --model PRESET|PATH [--layers N] [--vocab V] [--routing LIST] [--stats
 TRACE|STATS] [--batch 1,2,4,8,16,32] [--k 3,5,7] [--acceptance 0.7] [--draft-cost 0.05]
 [--kernel dedup|per_slot] [--context 128] [--repeats 3] [--warmup 1] [--device cpu|cuda]
-[--seed S] [--json] [--out DIR]``
+[--clock wall|cpu] [--seed S] [--json] [--out DIR]``
 
 ``--routing`` is a comma list of ``uniform`` (independent uniform routing), ``ipf-uniform``,
 ``ipf-skewed`` (IPF synthetic routing from ``--stats``) and recorded traces (paths). The
@@ -64,6 +64,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int, default=4096,
                         help="rows of each synthetic routing table (default 4096)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall time, or (CPU only) one thread timed by its CPU time, "
+                             "robust to other jobs on a shared machine (default wall)")
     parser.add_argument("--dense-dtype", default=None,
                         help="dtype of the non-expert weights (default float32 on cpu, "
                              "bfloat16 on cuda; experts stay bf16)")
@@ -209,6 +212,8 @@ def validate(args: Any) -> tuple[list[int], list[int]]:
         raise InputError(f"--warmup {args.warmup}: must be >= 0")
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         raise InputError(f"--device {args.device!r}: choose cpu or cuda")
+    if args.clock == "cpu" and str(args.device) != "cpu":
+        raise InputError(f"--clock cpu: times CPU runs only, not --device {args.device}")
     if args.out is not None and Path(args.out).is_file():
         raise InputError(f"--out {args.out}: is a file, expected a directory")
     return batches, ks
@@ -245,7 +250,7 @@ def run(args: Any) -> int:
           f"MoE layers", file=sys.stderr, flush=True)
     meas = measure_efficiency(
         model, tables, batches=batches, ks=ks, kernel=args.kernel, context=args.context,
-        repeats=args.repeats, warmup=args.warmup, seed=args.seed,
+        repeats=args.repeats, warmup=args.warmup, seed=args.seed, clock=args.clock,
         progress=lambda msg: print(f"efficiency: {msg}", file=sys.stderr, flush=True))
     rows = summarise_efficiency(meas["records"], dense_bytes=nbytes.dense,
                                 expert_bytes=nbytes.expert, kv_bytes=meas["kv_bytes"],
@@ -259,7 +264,8 @@ def run(args: Any) -> int:
         "device": str(args.device), "device_name": (torch.cuda.get_device_name(0)
                                                     if str(args.device).startswith("cuda")
                                                     else "cpu"),
-        "threads": torch.get_num_threads(), "kernel": args.kernel, "context": args.context,
+        "threads": 1 if args.clock == "cpu" else torch.get_num_threads(),
+        "clock": args.clock, "kernel": args.kernel, "context": args.context,
         "batches": batches, "ks": ks, "repeats": args.repeats, "warmup": args.warmup,
         "seed": args.seed, "acceptance": args.acceptance, "draft_cost": args.draft_cost,
         "speedup_model": "G_a(K) t_step / (t_verify + K draft_cost t_step), "
