@@ -158,6 +158,20 @@ for f in sorted(Path(sys.argv[1]).glob("*/summary.json")):
         print(f"  {k:>14} beta GB/s " + " ".join(f"{x:.0f}" for x in v["beta_gbps"])
               + "  roofline " + " ".join(f"{x:.2f}" for x in v["roofline_ratio"]))
 EOF
+    # >>> efficiency: target efficiency and speedup against batch size (paper 003) >>>>>>>>>>>
+    # Full-shape OLMoE-1B-7B (16 layers, dummy weights, bf16), B 1..32, K 3/5/7, dedup kernel,
+    # routing: uniform, IPF (uniform and skewed) and recorded (the bundled fit trace, else the
+    # sticky synthetic trace above). Its own time (EFFICIENCY_S, default 240 s) is added to the
+    # budget; a failure or timeout is logged in status.txt and the run goes on.
+    DEADLINE=$(( DEADLINE + ${EFFICIENCY_S:-240} ))
+    mkdir -p "$RES/efficiency_olmoe"
+    step efficiency_olmoe 230 "$PY" -m specmoe.cli efficiency --model OLMoE-1B-7B-0125 \
+        --device cuda --routing "uniform,ipf-uniform,ipf-skewed,$olmoe_trace" \
+        --stats "$olmoe_trace" --batch 1,2,4,8,16,32 --k 3,5,7 --context 512 \
+        --repeats 5 --warmup 2 --kernel dedup --json --out "$RES/efficiency_olmoe" \
+        > "$RES/efficiency_olmoe/summary.json" \
+        || echo "efficiency_olmoe failed (see log.txt)" >> "$RES/status.txt"
+    # <<< efficiency <<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<
     cat "$RES/status.txt"
     date -u
 }
