@@ -170,14 +170,16 @@ def summarise_efficiency(records: Sequence[dict], *, dense_bytes: float,
     ``kv_bytes``: {B: key-value bytes a pass reads at batch B}, for the estimate with the cache
     counted as dense bytes (paper 003 Section 9.2), else None.
 
-    A row holds the medians of t_step and t_verify over repetitions, the measured efficiency
+    Rows come in the order the routings first appear in ``records``, then by B and K. A row
+    holds the medians of t_step and t_verify over repetitions, the measured efficiency
     (their ratio) with the lowest and highest per-repetition ratio (a step and a verification of
     the same windows), k and unique (mean over repetitions, summed over layers, and per layer),
     the activated-expert-bytes estimate, the gap measured − estimate, G_a(K) and the speedup.
     """
     rows: list[dict] = []
+    order = list(dict.fromkeys(r["routing"] for r in records))       # routings as first seen
     keys = sorted({(r["routing"], int(r["batch"])) for r in records},
-                  key=lambda x: (str(x[0]), x[1]))
+                  key=lambda x: (order.index(x[0]), x[1]))
     for routing, b in keys:
         sel = [r for r in records if r["routing"] == routing and int(r["batch"]) == b]
         step = {r["repetition"]: r for r in sel if r["k"] is None}

@@ -285,10 +285,15 @@ def run(args: Any) -> int:
         out = Path(args.out)
         atomic_write_json(out / "efficiency.json", {**rec, "records": meas["records"]})
         if not args.no_figures:
-            from specmoe.report.efficiency_figures import write_figures
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                print("efficiency: matplotlib missing, no figures", file=sys.stderr)
+            else:
+                from specmoe.report.efficiency_figures import write_figures
 
-            for p in write_figures(rec, out):
-                print(f"efficiency: wrote {p}", file=sys.stderr)
+                for p in write_figures(rec, out):
+                    print(f"efficiency: wrote {p}", file=sys.stderr)
     if args.json:
         print(dumps_json(rec))
     else:
