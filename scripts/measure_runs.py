@@ -43,6 +43,7 @@ from specmoe._io import atomic_write_json  # noqa: E402
 
 ACCEPTANCE = [float(round(a, 3)) for a in np.linspace(0.2, 0.98, 11)]
 DUMMY = "OLMoE-1B-7B-0125"
+CLOCK = "cpu"  # the CPU time of the one thread (docs/runs-protocol.md, Engine)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def run_unit(unit: Unit, models: Models, folder: Path, *, seed: int) -> dict[str
             routing[pid] = {"trace_document": idx, "matched_by_name": by_name}
 
     engine = Engine(m["model"], policy=KernelPolicy("dedup"), forced=forced,
-                    prefill=m["prefill"])
+                    prefill=m["prefill"], clock=CLOCK)
     try:
         if unit.kind == "verify":
             bar = _bar(len(prompts) * 9 * 2 * (unit.params["repeats"] + unit.params["warmup"]),
@@ -317,6 +318,7 @@ def _throughput_tables(gens: list[dict[str, Any]]) -> dict[str, Any]:
                     "prompts": [g["prompt_id"] for g in gs],
                     "tokens_per_s": float(np.median([g["tokens_per_s"] for g in gs])),
                     "tokens_per_s_each": [g["tokens_per_s"] for g in gs],
+                    "tokens_per_s_wall": float(np.median([g["tokens_per_s_wall"] for g in gs])),
                     "tokens_per_round": float(np.mean([g["tokens_per_round"] for g in gs])),
                     "realised_acceptance": (float(np.nanmean([g["realised_acceptance"]
                                                               for g in gs])) if k else None),
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     units, cfg = plan(args.quick)
     manifest_path = out / "runs_campaign.json"
     manifest = (json.loads(manifest_path.read_text()) if manifest_path.exists() else {})
-    manifest.update({"protocol": "docs/runs-protocol.md", "quick": args.quick,
+    manifest.update({"protocol": "docs/runs-protocol.md", "quick": args.quick, "clock": CLOCK,
                      "command": "python scripts/measure_runs.py " + " ".join(argv or sys.argv[1:]),
                      "machine": _machine(), "config": cfg, "seed": args.seed,
                      "budget_min": args.budget})

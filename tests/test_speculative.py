@@ -364,6 +364,8 @@ def _cli(args, capsys):
     (["--prompts", "no-such-prompts.txt"], "--prompts"),
     (["--drafter", "draft-model", "--draft-model", "no/such/draft"], "--draft-model"),
     (["--forced-trace", "no/such/trace.npz"], "--forced-trace"),
+    (["--clock", "cpu"], "--clock cpu"),
+    (["--clock", "sundial"], "--clock"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys):
     base = ["--model", "random:olmoe", "--tokens", "4", "--context", "16"]
@@ -382,13 +384,15 @@ def test_cli_json_and_round_log(tmp_path, capsys):
     out = tmp_path / "out"
     rc, cap = _cli(["--model", "random:olmoe", "--prompts", str(prompts), "--k", "0..2",
                     "--acceptance", "0.5", "--tokens", "6", "--context", "24", "--json",
-                    "--quiet", "--out", str(out)], capsys)
+                    "--quiet", "--out", str(out), "--clock", "cpu", "--threads", "1"], capsys)
     assert rc == 0
     summary = json.loads(cap.out)                       # stdout holds the JSON only
     assert json.loads((out / "summary.json").read_text()) == summary
     gens = summary["generations"]
     assert len(gens) == 2 * 3                           # prompts x (k=0, k=1, k=2 at a=0.5)
     assert all(g["tokens"] == 6 for g in gens)
+    assert summary["clock"] == "cpu" and all(",clock=cpu," in g["run_id"] for g in gens)
+    assert all(g["tokens_per_s"] > 0 and g["tokens_per_s_wall"] > 0 for g in gens)
     log = read_round_log(out / "rounds")
     assert log["emitted"].sum() == 6 * len(gens)
     assert set(np.unique(log["k"])) == {0, 1, 2}

@@ -44,7 +44,7 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
     is called before each (e.g. to point forced routing at the prompt's document). Returns
     ``{"records": [...], "agreement": {"rows": R, "agree": A, "near_ties": [...]}}`` where a
     record holds prompt_id, depth (prompt tokens), context_len (= depth - 1, the cache before
-    the pass), setting, kernel, n,
+    the pass), setting, kernel, n, t_ms (the engine's clock), wall_ms,
     repetition, t_ms, u_mean, e_max.
     """
     from specmoe.roundlog import pass_stats
@@ -86,7 +86,8 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
                             records.append({"prompt_id": pid, "depth": depth,
                                             "context_len": ctx, "setting": s,
                                             "kernel": v.kernel, "n": n, "repetition": rep - warmup,
-                                            "t_ms": v.t_ms, "u_mean": float(u),
+                                            "t_ms": v.t_ms, "wall_ms": v.wall_ms,
+                                            "u_mean": float(u),
                                             "e_max": int(e)})
                         if progress is not None:
                             progress.update(1)

@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed (oracle draws, dummy weights)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, help="torch and kernel threads")
+    parser.add_argument("--clock", default="wall",
+                        help="wall (default) or cpu: time passes by the CPU time of the one "
+                             "thread that runs them (with --threads 1, on the CPU)")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     parser.add_argument("--out", help="directory for round logs and summary.json")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -139,6 +142,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--kernel auto needs --crossover N or --plan PLAN")
     if args.kernel != "auto" and (args.crossover is not None or args.plan is not None):
         raise InputError("--crossover/--plan apply to --kernel auto only")
+    if args.clock not in ("wall", "cpu"):
+        raise InputError(f"--clock {args.clock!r}: choose wall or cpu")
+    if args.clock == "cpu" and args.threads != 1:
+        raise InputError("--clock cpu needs --threads 1 (the CPU time of one thread)")
     if args.crossover is not None and args.crossover < 1:
         raise InputError(f"--crossover must be a positive pass size, got {args.crossover}")
 
@@ -300,7 +307,8 @@ def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
                     d = make_drafter(drafter)
                 rid = run_id(model=label, drafter=drafter, k=k,
                              a="none" if a is None else f"{a:.3f}", kernel=kernel,
-                             depth=depth or len(prompts[0][1]), rep=rep, **(extra or {}))
+                             depth=depth or len(prompts[0][1]), clock=engine.clock, rep=rep,
+                             **(extra or {}))
                 writer = (RoundLogWriter(out / "rounds" / _safe(rid), flush_every=64,
                                          defaults={"run_id": rid})
                           if out is not None else None)
@@ -337,8 +345,9 @@ def _summary(gen: Any, rid: str, pid: str, k: int, a: float | None, drafter: str
     return {"run_id": rid, "prompt_id": pid, "k": k, "acceptance": a, "drafter": drafter,
             "kernel": kernel, "rep": rep, "depth": depth, "tokens": len(gen.tokens),
             "rounds": len(gen.rounds), "drafted": gen.drafted, "accepted": gen.accepted,
-            "decode_ms": gen.decode_ms, "prefill_ms": gen.prefill_ms,
-            "tokens_per_s": gen.tokens_per_s,
+            "decode_ms": gen.decode_ms, "decode_wall_ms": gen.decode_wall_ms,
+            "prefill_ms": gen.prefill_ms, "tokens_per_s": gen.tokens_per_s,
+            "tokens_per_s_wall": 1e3 * len(gen.tokens) / gen.decode_wall_ms,
             "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
             "realised_acceptance": realised(gen.rounds), "mismatches": gen.mismatches,
             "sum_t_verify_ms": float(np.sum(tv)), "sum_t_draft_ms": float(np.sum(td)),
@@ -393,7 +402,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = (file_prompts(args.prompts, tokenizer, context=args.context) if args.prompts
                else validation_prompts(tokenizer, count=args.num_prompts, context=args.context,
                                        offset=args.prompt_offset))
-    engine = Engine(model, policy=policy, forced=forced, prefill="skip" if dummy else "model")
+    engine = Engine(model, policy=policy, forced=forced, prefill="skip" if dummy else "model",
+                    clock=args.clock)
     try:
         gens = run_grid(engine, prompts, drafter=args.drafter, ks=ks,
                         accs=accs if args.drafter == "oracle" else None, tokens=args.tokens,
@@ -403,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     summary = {"model": label, "drafter": args.drafter, "kernel": policy.label,
+               "clock": args.clock,
                "crossover": crossover, "forced_trace": trace_spec,
                "layers": model.config.num_hidden_layers, "context": args.context,
                "tokens": args.tokens, "seed": args.seed, "repeats": args.repeats,

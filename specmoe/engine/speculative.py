@@ -85,31 +85,44 @@ def _sync(device: Any) -> None:
 
 @dataclass(frozen=True)
 class Verified:
-    """One forward pass: the target's tokens [n], routing [n, L, m], its time in ms, and the
-    top-2 logit margin of each row [n] (for near-tie analysis)."""
+    """One forward pass: the target's tokens [n], routing [n, L, m], its time in ms on the
+    engine's clock (and on the wall clock), and the top-2 logit margin of each row [n] (for
+    near-tie analysis)."""
 
     tokens: list[int]
     routing: np.ndarray
     t_ms: float
     margin: np.ndarray
     kernel: str
+    wall_ms: float = float("nan")
 
 
 class Engine:
     """An MoE model with a kernel switch, router recording and, optionally, forced routing.
 
+    ``clock``: ``wall`` (``perf_counter``) or ``cpu`` (``thread_time``: the CPU time of the
+    calling thread, which leaves out the time the thread waits for a core while other jobs run;
+    only for CPU models run on one thread, where every part of a pass runs in that thread).
     ``close()`` (or ``with``) removes every hook and restores the model's experts
     implementation.
     """
 
     def __init__(self, model: Any, *, policy: KernelPolicy | None = None,
-                 forced: ForcedRouting | None = None, prefill: str = "model"):
+                 forced: ForcedRouting | None = None, prefill: str = "model",
+                 clock: str = "wall"):
         import torch
 
         from specmoe.engine.capture import RouterRecorder
 
         self.model = model
         self.device = next(model.parameters()).device
+        if clock not in ("wall", "cpu"):
+            raise InputError(f"--clock {clock!r}: choose wall or cpu")
+        if clock == "cpu" and self.device.type != "cpu":
+            raise InputError(f"--clock cpu: the model is on {self.device}, not the CPU "
+                             f"(use the wall clock)")
+        self.clock = clock
+        self.now = time.perf_counter if clock == "wall" else time.thread_time
         self.switch = KernelSwitch(model, policy, prefill=prefill).install()
         self.recorder = RouterRecorder(model).install()
         self.forced = forced.install() if forced is not None else None
@@ -163,15 +176,15 @@ class Engine:
         self.recorder.clear()
         kernel = self.switch.policy.kernel_for(len(tokens))
         _sync(self.device)
-        t0 = time.perf_counter()
+        w0, t0 = time.perf_counter(), self.now()
         logits = self._call(kv, tokens, keep=0)           # [n, V]
         top = torch.topk(logits.float(), 2, dim=-1)
         target = top.indices[:, 0].tolist()
         _sync(self.device)
-        t_ms = (time.perf_counter() - t0) * 1e3
+        t_ms, wall_ms = (self.now() - t0) * 1e3, (time.perf_counter() - w0) * 1e3
         routing, _ = self.recorder.pop()                  # [n, L, m]
         margin = (top.values[:, 0] - top.values[:, 1]).cpu().numpy()
-        return Verified(target, routing, t_ms, margin, kernel)
+        return Verified(target, routing, t_ms, margin, kernel, wall_ms)
 
     def greedy(self, prompt: Sequence[int], count: int) -> list[int]:
         """Plain greedy decoding (one-token passes): the next ``count`` tokens after ``prompt``."""
@@ -196,6 +209,7 @@ class Generation:
     tokens: list[int]                          # the emitted tokens, in order
     rounds: list[dict[str, Any]] = field(default_factory=list)  # round-log rows
     decode_ms: float = 0.0                     # drafting + verification + loop, no logging
+    decode_wall_ms: float = 0.0                # the same on the wall clock
     prefill_ms: float = 0.0
     mismatches: int = 0                        # oracle rounds cut at an uncorrupted draft
 
@@ -252,6 +266,7 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         raise InputError(f"--k {budget}: must be in 0..{max_k}")
     base = dict(row or {})
     kv = new_cache(engine.model)
+    now = engine.now
     t0 = time.perf_counter()
     engine.prefill(kv, prompt[:-1])
     gen = Generation(tokens=[], prefill_ms=(time.perf_counter() - t0) * 1e3)
@@ -262,19 +277,19 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
     prepare = getattr(drafter, "prepare", None)
     while len(gen.tokens) < max_new_tokens:
         remaining = max_new_tokens - len(gen.tokens)
-        start = time.perf_counter()
+        start, wall = now(), time.perf_counter()
         state = RoundState(position=len(gen.tokens), context_len=int(kv.get_seq_length()),
                            history=tuple(history))
         k_cap = min(max_k, remaining - 1)
         k = k_cap if use_conf else max(0, min(_choose(budget, state), k_cap))
-        excluded = 0.0
+        excluded = excluded_wall = 0.0
         if prepare is not None and k > 0:    # untimed: e.g. the oracle's reference decoding
-            t_p = time.perf_counter()
+            t_p, w_p = now(), time.perf_counter()
             prepare(context, k)
-            excluded = time.perf_counter() - t_p
-        t_d = time.perf_counter()
+            excluded, excluded_wall = now() - t_p, time.perf_counter() - w_p
+        t_d = now()
         prop = drafter.propose(context, k)
-        t_draft = time.perf_counter() - t_d
+        t_draft = now() - t_d
         if use_conf:
             state = RoundState(state.position, state.context_len, state.history,
                                prop.confidence)
@@ -296,7 +311,8 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         context.extend(emitted)
         current = emitted[-1]
         history.append((k, acc))
-        gen.decode_ms += (time.perf_counter() - start - excluded) * 1e3
+        gen.decode_ms += (now() - start - excluded) * 1e3
+        gen.decode_wall_ms += (time.perf_counter() - wall - excluded_wall) * 1e3
         u, e = pass_stats(ver.routing, engine.num_experts)
         rec = {**base, "round": len(history) - 1, "k": k, "pass_size": k + 1, "accepted": acc,
                "emitted": acc + 1, "t_verify_ms": ver.t_ms, "t_draft_ms": t_draft * 1e3,
