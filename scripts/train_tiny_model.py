@@ -18,7 +18,7 @@ The loss is next-token cross-entropy plus ``router_aux_loss_coef`` (0.01, OLMoE'
 load-balancing loss (``load_balancing_loss_func``: N * sum_i f_i P_i over all layers' tokens)
 plus OLMoE's router z-loss (coefficient 0.001, mean squared logsumexp of the router logits).
 
-Usage: ``python scripts/train_tiny_model.py --steps 350 --seed 0 --out specmoe/data/tiny_olmoe``
+Usage: ``python scripts/train_tiny_model.py --steps 700 --seed 0 --out specmoe/data/tiny_olmoe``
 """
 
 from __future__ import annotations
@@ -346,13 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "specmoe" / "data" / "tiny_olmoe")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "tiny_model_train.json")
-    ap.add_argument("--steps", type=int, default=350)
+    ap.add_argument("--steps", type=int, default=700)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--z-loss", type=float, default=0.001)
     ap.add_argument("--vocab", type=int, default=4096)
