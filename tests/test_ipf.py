@@ -357,7 +357,8 @@ def test_cli_json_is_clean_and_complete(tmp_path, capsys, sticky_split):
                "--max-n", "5", "--json", "--out", str(tmp_path / "out")])
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)
-    assert rec["n"] == [2, 3, 4, 5] and rec["variant"] == "skewed" and rec["converged"]
+    assert rec["n"] == [2, 3, 4, 5] and rec["variant"] == "skewed"
+    assert rec["pooling"] == "documents" and rec["per_layer"]["status"][0][0] == "converged"
     assert len(rec["per_layer"]["predicted"]) == 3 and len(rec["per_layer"]["empirical"]) == 3
     emp = compute_stats(val, max_n=5, max_lag=1).union[:, 1:]
     np.testing.assert_allclose(rec["empirical_union"], emp.mean(axis=0))
@@ -366,7 +367,9 @@ def test_cli_json_is_clean_and_complete(tmp_path, capsys, sticky_split):
         assert (tmp_path / "out" / name).stat().st_size > 0
     # the written STATS file is a valid fit source; n beyond its lags is bad input
     rc = main(["ipf", str(tmp_path / "out" / "stats.json"), "--max-n", "5", "--json"])
-    assert rc == 0 and json.loads(capsys.readouterr().out)["n"] == [2, 3, 4, 5]
+    again = json.loads(capsys.readouterr().out)
+    assert rc == 0 and again["n"] == [2, 3, 4, 5] and again["pooling"] == "trace"
+    assert main(["ipf", str(tmp_path / "out" / "stats.json"), "--pool", "documents"]) == 2
     assert main(["ipf", str(tmp_path / "out" / "stats.json"), "--max-n", "7"]) == 2
     assert "--max-n" in capsys.readouterr().err
 
@@ -393,9 +396,12 @@ def test_bundled_traces_within_2pct():
         pytest.skip("bundled traces not built")
     from specmoe.routing.trace import open_trace
 
-    pred = predict_union(fit_moments(open_trace(fit), max_lag=8), max_n=9)
     emp = compute_stats(open_trace(val), max_n=9, max_lag=1).union[:, 1:].mean(axis=0)
-    assert np.abs(pred.mean_predicted / emp - 1).max() < 0.02
+    # measured on the 120k-token traces: documents +0.4..+1.6%, trace +0.4..+3.6%
+    mixed = predict_union(fit_document_moments(open_trace(fit), max_lag=8), max_n=9)
+    assert np.abs(mixed.mean_predicted / emp - 1).max() < 0.02
+    pooled = predict_union(fit_moments(open_trace(fit), max_lag=8), max_n=9)
+    assert np.abs(pooled.mean_predicted / emp - 1).max() < 0.04
 
 
 @pytest.mark.slow
