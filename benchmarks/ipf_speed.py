@@ -13,7 +13,8 @@ aggregates) on a random sample of ``--ipfn-problems`` problems (default 256; 0 m
 and its total time is extrapolated to all problems from the mean time per problem. Both run to a
 tight tolerance (specmoe: every cell within 1e-10; ipfn: every cell within a relative 1e-9, no
 early stop on stagnation), the answers are compared on the sampled problems, and the script
-prints one JSON record (also written to ``--out FILE``).
+prints one JSON record (also written to ``--out FILE``). The specmoe runs are interleaved with
+the ipfn calls (A/B alternation), and the ratio is ipfn's total over specmoe's median.
 
     python benchmarks/ipf_speed.py [--ipfn-problems 256] [--repeats 5] [--seed 0] [--out FILE]
 """
@@ -78,21 +79,25 @@ def main(argv: list[str] | None = None) -> int:
     B = p.size
     print(f"ipf_speed: {B} problems ({L} layers x {N} experts), n={WINDOW}, "
           f"{WINDOW * (WINDOW - 1) // 2} pairwise tables each", file=sys.stderr)
-    solve_windows(p, c, WINDOW)                                     # warm-up
-    times, sol = [], None
-    for _ in range(max(1, args.repeats)):
+    sol = solve_windows(p, c, WINDOW, tol=1e-10)                    # warm-up, and the answer
+    times: list[float] = []
+
+    def time_ours() -> None:
         t0 = time.perf_counter()
-        sol = solve_windows(p, c, WINDOW, tol=1e-10)
+        solve_windows(p, c, WINDOW, tol=1e-10)
         times.append(time.perf_counter() - t0)
-    ours = float(np.median(times))
-    print(f"ipf_speed: specmoe median {ours * 1e3:.1f} ms over {len(times)} runs",
-          file=sys.stderr)
 
     rng = np.random.default_rng(args.seed + 1)
     k = B if args.ipfn_problems <= 0 or args.ipfn_problems >= B else args.ipfn_problems
     sample = np.arange(B) if k == B else np.sort(rng.choice(B, size=k, replace=False))
+    # A/B alternation: the specmoe runs are spread through the ipfn loop, so both see the same
+    # machine load.
+    repeats = max(1, args.repeats)
+    slots = set(np.linspace(0, k, repeats, endpoint=False).astype(int).tolist())
     per, diffs, any_diffs = [], [], []
     for done, b in enumerate(sample):
+        if done in slots:
+            time_ours()
         t0 = time.perf_counter()
         ref = ipfn_solve(ipfn_cls, float(p[b]), c[b])
         per.append(time.perf_counter() - t0)
@@ -100,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         any_diffs.append(abs(ref[0] - sol.probs[b, 0]))            # P(active at least once)
         if (done + 1) % 64 == 0:
             print(f"ipf_speed: ipfn {done + 1}/{k}", file=sys.stderr, flush=True)
+    while len(times) < repeats:
+        time_ours()
+    ours = float(np.median(times))
     per = np.asarray(per)
     ipfn_total = float(per.mean() * B)
     rec = {
