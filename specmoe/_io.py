@@ -28,6 +28,9 @@ def atomic_path(path: str | os.PathLike, *, suffix: str | None = None) -> Iterat
     )
     os.close(fd)
     tmp_path = Path(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
     try:
         yield tmp_path
         os.replace(tmp_path, path)
