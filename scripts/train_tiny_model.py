@@ -271,7 +271,7 @@ def make_config(a: argparse.Namespace, vocab_size: int, eos_id: int, pad_id: int
         "eos_token_id": eos_id, "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "attention_bias": False, "clip_qkv": None, "num_experts_per_tok": 8, "num_experts": 64,
-        "router_aux_loss_coef": 0.01, "norm_topk_prob": False,
+        "router_aux_loss_coef": a.aux_coef, "norm_topk_prob": False,
     }
 
 
@@ -314,17 +314,20 @@ def evaluate(model: TinyOlmoe, data: np.ndarray, seq: int, *, max_windows: int |
                                for b0 in range(0, n, batch)])  # [W, S]
         keep = (allx[:, :-1] != eos_id)  # the earlier token of a pair is not a separator
         nexp = model.c["num_experts"]
-        ent, rho = [], []
+        ent, rho, unused, rare = [], [], [], []
         for arrs in layer_ids:
             ids = np.concatenate(arrs)  # [W, S, k]
             p = np.bincount(ids.reshape(-1), minlength=nexp) / ids.size
             nz = p[p > 0]
             ent.append(float(-(nz * np.log(nz)).sum()))
+            unused.append(int((p == 0).sum()))
+            rare.append(int((p < 0.1 / nexp).sum()))
             shared = (ids[:, 1:, :, None] == ids[:, :-1, None, :]).any(-1).sum(-1)  # [W, S-1]
             rho.append(float(shared[keep].sum() / (keep.sum() * ids.shape[-1])))
         stats = {"entropy_nats": ent, "entropy_max_nats": math.log(nexp), "rho2": rho,
                  "rho2_layer_mean": float(np.mean(rho)),
-                 "rho2_uniform": model.c["num_experts_per_tok"] / nexp}
+                 "rho2_uniform": model.c["num_experts_per_tok"] / nexp,
+                 "unused_experts": unused, "experts_below_tenth_of_uniform": rare}
     return tot / max(cnt, 1), cnt, stats
 
 
@@ -355,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--z-loss", type=float, default=0.001)
+    ap.add_argument("--aux-coef", type=float, default=0.01,
+                    help="router_aux_loss_coef (OLMoE: 0.01)")
+    ap.add_argument("--final-eval-windows", type=int, default=None,
+                    help="evaluate on the first N windows only (default: the whole split)")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=64)
@@ -423,11 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         if a.eval_every and step and step % a.eval_every == 0:
             vl, _, st = evaluate(model, val, a.seq_len, max_windows=32, eos_id=eos_id)
             log(f"step {step} validation (first 32 windows) {vl:.3f}, rho2 "
-                f"{st['rho2_layer_mean']:.3f}")
+                f"{st['rho2_layer_mean']:.3f}, unused experts {st['unused_experts']}, below "
+                f"a tenth of uniform {st['experts_below_tenth_of_uniform']}")
             history[-1]["validation_ce_subset"] = vl
     train_wall = time.time() - t_train
     log("evaluating on the whole validation split")
-    vloss, vtok, stats = evaluate(model, val, 1024, eos_id=eos_id)
+    vloss, vtok, stats = evaluate(model, val, 1024, eos_id=eos_id,
+                                  max_windows=a.final_eval_windows)
     log(f"validation {vloss:.4f} nats/token over {vtok} tokens; routing {stats}")
     vloss2k, vtok2k, _ = evaluate(model, val, 2048, max_windows=40, eos_id=eos_id)
     log(f"validation at 2048-token windows: {vloss2k:.4f} nats/token over {vtok2k} tokens")

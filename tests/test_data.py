@@ -294,3 +294,46 @@ def test_reported_routing_is_not_degenerate():
     assert np.all(np.asarray(r["entropy_nats"]) > 0.8 * np.log(64))
     assert r["rho2_layer_mean"] > 0.125
     assert res["checkpoint_bytes"] == (MODEL_DIR / "model.safetensors").stat().st_size
+
+
+# ---- the bundled traces --------------------------------------------------------------------
+
+HAS_TRACES = all(corpus.bundled_trace_path(s).exists() for s in ("fit", "validation"))
+
+
+@pytest.mark.skipif(not (HAS_TRACES and HAS_MODEL), reason="bundled traces not recorded yet")
+@pytest.mark.parametrize("split", ["fit", "validation"])
+def test_bundled_traces_are_canonical_and_of_their_split(split):
+    from specmoe.routing.trace import load_trace
+
+    tr = load_trace(corpus.bundled_trace_path(split))
+    cfg = json.loads((MODEL_DIR / "config.json").read_text())
+    assert tr.num_tokens >= 100_000
+    assert (tr.num_experts, tr.top_k) == (cfg["num_experts"], cfg["num_experts_per_tok"])
+    assert tr.num_layers == cfg["num_hidden_layers"]
+    assert tr.meta["model"] == MODEL_DIR.name and split in tr.meta["source"]
+    names = tr.meta["documents"]
+    assert len(names) == tr.num_documents
+    docs = [n for n, _ in corpus.documents(split)]  # non-empty files, in split order
+    assert names == docs[:len(names)]
+
+
+@pytest.mark.skipif(not (HAS_TRACES and HAS_MODEL), reason="bundled traces not recorded yet")
+def test_bundled_fit_trace_is_the_routing_of_the_bundled_model(hf_model, hf_tokenizer):
+    """Re-route the first fit document with the bundled model: the same experts, slot by slot."""
+    import torch
+
+    from specmoe.routing.trace import load_trace
+
+    tr = load_trace(corpus.bundled_trace_path("fit"))
+    name, text = corpus.documents("fit")[0]
+    assert name == tr.meta["documents"][0]
+    ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    want = tr.experts[:tr.doc_offsets[1]]  # [t, L, m]
+    assert len(ids) == len(want) <= hf_model.config.max_position_embeddings
+    with torch.no_grad():
+        out = hf_model(torch.tensor([ids]), output_router_logits=True)
+    for li, logits in enumerate(out.router_logits):  # [t, N] per layer
+        top = torch.topk(torch.softmax(logits.float(), -1), 8, dim=-1).indices.numpy()
+        agree = np.mean(np.sort(top, -1) == np.sort(want[:, li], -1))
+        assert agree > 0.999, (li, agree)  # float ties aside, the same expert sets
