@@ -271,7 +271,8 @@ def test_training_module_matches_hf_from_random_init_with_renormalised_topk():
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
     mod = _train_module()
-    a = argparse.Namespace(hidden=32, intermediate=16, layers=2, heads=4, max_positions=256)
+    a = argparse.Namespace(hidden=32, intermediate=16, layers=2, heads=4, max_positions=256,
+                           aux_coef=0.01)
     cfg = mod.make_config(a, 97, 0, 1)
     cfg["norm_topk_prob"] = True
     torch.manual_seed(1)
@@ -337,3 +338,37 @@ def test_bundled_fit_trace_is_the_routing_of_the_bundled_model(hf_model, hf_toke
         top = torch.topk(torch.softmax(logits.float(), -1), 8, dim=-1).indices.numpy()
         agree = np.mean(np.sort(top, -1) == np.sort(want[:, li], -1))
         assert agree > 0.999, (li, agree)  # float ties aside, the same expert sets
+
+
+# ---- the bundled draft model ---------------------------------------------------------------
+
+DRAFT_DIR = corpus.bundled_draft_dir()
+needs_draft = pytest.mark.skipif(not (DRAFT_DIR / "model.safetensors").exists() or not HAS_MODEL,
+                                 reason="bundled draft model not trained yet")
+
+
+@needs_draft
+def test_draft_is_small_dense_and_shares_the_target_tokenizer():
+    assert (DRAFT_DIR / "model.safetensors").stat().st_size <= 5 * 10**6
+    cfg = json.loads((DRAFT_DIR / "config.json").read_text())
+    assert "num_experts" not in cfg and cfg["vocab_size"] == 4096
+    assert (DRAFT_DIR / "tokenizer.json").read_bytes() == (MODEL_DIR / "tokenizer.json").read_bytes()
+
+
+@needs_draft
+def test_draft_agrees_with_the_target_on_validation_text(hf_model, hf_tokenizer):
+    """Greedy next-token agreement on validation text, far above chance (1/4096)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    draft = AutoModelForCausalLM.from_pretrained(str(DRAFT_DIR), local_files_only=True,
+                                                 dtype=torch.float32).eval()
+    text = corpus.documents("validation")[3][1]
+    ids = torch.tensor([hf_tokenizer(text, add_special_tokens=False, verbose=False)
+                        ["input_ids"][:512]])
+    with torch.no_grad():
+        agree = (draft(ids).logits.argmax(-1) == hf_model(ids).logits.argmax(-1)).float().mean()
+    assert agree.item() > 0.3
+    res = json.loads((REPO / "results" / "tiny_draft_train.json").read_text())
+    assert res["checkpoint_bytes"] == (DRAFT_DIR / "model.safetensors").stat().st_size
+    assert 0.3 < res["greedy_agreement_with_target"] < 1.0
