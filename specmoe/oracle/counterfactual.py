@@ -168,6 +168,9 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     ok_gen = np.ones(len(gen_labels), dtype=bool)
     np.logical_and.at(ok_gen, gen_codes, log["k"] == k_max)
     rows = np.flatnonzero(ok_gen[gen_codes])
+    if rows.size == 0:
+        raise InputError(f"{log.name}: no generation has every round at the largest budget "
+                         f"K={k_max} (the Oracle needs generations recorded at L_max)")
     sub = log.select(rows)
     gen, labels = sub.codes("generation_id")
     order = np.lexsort((sub["round"], gen))

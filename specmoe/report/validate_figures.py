@@ -69,7 +69,7 @@ def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
         iv = c["measured"].get("saving_interval_ms")
         if iv:
             iv = np.asarray(iv, float)
-            ax.errorbar(sc, S[idx], yerr=[S[idx] - iv[:, 0], iv[:, 1] - S[idx]], fmt="none",
+            ax.errorbar(sc, S[idx], yerr=np.clip([S[idx] - iv[:, 0], iv[:, 1] - S[idx]], 0, None), fmt="none",
                         ecolor="black", elinewidth=0.8, capsize=2)
         ax.plot(n_all, S, "o", color="black", ms=4, label="measured S(n)")
         ax.axhline(0.0, color="grey", lw=0.7)
