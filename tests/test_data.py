@@ -235,8 +235,10 @@ def test_exported_weights_reproduce_the_training_module(attn):
 
     mod = _train_module()
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
+    # HF's own per-expert loop ("eager"), not the grouped product the training module also uses
     hf = OlmoeForCausalLM.from_pretrained(str(MODEL_DIR), local_files_only=True,
-                                          dtype=torch.float32, attn_implementation=attn).eval()
+                                          dtype=torch.float32, attn_implementation=attn,
+                                          experts_implementation="eager").eval()
     # the file keeps OLMoE's per-expert tensor names; HF fuses them on load, as the module does
     stored = load_file(str(MODEL_DIR / "model.safetensors"))
     w = stored["model.layers.1.mlp.experts.5.up_proj.weight"].float()  # [I, H]
@@ -278,7 +280,7 @@ def test_training_module_matches_hf_from_random_init_with_renormalised_topk():
     torch.manual_seed(1)
     ours = mod.TinyOlmoe(cfg)
     ours.init_weights(0.2)
-    hf = OlmoeForCausalLM(OlmoeConfig(**cfg)).eval()
+    hf = OlmoeForCausalLM(OlmoeConfig(**cfg, experts_implementation="eager")).eval()
     hf.load_state_dict(ours.state_dict(), strict=False)
     ours.eval()
     ids = torch.randint(0, 97, (3, 40))
