@@ -165,9 +165,18 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     if k_max < 1:
         raise InputError(f"{log.name}: every round has k = 0; the Oracle needs drafted rounds")
     gen_codes, gen_labels = log.codes("generation_id")
+    # A generation recorded at L_max: every round at k = k_max except that its last round may
+    # be shorter (cut to the token limit); such a last round is left out.
+    last_round = np.full(len(gen_labels), -1, dtype=np.int64)
+    np.maximum.at(last_round, gen_codes, np.asarray(log["round"], dtype=np.int64))
+    is_last = np.asarray(log["round"]) == last_round[gen_codes]
+    at_max = np.asarray(log["k"]) == k_max
     ok_gen = np.ones(len(gen_labels), dtype=bool)
-    np.logical_and.at(ok_gen, gen_codes, log["k"] == k_max)
-    rows = np.flatnonzero(ok_gen[gen_codes])
+    np.logical_and.at(ok_gen, gen_codes, at_max | is_last)
+    has_max = np.zeros(len(gen_labels), dtype=bool)
+    np.logical_or.at(has_max, gen_codes, at_max)
+    ok_gen &= has_max
+    rows = np.flatnonzero(ok_gen[gen_codes] & at_max)
     if rows.size == 0:
         raise InputError(f"{log.name}: no generation has every round at the largest budget "
                          f"K={k_max} (the Oracle needs generations recorded at L_max)")
