@@ -80,7 +80,8 @@ def _read_text(path: str, arg: str) -> str:
         raise InputError(f"{arg} {p}: unreadable ({exc.strerror})") from None
 
 
-def _prompts(path: str) -> list[str]:
+def read_prompts(path: str) -> list[str]:
+    """Prompts from ``--prompts FILE``: one per non-empty line, or a JSON list of strings."""
     text = _read_text(path, "--prompts")
     if path.endswith(".json"):
         try:
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     texts = [(p, _read_text(p, "--text")) for p in args.text] if args.text else None
-    prompts = _prompts(args.prompts) if args.generate is not None else None
+    prompts = read_prompts(args.prompts) if args.generate is not None else None
     torch.manual_seed(args.seed)
     model, tokenizer, label = _load(args)
     progress = not args.quiet

@@ -17,7 +17,6 @@ finish, so an interrupted run keeps them) and ``summary.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -207,29 +206,14 @@ def validation_prompts(tokenizer: Any, *, count: int, context: int,
 
 
 def file_prompts(path: str, tokenizer: Any, *, context: int) -> list[tuple[str, list[int]]]:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"--prompts {p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--prompts {p}: unreadable ({exc})") from None
-    if p.suffix == ".json":
-        try:
-            items = json.loads(text)
-        except ValueError as exc:
-            raise InputError(f"--prompts {p}: not valid JSON ({exc})") from None
-        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
-            raise InputError(f"--prompts {p}: must be a JSON list of strings")
-    else:
-        items = [line for line in text.splitlines() if line.strip()]
-    if not items:
-        raise InputError(f"--prompts {p}: holds no prompts")
+    from specmoe.engine.capture_cli import read_prompts
+
+    items = read_prompts(path)
     out = []
     for i, s in enumerate(items):
         ids = _encode(tokenizer, s)[-context:]
         if not ids:
-            raise InputError(f"--prompts {p}: prompt {i + 1} encodes to no tokens")
+            raise InputError(f"--prompts {path}: prompt {i + 1} encodes to no tokens")
         out.append((f"prompt-{i:03d}", ids))
     return out
 
