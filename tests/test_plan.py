@@ -200,6 +200,25 @@ def test_cli_summary_and_layer_mapping(inputs, capsys):
 
 
 @stats_available
+def test_cli_layers_cuts_the_spec(inputs, capsys):
+    big = toy_spec(num_moe_layers=5, name="toy5")
+    spec_path = inputs["tmp"] / "spec5l.json"
+    spec_path.write_text(json.dumps(big.to_dict()))
+    rc = main(["plan", "--model", str(spec_path), "--layers", "3", "--trace", inputs["trace"],
+               "--bandwidth", inputs["profile"], "--k-max", "4", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    model = json.loads(captured.out)["model"]
+    assert model["num_moe_layers"] == 3 and model["name"] == "toy5[3 layers]"
+    assert "layer-mean" not in captured.err          # 3 spec layers = the trace's 3 layers
+    rc = main(["plan", "--model", str(spec_path), "--layers", "9", "--trace", inputs["trace"],
+               "--bandwidth", inputs["profile"]])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "--layers" in err
+    assert len(err.splitlines()) == 1
+
+
+@stats_available
 @pytest.mark.parametrize("extra, word", [
     (["--acceptance", "1.2"], "--acceptance"),
     (["--k-max", "0"], "--k-max"),

@@ -35,6 +35,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"model preset or path to an HF config / spec JSON "
                              f"(default {DEFAULT_MODEL})")
+    parser.add_argument("--layers", type=int, default=None, metavar="N",
+                        help="keep the model's first N MoE layers (a CPU-sized copy of a "
+                             "preset, such as a dummy-weight run's model)")
     parser.add_argument("--trace", default=None,
                         help="routing trace (.npz or shard folder); default: the bundled "
                              "model's fit trace")
@@ -280,6 +283,11 @@ def make_plan(args) -> tuple[Any, dict]:
         raise InputError("--expected-acceptance: give one value")
     draft_ms, draft_note = parse_draft_time(args.draft_time, args.k_max)
     spec = resolve_spec(args.model)
+    if getattr(args, "layers", None) is not None:
+        try:
+            spec = spec.with_layers(args.layers)
+        except InputError as exc:
+            raise InputError(f"--layers: {exc}") from None
     trace_path = Path(args.trace) if args.trace is not None else _default_trace()
     if not trace_path.exists():
         raise InputError(f"--trace {trace_path}: no such trace file or folder")
