@@ -43,13 +43,14 @@ from specmoe._io import atomic_write_json  # noqa: E402
 
 ACCEPTANCE = [float(round(a, 3)) for a in np.linspace(0.2, 0.98, 11)]
 DUMMY = "OLMoE-1B-7B-0125"
+POLICY_PROMPTS = 24  # the amendment's policy prompts
 CLOCK = "cpu"  # the CPU time of the one thread (docs/runs-protocol.md, Engine)
 
 
 @dataclass(frozen=True)
 class Unit:
     name: str
-    model: str                   # "bundled" or "dummy"
+    model: str                   # "bundled", "bundled-policy" (other prompts) or "dummy"
     kind: str                    # verify | oracle | ngram | draft-model
     depth: int
     prompts: tuple[int, ...]     # indices into the prompt documents
@@ -92,6 +93,11 @@ def plan(quick: bool) -> tuple[list[Unit], dict[str, Any]]:
     for d in (512, 2048):
         units.append(Unit(f"oracle-d{d}-p0", "dummy", "oracle", d, (0,),
                           {"ks": list(range(9)), "accs": ACCEPTANCE, "tokens": 32}))
+    # amendment: the Oracle's and the policies' prompts (docs/runs-protocol.md)
+    for kind in ("ngram", "draft-model"):
+        for p in range(POLICY_PROMPTS):
+            units.append(Unit(f"{kind}-d512-q{p:02d}", "bundled-policy", kind, 512, (p,),
+                              {"ks": list(range(9)), "tokens": 256}))
     return units, cfg
 
 
@@ -154,6 +160,26 @@ class Models:
         self._cache: dict[str, Any] = {}
         self.docs: list[tuple[str, list[int]]] = []
 
+    def policy_prompts(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
+        """The amendment's policy prompts: validation documents of >= 512 tokens that are none
+        of the protocol's nine, in split order, truncated to 512 tokens."""
+        if "policy-docs" not in self._cache:
+            from specmoe.data import corpus
+            from specmoe.engine.run_cli import _encode, validation_prompts
+
+            taken = {name for name, _ in validation_prompts(tokenizer, count=9, context=2048)}
+            docs = []
+            for name, text in corpus.documents("validation"):
+                ids = _encode(tokenizer, text) if name not in taken else []
+                if len(ids) >= 512:
+                    docs.append((name, ids[:512]))
+                if len(docs) == POLICY_PROMPTS:
+                    break
+            if len(docs) < POLICY_PROMPTS:
+                raise SystemExit(f"only {len(docs)} policy prompts, {POLICY_PROMPTS} needed")
+            self._cache["policy-docs"] = docs
+        return self._cache["policy-docs"]
+
     def prompts(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
         if not self.docs:
             from specmoe.engine.run_cli import validation_prompts
@@ -167,10 +193,13 @@ class Models:
             return self._cache[key]
         from specmoe.engine.run_cli import forced_from, load_target
 
-        if key == "bundled":
-            net, tok, label, _ = load_target("bundled")
-            entry = {"model": net, "tokenizer": tok, "label": label, "forced": None,
-                     "prefill": "model", "folder": "bundled"}
+        if key in ("bundled", "bundled-policy"):
+            if key == "bundled-policy" and "bundled" in self._cache:
+                entry = {**self._cache["bundled"], "folder": key}
+            else:
+                net, tok, label, _ = load_target("bundled")
+                entry = {"model": net, "tokenizer": tok, "label": label, "forced": None,
+                         "prefill": "model", "folder": key}
         else:
             net, tok, label, _ = load_target(f"{DUMMY}-dummy", layers=self.cfg["layers"],
                                              seed=self.seed)
@@ -201,7 +230,8 @@ def run_unit(unit: Unit, models: Models, folder: Path, *, seed: int) -> dict[str
     from specmoe.engine.switch import KernelPolicy
 
     m = models.get(unit.model)
-    docs = models.prompts(m["tokenizer"])
+    docs = (models.policy_prompts(m["tokenizer"]) if unit.model == "bundled-policy"
+            else models.prompts(m["tokenizer"]))
     prompts = [(docs[i][0], docs[i][1][:unit.depth]) for i in unit.prompts]
     forced = m["forced"]
     routing: dict[str, Any] = {}
@@ -405,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for unit in units:
         key = f"{unit.model}/{unit.name}"
-        folder = out / ("bundled" if unit.model == "bundled"
+        folder = out / (unit.model if unit.model.startswith("bundled")
                         else f"olmoe-dummy-{cfg['layers']}L")
         done = folder / "units" / f"{unit.name}.json"
         if done.exists():

@@ -12,8 +12,10 @@ Columns (:data:`COLUMNS`; the Arrow type, then whether a reader requires it):
 
 ``run_id`` string · ``prompt_id`` string · ``generation_id`` string (run and prompt, unique per
 generation) · ``category`` string, null allowed · ``round`` int32, 0, 1, ... within the
-generation · ``k`` int16, the draft budget · ``pass_size`` int16, k + 1 · ``accepted`` int16,
-drafts accepted, 0..k · ``emitted`` int16, accepted + 1 · ``t_verify_ms`` float64, the target's
+generation · ``k`` int16, the drafts the round verified · ``budget`` int16, the draft budget
+the run asked the drafter for (null allowed: then the budget is k); k <= budget, smaller when the
+drafter proposed fewer (a prompt-lookup drafter with a short match, the token limit near the
+end of a generation) · ``pass_size`` int16, k + 1 · ``accepted`` int16, drafts accepted, 0..k · ``emitted`` int16, accepted + 1 · ``t_verify_ms`` float64, the target's
 verification pass T_T · ``t_draft_ms`` float64, the drafting time T_D (null: not timed) ·
 ``context_len`` int32, L, the tokens in context before the pass · ``u_mean`` float64, Ū_r, the
 distinct experts of the pass averaged over MoE layers · ``e_max`` int32, the largest number of
@@ -61,6 +63,7 @@ COLUMNS: dict[str, tuple[str, bool]] = {
     "category": ("string", False),
     "round": ("int32", True),
     "k": ("int16", True),
+    "budget": ("int16", False),
     "pass_size": ("int16", True),
     "accepted": ("int16", True),
     "emitted": ("int16", True),
@@ -341,6 +344,8 @@ def validate(log: RoundLog) -> None:
     k = d["k"]
     _first_bad(log, k < 0, "k < 0")
     _first_bad(log, d["pass_size"] != k + 1, "pass_size != k + 1")
+    if "budget" in d:
+        _first_bad(log, d["budget"] < k, "budget < k")  # NaN (no budget) compares False
     _first_bad(log, (d["accepted"] < 0) | (d["accepted"] > k), "accepted outside 0..k")
     _first_bad(log, d["emitted"] != d["accepted"] + 1, "emitted != accepted + 1")
     _first_bad(log, ~(np.isfinite(d["t_verify_ms"]) & (d["t_verify_ms"] > 0)),

@@ -420,3 +420,169 @@ def test_delta_space_boundary_tracks_the_marginal_value_of_a_token(synth):
     assert d.quadrants["I"] > 0 and d.quadrants["III"] > 0
     assert d.violations < 0.05 * len(d.d_cost)
     assert abs(d.slope / d.marginal_value["median"] - 1) < 0.3
+
+
+# ---------------------------------------------------------------------------------------------
+# drafters that propose fewer drafts than their budget (prompt lookup)
+
+
+def _lookup_log(seed: int, budgets=(0, 1, 2, 4), tokens: int = 60, perfect: bool = False):
+    """Round logs of a replayed engine loop: the target's greedy text is a fixed token sequence
+    with repeats, the drafter the real prompt-lookup drafter (it proposes fewer than its
+    budget near the end of a repeat, or none), routing a fixed random row per reference
+    position (random rows for wrong drafts); ``perfect``: a drafter that proposes the
+    reference itself, its whole budget but for the token limit. Returns (log, prompt,
+    reference, routing)."""
+    from specmoe.engine.drafters import NgramDrafter
+    from specmoe.roundlog import RoundLog
+
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(0, 12, 5)
+    seq = np.concatenate([rng.integers(0, 12, 8), motif, rng.integers(0, 12, 6), motif, motif,
+                          rng.integers(0, 12, 80)])
+    prompt, ref = seq[:6].tolist(), seq[6:6 + tokens + 1].tolist()
+    n_l, m, n_e = 2, 2, 8
+    route = np.stack([np.stack([rng.choice(n_e, m, replace=False) for _ in range(n_l)])
+                      for _ in range(len(ref))])                       # [pos, L, m]
+    drafter = NgramDrafter(max_ngram=2)
+    rows, lists = [], {"routing": [], "draft_tokens": [], "target_tokens": []}
+    for budget in budgets:
+        s, rnd = 0, 0
+        while s < tokens:
+            k_cap = min(budget, tokens - s - 1)
+            drafts = (ref[s + 1:s + 1 + k_cap] if perfect else
+                      drafter.propose(prompt + ref[:s + 1], k_cap).tokens)
+            k = len(drafts)
+            acc = 0
+            while acc < k and drafts[acc] == ref[s + 1 + acc]:
+                acc += 1
+            tgt = ref[s + 1:s + 2 + acc] + rng.integers(0, 12, k - acc).tolist()
+            r = route[s:s + k + 1].copy()
+            for j in range(acc + 1, k + 1):
+                r[j] = [rng.choice(n_e, m, replace=False) for _ in range(n_l)]
+            rows.append({"run_id": f"k={budget}", "prompt_id": "p0",
+                         "generation_id": f"k={budget}/p0", "round": rnd, "k": k,
+                         "budget": budget, "accepted": acc, "context_len": len(prompt) + s})
+            lists["routing"].append(r.ravel())
+            lists["draft_tokens"].append(np.asarray(drafts, np.int64))
+            lists["target_tokens"].append(np.asarray(tgt, np.int64))
+            s, rnd = s + acc + 1, rnd + 1
+    data = {c: np.array([r[c] for r in rows], dtype=object if c.endswith("_id") else np.int64)
+            for c in rows[0]}
+    nr = len(rows)
+    data["budget"] = data["budget"].astype(np.float64)
+    data.update(pass_size=data["k"] + 1, emitted=data["accepted"] + 1,
+                t_verify_ms=1.0 + 0.1 * data["k"] + rng.uniform(0, 0.01, nr),
+                u_mean=np.ones(nr), num_layers=np.full(nr, float(n_l)),
+                top_k=np.full(nr, float(m)), num_experts=np.full(nr, float(n_e)))
+    packed = {}
+    for c, vals in lists.items():
+        off = np.concatenate([[0], np.cumsum([len(v) for v in vals])]).astype(np.int64)
+        packed[c] = (np.concatenate(vals), off)
+    return RoundLog(data, packed, "lookup log"), prompt, ref, route
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_counterfactual_with_short_proposals_matches_the_replayed_drafter(seed):
+    from specmoe.engine.drafters import NgramDrafter
+    from specmoe.roundlog import validate
+
+    log, prompt, ref, _route = _lookup_log(seed)
+    validate(log)
+    assert (log["k"] < log["budget"]).any()             # some rounds drafted fewer
+    cf = build_counterfactual(log)
+    assert cf.k_max == 4 and len(cf.length) == 1       # the budget, not the drafted count
+    top = log.select(log["budget"] == 4)
+    np.testing.assert_array_equal(cf.round_start, np.cumsum(top["emitted"]) - top["emitted"])
+    drafter = NgramDrafter(max_ngram=2)
+    n = int(cf.length[0])
+    for r, s in enumerate(cf.round_start):
+        d = int(top["k"][r])
+        assert cf.avail[0, s] == d                      # exact where a round started
+        want_d = len(drafter.propose(prompt + ref[:s + 1], min(4, n - s - 1)).tokens)
+        assert want_d == d
+        for k in range(5):
+            kk = min(k, d)
+            assert cf.accepted[r, k] == min(int(top["accepted"][r]), k)
+            win = top.routing_of(r)[:kk + 1]
+            want = np.mean([len(set(win[:, layer].ravel())) for layer in range(2)])
+            assert cf.union_recorded[r, k] == pytest.approx(want)
+            assert cf.union[0, s, k] == cf.union[0, s, min(k, int(cf.avail[0, s]))]
+    # a mismatch is known only where a draft was made: never past a round's proposal
+    for r, s in enumerate(cf.round_start):
+        d, m = int(top["k"][r]), int(top["accepted"][r])
+        if m == d < 4 and s + d + 1 < n:
+            assert cf.q[0, s + d + 1] == cf.rate[0] or cf.known[0, s + d + 1]
+
+
+def _best_sequence_memo(cost, q, n, k_max):
+    """_best_sequence with memory (a forward recursion over positions), for long sequences."""
+    import functools
+
+    @functools.cache
+    def best(i):
+        if i >= n:
+            return 0.0
+        out = np.inf
+        for k in range(k_max + 1):
+            acc = 0
+            while acc < k and q[i + acc + 1] == 1:
+                acc += 1
+            out = min(out, cost[i, k] + best(i + acc + 1))
+        return out
+
+    return best(0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_oracle_with_short_proposals_equals_enumerated_budget_sequences(seed):
+    from specmoe.oracle.analysis import make_cost_model, oracle_costs
+    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k
+
+    log, *_ = _lookup_log(seed)
+    cf = build_counterfactual(log)
+    model = make_cost_model(log, "model", cf.k_max, fits=fit_verify_by_k(log),
+                            draft=fit_draft_time(log))
+    cost = oracle_costs(cf, model)
+    feas = cf.feasible()
+    assert np.isinf(cost[~feas & (np.arange(cost.shape[1])[None, :, None]
+                                  < cf.length[:, None, None])]).all()
+    n = int(cf.length[0])
+    summary, sol, _ = summarise(cost, cf.q, cf.length)
+    assert (sol.policy[0, :n] <= cf.avail[0, :n]).all()
+    # brute force: every budget sequence, budget k at i drafting min(k, A_i), q_j in {0, 1}
+    # where known; unknown q_j set to 0 and 1 in turn makes the outcome deterministic
+    for fill in (0.0, 1.0):
+        q = np.where(cf.known[0], cf.q[0], fill)
+        c = np.where(np.isfinite(cost[0]), cost[0], np.inf)
+        want = _best_sequence_memo(c[:n], q, n, cf.k_max)
+        got = solve(cost[:, :n], q[None], cf.length).total[0]
+        assert got == pytest.approx(want, rel=1e-12)
+    assert summary.s_max >= 1 - 1e-12 and summary.mean_k <= cf.avail[0, :n].max()
+
+
+def test_log_without_budgets_counts_rounds_cut_by_the_token_limit():
+    """A log from before the budget column: a round with k < K that drafted every token the
+    limit left counts as the largest budget's; a round that drafted fewer mid-generation
+    does not."""
+    from dataclasses import replace
+
+    from specmoe.errors import InputError
+
+    def without_budget(log):
+        return replace(log, data={c: v for c, v in log.data.items() if c != "budget"})
+
+    log, *_ = _lookup_log(0, budgets=(0, 3), tokens=42, perfect=True)
+    legacy = without_budget(log)
+    cut = (legacy["k"] < 3) & (legacy["k"] > 0)
+    assert cut.any()                                   # the limit cut the last rounds
+    cf, cf_b = build_counterfactual(legacy), build_counterfactual(log)
+    assert len(cf.length) == 1 and cf.length[0] == 42
+    np.testing.assert_array_equal(cf.avail, cf_b.avail)
+    np.testing.assert_allclose(cf.union, cf_b.union)
+    lookup, *_ = _lookup_log(0, budgets=(0, 4), tokens=60)
+    mid = lookup.select(lookup["budget"] == 4)
+    assert (mid["k"][:-3] < 4).any()                   # short proposals mid-generation
+    assert len(build_counterfactual(lookup).length) == 1
+    with pytest.raises(InputError, match="largest budget"):
+        build_counterfactual(without_budget(lookup))

@@ -6,9 +6,11 @@ Legend for shapes: ``n`` = k + 1 tokens of a verification pass, ``L`` MoE layers
 Greedy speculative decoding at batch one (Leviathan et al., 2023; paper 002 Section 1). The KV
 cache holds every token of the context but the current one. A round:
 
-1. the budget k (an int, or a policy's ``choose(RoundState)``, :mod:`specmoe.oracle.policies`),
-   capped so the round cannot emit more than the tokens still to generate;
-2. the drafter proposes up to k tokens d_1..d_k (timed: T_D);
+1. the budget (an int, or a policy's ``choose(RoundState)``, :mod:`specmoe.oracle.policies`),
+   logged as ``budget``; k is the budget capped so the round cannot emit more than the tokens
+   still to generate;
+2. the drafter proposes up to k tokens d_1..d_k (timed: T_D); k becomes the number it
+   proposed (a prompt-lookup drafter may propose fewer), the ``k`` of the round log;
 3. one pass of the target on ``[current, d_1..d_k]`` at positions ``C..C+k`` (C the cache length,
    the round's context length L) gives the target's tokens t_0..t_k = argmax of each row
    (timed: T_T, forward pass and argmax, synchronised);
@@ -281,7 +283,8 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         state = RoundState(position=len(gen.tokens), context_len=int(kv.get_seq_length()),
                            history=tuple(history))
         k_cap = min(max_k, remaining - 1)
-        k = k_cap if use_conf else max(0, min(_choose(budget, state), k_cap))
+        chosen = max_k if use_conf else max(0, min(_choose(budget, state), max_k))
+        k = min(chosen, k_cap)
         excluded = excluded_wall = 0.0
         if prepare is not None and k > 0:    # untimed: e.g. the oracle's reference decoding
             t_p, w_p = now(), time.perf_counter()
@@ -293,7 +296,8 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         if use_conf:
             state = RoundState(state.position, state.context_len, state.history,
                                prop.confidence)
-            k = max(0, min(_choose(budget, state), k_cap))
+            chosen = max(0, min(_choose(budget, state), max_k))
+            k = min(chosen, k_cap)
         drafts = [int(t) for t in prop.tokens[:k]]
         conf = None if prop.confidence is None else [float(c) for c in prop.confidence[:k]]
         k = len(drafts)
@@ -314,7 +318,7 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         gen.decode_ms += (now() - start - excluded) * 1e3
         gen.decode_wall_ms += (time.perf_counter() - wall - excluded_wall) * 1e3
         u, e = pass_stats(ver.routing, engine.num_experts)
-        rec = {**base, "round": len(history) - 1, "k": k, "pass_size": k + 1, "accepted": acc,
+        rec = {**base, "round": len(history) - 1, "k": k, "budget": chosen, "pass_size": k + 1, "accepted": acc,
                "emitted": acc + 1, "t_verify_ms": ver.t_ms, "t_draft_ms": t_draft * 1e3,
                "context_len": ctx_len, "u_mean": float(u), "e_max": int(e),
                "kernel": ver.kernel, "drafter": getattr(drafter, "name", None),

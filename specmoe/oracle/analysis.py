@@ -50,8 +50,10 @@ def make_cost_model(log: RoundLog, kind: str, k_max: int, *, fits=None, draft=No
 
 
 def oracle_costs(cf: Counterfactual, model: CostModel) -> np.ndarray:
-    """C [G, n, K+1] at every position of every reference sequence."""
-    return model.truncate(cf.k_max).evaluate(cf.union, cf.context)
+    """C [G, n, K+1] at every position of every reference sequence; infinite for a budget the
+    drafter cannot fill there (k > A_i, :meth:`Counterfactual.feasible`)."""
+    cost = model.truncate(cf.k_max).evaluate(cf.union, cf.context)
+    return np.where(cf.feasible(), cost, np.inf)   # budgets above A_i: never chosen
 
 
 @dataclass(frozen=True, eq=False)

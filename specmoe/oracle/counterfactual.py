@@ -6,10 +6,14 @@ expert bitset.
 
 Two views of the same rounds:
 
-**Per recorded round** (exact). A round recorded at budget K with accepted count M would, at
-any budget k <= K, have accepted ``min(M, k)`` drafts, and its pass of k + 1 tokens would have
-needed the union of the experts of its routing positions 0..k (:attr:`Counterfactual.accepted`,
-:attr:`Counterfactual.union_recorded`).
+**Per recorded round** (exact). A round recorded at budget K that verified d <= K drafts (a
+drafter may propose fewer than its budget: the round log's ``k``, its budget ``budget``) with
+accepted count M would, at any budget k <= K, have verified min(k, d) drafts and accepted
+``min(M, k)``, and its pass would have needed the union of the experts of its routing
+positions 0..min(k, d) (:attr:`Counterfactual.accepted`, :attr:`Counterfactual.union_recorded`).
+The draft of a budget k is the first k tokens of the draft of budget K: true of the three
+drafters of :mod:`specmoe.engine.drafters` (greedy, one token after another, or a prefix of one
+prompt-lookup continuation).
 
 **Per position of the reference sequence** (the Oracle's states). The reference sequence of a
 generation is the text it emitted: position 0 is the first round's current token, round r
@@ -17,11 +21,20 @@ starts at s_r = emitted tokens before it, and positions s_r..s_r+M_r are its cur
 its accepted drafts. Every reference position was verified exactly once as the pass input, so
 its routing is known. A pass started at any position i with budget k is then modelled as:
 
+* availability: a round started at i drafts at most A_i tokens, whatever its budget
+  (:attr:`Counterfactual.avail`): A = d_r at the start of recorded round r and at the positions
+  of its accepted drafts. The oracle drafter and the draft model draft their budget (d_r = K)
+  except where the token limit cuts it near a generation's end; a prompt-lookup drafter
+  proposes fewer when its match repeats a period of d_r tokens just before the current one,
+  and accepted drafts continue that period, so a round started inside them finds the same
+  period (an approximation where the lookup would find another match). Budgets above A_i are
+  the pass of A_i: the Oracle's cost of them is infinite, so it never chooses them, and a
+  simulated policy drafts min(k, A_i).
 * acceptance: the draft for position j is accepted with probability q_j. q_j = 1 where a
   recorded round drafted j from the reference prefix and matched, 0 where that draft was the
   first mismatch; where no round drafted j from the reference prefix (the bonus token after a
   fully accepted round) q_j is the generation's acceptance rate, the geometric maximum
-  likelihood estimate sum(M) / sum(M + [M < K]). Drafts are accepted in order, independently
+  likelihood estimate sum(M) / sum(M + [M < d]). Drafts are accepted in order, independently
   given the q_j. This assumes the draft for a position depends on the reference prefix only,
   not on where its round started (exact for a deterministic drafter of the prefix, such as the
   oracle drafter of paper 002; an approximation for EAGLE-style drafters whose features depend
@@ -112,6 +125,7 @@ class Counterfactual:
     confidence: np.ndarray       # [G, n+K+1] the drafter's confidence at j (NaN: unknown)
     union: np.ndarray            # [G, n, K+1] modelled Ū of a pass at i with budget k
     context: np.ndarray          # [G, n] context length L_i
+    avail: np.ndarray            # [G, n] drafts a round started at i proposes (A_i <= K)
 
     @property
     def num_positions(self) -> int:
@@ -123,13 +137,19 @@ class Counterfactual:
         model = self.union[self.round_gen, self.round_start]
         return np.abs(model - self.union_recorded).mean(axis=0)
 
+    def feasible(self, k_max: int | None = None) -> np.ndarray:
+        """bool [G, n, K+1]: budget k drafts k tokens at position i (k <= A_i)."""
+        k = self.k_max if k_max is None else k_max
+        return np.arange(k + 1)[None, None, :] <= self.avail[:, :, None]
+
     def truncate(self, l_max: int) -> Counterfactual:
         """The same data with budgets 0..l_max only."""
         if not 0 <= l_max <= self.k_max:
             raise InputError(f"--l-max: {l_max} outside 0..{self.k_max} (the recorded budget)")
         return replace(self, k_max=l_max, accepted=self.accepted[:, :l_max + 1],
                        union_recorded=self.union_recorded[:, :l_max + 1],
-                       union=self.union[:, :, :l_max + 1])
+                       union=self.union[:, :, :l_max + 1],
+                       avail=np.minimum(self.avail, l_max))
 
     def select(self, generations: np.ndarray) -> Counterfactual:
         """The generations at indices ``generations`` (recorded rounds follow)."""
@@ -145,7 +165,7 @@ class Counterfactual:
             generation_id=self.generation_id[gi], category=self.category[gi],
             length=self.length[gi], rate=self.rate[gi], q=self.q[gi, :n + k + 1],
             known=self.known[gi, :n + k + 1], confidence=self.confidence[gi, :n + k + 1],
-            union=self.union[gi, :n], context=self.context[gi, :n])
+            union=self.union[gi, :n], context=self.context[gi, :n], avail=self.avail[gi, :n])
 
 
 def _require_counterfactual(log: RoundLog) -> None:
@@ -157,26 +177,40 @@ def _require_counterfactual(log: RoundLog) -> None:
 
 def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
                          ) -> Counterfactual:
-    """The Oracle's inputs from the generations recorded entirely at the log's largest budget."""
+    """The Oracle's inputs from the generations recorded entirely at the log's largest budget
+    (the ``budget`` column, or ``k`` where a log has none)."""
     if acceptance not in ("counterfactual", "geometric"):
         raise InputError(f"--acceptance: {acceptance!r} (choose counterfactual or geometric)")
     _require_counterfactual(log)
-    k_max = int(log["k"].max())
+    drafted = np.asarray(log["k"], dtype=np.int64)
+    has_budget = "budget" in log.data and not np.isnan(log["budget"]).all()
+    bud = (np.where(np.isnan(log["budget"]), drafted, log["budget"]).astype(np.int64)
+           if has_budget else drafted)
+    k_max = int(bud.max())
     if k_max < 1:
         raise InputError(f"{log.name}: every round has k = 0; the Oracle needs drafted rounds")
     gen_codes, gen_labels = log.codes("generation_id")
-    # A generation recorded at L_max: every round at k = k_max except that its last round may
-    # be shorter (cut to the token limit); such a last round is left out.
-    last_round = np.full(len(gen_labels), -1, dtype=np.int64)
-    np.maximum.at(last_round, gen_codes, np.asarray(log["round"], dtype=np.int64))
-    is_last = np.asarray(log["round"]) == last_round[gen_codes]
-    at_max = np.asarray(log["k"]) == k_max
+    # A generation recorded at L_max: every round at budget K. A log without budgets gives
+    # k; there a round with k < K that drafted every token the limit left (k = tokens still
+    # to generate - 1, the engine's cap near a generation's end) also counts as budget K.
+    at_max = bud == k_max
+    if not has_budget:
+        order = np.lexsort((np.asarray(log["round"]), gen_codes))
+        em = np.asarray(log["emitted"], dtype=np.int64)[order]
+        gc = gen_codes[order]
+        total = np.bincount(gc, weights=em, minlength=len(gen_labels)).astype(np.int64)
+        csum = np.cumsum(em)
+        first = np.searchsorted(gc, gc)                  # gc is sorted: each group's first row
+        before = csum - em - (csum - em)[first]          # tokens emitted before the round
+        capped = np.zeros(len(bud), dtype=bool)
+        capped[order] = drafted[order] == total[gc] - before - 1
+        at_max |= capped & (drafted < k_max)
     ok_gen = np.ones(len(gen_labels), dtype=bool)
-    np.logical_and.at(ok_gen, gen_codes, at_max | is_last)
+    np.logical_and.at(ok_gen, gen_codes, at_max)
     has_max = np.zeros(len(gen_labels), dtype=bool)
-    np.logical_or.at(has_max, gen_codes, at_max)
+    np.logical_or.at(has_max, gen_codes, drafted == k_max)
     ok_gen &= has_max
-    rows = np.flatnonzero(ok_gen[gen_codes] & at_max)
+    rows = np.flatnonzero(ok_gen[gen_codes])
     if rows.size == 0:
         raise InputError(f"{log.name}: no generation has every round at the largest budget "
                          f"K={k_max} (the Oracle needs generations recorded at L_max)")
@@ -200,6 +234,7 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
                          f"missing or repeated (expected round {idx_in_gen[r]}, found "
                          f"{int(sub['round'][r])})")
     m_acc = sub["accepted"]
+    d_r = sub["k"].astype(np.int64)          # drafts each round verified (<= K)
     emitted = m_acc + 1
     csum = np.cumsum(emitted)
     gen_end = csum[np.append(first[1:] - 1, len(gen) - 1)]
@@ -225,11 +260,16 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     union[gidx, pidx] = flat_union
     context = np.zeros((g_count, n))
     context[gidx, pidx] = np.repeat(sub["context_len"] - start, emitted) + pidx
+    avail = np.zeros((g_count, n), dtype=np.int16)
+    avail[gidx, pidx] = np.repeat(d_r, emitted)
+    # a budget above A_i is the pass of A_i
+    union = np.take_along_axis(union, np.minimum(np.arange(k_max + 1)[None, None, :],
+                                                 avail[:, :, None].astype(np.int64)), axis=2)
     # recorded per-round counterfactual
     accepted = np.minimum(m_acc[:, None], np.arange(k_max + 1)[None, :])
     union_rec = window_union(ids, row0, roff[1:] // row_size, k_max, n_exp)
     # acceptance probabilities per position
-    trials = m_acc + (m_acc < k_max)
+    trials = m_acc + (m_acc < d_r)
     succ = np.bincount(gen, weights=m_acc, minlength=g_count)
     tri = np.bincount(gen, weights=trials, minlength=g_count)
     pooled = succ.sum() / max(tri.sum(), 1)
@@ -239,7 +279,7 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     known = np.zeros((g_count, width), dtype=bool)
     conf = np.full((g_count, width), np.nan)
     if acceptance == "counterfactual":
-        d_len = np.minimum(m_acc + 1, k_max)  # drafts made from the reference prefix
+        d_len = np.minimum(m_acc + 1, d_r)  # drafts made from the reference prefix
         rr = np.repeat(np.arange(len(gen)), d_len)
         d = np.arange(d_len.sum()) - np.repeat(np.cumsum(d_len) - d_len, d_len) + 1  # 1-based
         pos = start[rr] + d
@@ -254,4 +294,4 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
         k_max=k_max, round_gen=gen, round_start=start, accepted=accepted,
         union_recorded=union_rec, generation_id=labels.astype(object),
         category=cat[first], length=length, rate=rate, q=q, known=known, confidence=conf,
-        union=union, context=context)
+        union=union, context=context, avail=avail)

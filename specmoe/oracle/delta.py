@@ -101,7 +101,7 @@ def delta_space(cost: np.ndarray, surv: np.ndarray, value: np.ndarray, policy: n
     rows = np.arange(len(g))
     dc = c - c[rows, ks][:, None]
     da = ea - ea[rows, ks][:, None]
-    rej = np.arange(kp1)[None, :] != ks[:, None]
+    rej = (np.arange(kp1)[None, :] != ks[:, None]) & np.isfinite(c)  # drafts it can make
     x, y = dc[rej], da[rej]
     kk = np.broadcast_to(np.arange(kp1), dc.shape)[rej]
     kstar = np.broadcast_to(ks[:, None], dc.shape)[rej]

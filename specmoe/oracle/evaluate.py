@@ -72,7 +72,7 @@ def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Gen
         i = 0
         while i < n_g:
             state = RoundState(i, int(cf.context[g, i]), hist, conf[i + 1:i + k_max + 1])
-            k = min(max(int(policy.choose(state)), 0), k_max)
+            k = min(max(int(policy.choose(state)), 0), k_max, int(cf.avail[g, i]))
             run = hit[i + 1:i + k + 1]
             acc = k if run.all() else int(np.argmin(run))
             total += cost[g, i, k]
@@ -100,7 +100,10 @@ def split_prompts(log: RoundLog, *, test_fraction: float, seed: int) -> np.ndarr
 
 def _step_time_fn(model, cf: Counterfactual):
     live = np.arange(cf.union.shape[1])[None, :] < cf.length[:, None]
-    union = np.median(cf.union[live], axis=0)                 # [K+1] typical Ū per budget
+    ok = live[:, :, None] & cf.feasible()                     # passes of k drafts
+    union = np.array([np.median(cf.union[:, :, k][ok[:, :, k]]) if ok[:, :, k].any()
+                      else np.median(cf.union[:, :, k][live]) for k in range(cf.k_max + 1)])
+    # [K+1] typical Ū of a pass of k drafts
     base = model.truncate(cf.k_max).evaluate(union, np.asarray(0.0))
     slope = np.asarray(model.c[:cf.k_max + 1])
 

@@ -200,8 +200,9 @@ def summarise(cost: np.ndarray, q: np.ndarray, length: np.ndarray) -> tuple[
     k = sol.policy.astype(np.int64)
     ea = np.take_along_axis(expected_accepted(s), k[..., None], -1)[..., 0]
     # capped: the draft would have matched beyond k* (P(A >= k*+1) = S(i, k*+1)), k* < L_max
-    beyond = np.where(k < k_max, np.take_along_axis(
-        s, np.minimum(k + 1, k_max)[..., None], -1)[..., 0], 0.0)
+    nxt = np.minimum(k + 1, k_max)[..., None]
+    can = (k < k_max) & np.isfinite(np.take_along_axis(cost, nxt, -1)[..., 0])
+    beyond = np.where(can, np.take_along_axis(s, nxt, -1)[..., 0], 0.0)
     live = np.arange(n)[None, :] < length[:, None]
     plain = float(np.where(live, cost[:, :, 0], 0.0).sum())
     rounds = float(pi.sum())

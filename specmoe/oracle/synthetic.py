@@ -200,6 +200,7 @@ def synthetic_round_log(
         data[c_] = np.concatenate(cols[c_]).astype(np.float64)
     nr = len(data["k"])
     data["pass_size"] = data["k"] + 1
+    data["budget"] = data["k"].astype(np.float64)   # every round drafts its budget
     data["emitted"] = data["accepted"] + 1
     data["num_layers"] = np.full(nr, float(num_layers))
     data["top_k"] = np.full(nr, float(top_k))
