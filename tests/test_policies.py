@@ -195,3 +195,88 @@ def test_learned_inputs_are_the_cost_model_at_the_typical_union(synth):
     assert inp.value_per_token > 0 and 0 < inp.prior < 1
     assert inp.marginal().value_per_token == inp.value_per_token
     assert inp.staircase().choose(RoundState(0, 500, [])) in range(4)
+
+
+# ---------------------------------------------------------------------------------------------
+# confidence: calibration and the cost of looking
+
+
+def _pav(x, y):
+    """Pool-adjacent-violators by hand: the least-squares non-decreasing fit at sorted x."""
+    order = np.argsort(x, kind="stable")
+    xs, ys = np.asarray(x, float)[order], np.asarray(y, float)[order]
+    ux, inv = np.unique(xs, return_inverse=True)
+    sums, counts = np.bincount(inv, ys), np.bincount(inv).astype(float)
+    blocks = [[s, c, 1] for s, c in zip(sums, counts, strict=True)]  # sum, weight, members
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][0] / blocks[i][1] > blocks[i + 1][0] / blocks[i + 1][1] + 1e-15:
+            a, b = blocks[i], blocks.pop(i + 1)
+            blocks[i] = [a[0] + b[0], a[1] + b[1], a[2] + b[2]]
+            i = max(i - 1, 0)
+        else:
+            i += 1
+    fit = np.concatenate([[s / c] * m for s, c, m in blocks])
+    return ux, fit
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.integers(0, 2**31 - 1))
+def test_confidence_calibration_is_the_isotonic_fit(n, seed):
+    from specmoe.oracle.policies import ConfidenceCalibration
+
+    rng = np.random.default_rng(seed)
+    c = rng.choice(np.linspace(0, 1, 11), n)
+    y = (rng.random(n) < c).astype(float)
+    cal = ConfidenceCalibration.fit(c, y)
+    ux, want = _pav(c, y)
+    np.testing.assert_allclose(cal(ux), want, atol=1e-12)
+    grid = np.linspace(-0.5, 1.5, 41)
+    got = cal(grid)
+    assert (np.diff(got) >= -1e-12).all() and (got >= 0).all() and (got <= 1).all()
+
+
+class _Recorder:
+    """Wraps a policy and records (generation, position, k) of every choice."""
+
+    def __init__(self, inner):
+        self.inner, self.g, self.calls = inner, -1, []
+        self.name, self.use_confidence = inner.name, inner.use_confidence
+
+    def reset(self):
+        self.g += 1
+        self.inner.reset()
+
+    def choose(self, state):
+        k = self.inner.choose(state)
+        self.calls.append((self.g, state.position, k))
+        return k
+
+
+def test_a_confidence_policy_pays_for_the_draft_it_looked_at(cf):
+    cost = _cost(cf, 2)
+    v = lambda _ctx: np.array([6.0, 7.5, 8.5, 9.5])  # noqa: E731
+    k_max = cf.k_max
+    runs = {}
+    for name, draft in (("free", None), ("paid", np.arange(k_max + 1) * 1.25)):
+        rec = _Recorder(MarginalRule(v, 4.0, use_confidence=True))
+        t = simulate(rec, cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6,
+                     draft_ms=draft)[0]
+        runs[name] = (t, rec.calls)
+    assert runs["free"][1] == runs["paid"][1]          # the same rounds: cost does not steer
+    stopped = sum(min(k, k_max, int(cf.avail[g, i])) < min(k_max, int(cf.avail[g, i]))
+                  for g, i, k in runs["paid"][1])
+    assert stopped > 0
+    assert runs["paid"][0] - runs["free"][0] == pytest.approx(1.25 * stopped)
+    # a policy that does not read confidences never pays for looking
+    t0 = simulate(FixedK(1), cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6)[0]
+    t1 = simulate(FixedK(1), cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6,
+                  draft_ms=np.arange(k_max + 1) * 1.25)[0]
+    assert t0 == t1
+
+
+def test_policy_report_has_the_rate_only_oracle(synth):
+    r = evaluate_policies(synth, l_max=3, repeats=1, seed=2)
+    rate = r["oracle_rate_only"]["s_max"]
+    assert 1 - 1e-9 <= rate <= r["oracle"]["s_max"] + 1e-9   # foresight never hurts
+    assert "marginal-calibrated" in r["policies"]             # the synthetic log has confidences

@@ -212,8 +212,10 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     ok_gen &= has_max
     rows = np.flatnonzero(ok_gen[gen_codes])
     if rows.size == 0:
+        why = ("" if has_budget else "; the log has no budget column, so a round that "
+               "drafted fewer than K counts as K's only where the token limit cut it")
         raise InputError(f"{log.name}: no generation has every round at the largest budget "
-                         f"K={k_max} (the Oracle needs generations recorded at L_max)")
+                         f"K={k_max} (the Oracle needs generations recorded at L_max{why})")
     sub = log.select(rows)
     gen, labels = sub.codes("generation_id")
     order = np.lexsort((sub["round"], gen))

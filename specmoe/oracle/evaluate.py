@@ -14,7 +14,10 @@ model of :mod:`specmoe.oracle.counterfactual`: a recorded match or mismatch is r
 unrecorded draft is accepted at random with the generation's rate (``repeats`` seeds, averaged),
 and a round costs C(k, i) of the cost model fitted on all rounds, the same cost under which
 the Oracle's S_max on the held-out set is computed. speedup = plain-decoding time / policy
-time; share_of_oracle = speedup / S_max.
+time; share_of_oracle = speedup / S_max. For scale, ``oracle_rate_only`` is the Oracle that
+knows each held-out generation's acceptance rate but not which drafts will match (the
+counterfactual with ``acceptance="geometric"``): the gap between it and S_max is the value of
+knowing, before drafting, which drafts the target will accept.
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from specmoe.oracle.analysis import make_cost_model, oracle_costs
 from specmoe.oracle.costmodel import CostModel
 from specmoe.oracle.counterfactual import Counterfactual, build_counterfactual
 from specmoe.oracle.delta import delta_space
-from specmoe.oracle.policies import FixedK, MarginalRule, RoundState, StaircasePolicy
+from specmoe.oracle.policies import (
+    ConfidenceCalibration,
+    FixedK,
+    MarginalRule,
+    RoundState,
+    StaircasePolicy,
+)
 from specmoe.oracle.ssp import OracleSummary, summarise, survival
 from specmoe.roundlog import RoundLog
 
@@ -50,16 +59,23 @@ class PolicyScore:
 
 
 def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Generator,
-             fill_confidence: float) -> tuple[float, float, float, float]:
+             fill_confidence: float, draft_ms: np.ndarray | None = None
+             ) -> tuple[float, float, float, float]:
     """Run ``policy`` over every generation of ``cf`` at cost [G, n, K+1].
 
-    -> (total time ms, rounds, mean k, mean accepted). A drafted position whose outcome was
+    -> (total time ms, rounds, mean k, mean accepted). A budget above the drafts the drafter
+    can make there drafts those (k = min(k, A_i)). A drafted position whose outcome was
     recorded replays it; otherwise it is accepted with probability q_j (drawn from ``rng``).
-    Unknown confidences are ``fill_confidence``.
+    Unknown confidences are ``fill_confidence``. A policy that reads the drafter's confidence
+    must draft a token to see it: with ``draft_ms`` [K+1] (the draft time of k tokens) a round
+    that stops at k < A_i also pays the draft time of the (k+1)-th token it looked at and left
+    out, draft_ms[k+1] - draft_ms[k].
     """
     k_max = cost.shape[2] - 1
     total = rounds = sum_k = sum_a = 0.0
     conf_all = np.where(np.isnan(cf.confidence), fill_confidence, cf.confidence)
+    peek = (np.diff(np.asarray(draft_ms, float)) if draft_ms is not None
+            and getattr(policy, "use_confidence", False) else None)
     for g in range(len(cf.length)):
         n_g = int(cf.length[g])
         w = n_g + k_max + 1
@@ -76,6 +92,8 @@ def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Gen
             run = hit[i + 1:i + k + 1]
             acc = k if run.all() else int(np.argmin(run))
             total += cost[g, i, k]
+            if peek is not None and k < min(k_max, int(cf.avail[g, i])):
+                total += peek[k]
             rounds += 1
             sum_k += k
             sum_a += acc
@@ -125,12 +143,21 @@ class PolicyInputs:
     cost_model: CostModel
     counterfactual: Counterfactual
     oracle: OracleSummary
+    calibration: ConfidenceCalibration | None = None  # confidence -> P(accepted), if recorded
 
     def staircase(self, **options) -> StaircasePolicy:
         return StaircasePolicy(self.step_times, prior=self.prior, **options)
 
     def marginal(self, **options) -> MarginalRule:
         return MarginalRule(self.step_times, self.value_per_token, prior=self.prior, **options)
+
+
+def _calibration(cf: Counterfactual) -> ConfidenceCalibration | None:
+    """Isotonic P(accepted | confidence) from the recorded drafts that carry a confidence."""
+    ok = cf.known & np.isfinite(cf.confidence)
+    if ok.sum() < 2 or len(np.unique(cf.q[ok])) < 2:
+        return None
+    return ConfidenceCalibration.fit(cf.confidence[ok], cf.q[ok])
 
 
 def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
@@ -152,7 +179,7 @@ def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
     return PolicyInputs(
         step_times=_step_time_fn(model, cf), value_per_token=lam, boundary_slope=dl.slope,
         prior=float(np.average(cf.rate, weights=cf.length)), cost_model=model,
-        counterfactual=cf, oracle=summary)
+        counterfactual=cf, oracle=summary, calibration=_calibration(cf))
 
 
 def _plain(cost: np.ndarray, length: np.ndarray) -> float:
@@ -178,14 +205,18 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     top = min(learned.counterfactual.k_max, cf_test.k_max)
     cf_test = cf_test.truncate(top)
     cf_train = learned.counterfactual.truncate(top)
-    cost_test = oracle_costs(cf_test, make_cost_model(log, "model", top))
+    test_model = make_cost_model(log, "model", top)
+    cost_test = oracle_costs(cf_test, test_model)
     oracle_test, _, _ = summarise(cost_test, cf_test.q, cf_test.length)
+    # the Oracle that knows each generation's acceptance rate, not which drafts will match
+    cf_rate = build_counterfactual(test_log, acceptance="geometric").truncate(top)
+    oracle_rate, _, _ = summarise(oracle_costs(cf_rate, test_model), cf_rate.q, cf_rate.length)
     plain_test = _plain(cost_test, cf_test.length)
     fill = learned.prior
 
-    def score(policy, cf, cost, plain, s_max):
+    def score(policy, cf, cost, plain, s_max, draft):
         res = [simulate(policy, cf, cost, rng=np.random.default_rng([seed, r]),
-                        fill_confidence=fill) for r in range(repeats)]
+                        fill_confidence=fill, draft_ms=draft) for r in range(repeats)]
         t, rounds, mk, ma = (float(np.mean(v)) for v in zip(*res))
         sp = plain / t
         return PolicyScore(policy.name, sp, sp / s_max, t, mk, ma, rounds)
@@ -194,25 +225,31 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     cost_train = oracle_costs(cf_train, learned.cost_model)
     plain_train = _plain(cost_train, cf_train.length)
     train_fixed = {k: score(FixedK(k), cf_train, cost_train, plain_train,
-                            learned.oracle.s_max).speedup for k in range(top + 1)}
+                            learned.oracle.s_max, None).speedup for k in range(top + 1)}
     best_k = max(train_fixed, key=lambda k: (train_fixed[k], -k))
     best = FixedK(best_k)
+    has_conf = bool(np.isfinite(cf_test.confidence).any())
     policies = [*(FixedK(k) for k in range(1, top + 1)), best,
                 learned.staircase(decay=decay),
-                learned.marginal(decay=decay, name="marginal",
-                                 use_confidence=bool(np.isfinite(cf_test.confidence).any())),
+                learned.marginal(decay=decay, name="marginal", use_confidence=has_conf),
                 learned.marginal(decay=decay, name="marginal-ewma", use_confidence=False)]
+    if has_conf and learned.calibration is not None:
+        policies.append(learned.marginal(decay=decay, name="marginal-calibrated",
+                                         calibration=learned.calibration))
     lam, prior = learned.value_per_token, learned.prior
     out = []
     for p in policies:
         say(f"simulating {p.name}")
-        s = score(p, cf_test, cost_test, plain_test, oracle_test.s_max)
+        s = score(p, cf_test, cost_test, plain_test, oracle_test.s_max,
+                  np.asarray(test_model.draft[:top + 1]))
         if p is best:
             s = replace(s, name=f"fixed-best (K={best_k})")
         out.append(s)
     return {
         "oracle": {"s_max": oracle_test.s_max, "mean_k": oracle_test.mean_k,
                    "mean_accepted": oracle_test.mean_accepted, "time_ms": oracle_test.time_ms},
+        "oracle_rate_only": {"s_max": oracle_rate.s_max, "mean_k": oracle_rate.mean_k,
+                             "mean_accepted": oracle_rate.mean_accepted},
         "plain_ms": plain_test, "l_max": top,
         "policies": {s.name: s for s in out},
         "training": {"prompts_held_out": len(np.unique(test_log["prompt_id"])),

@@ -25,7 +25,9 @@ than last time also starts afresh. ``docs/policies.md`` shows the engine loop.
   this is exactly "draft while p_d·λ > V(d) - V(d-1)" (p_d never rises); when V steps down (a
   cheaper kernel or graph from some pass size on) it looks through the step instead of
   stopping in front of it. It is the local form of the Oracle's choice: the Oracle's k*
-  satisfies ΔE[Cost] >= λ·ΔE[a] against every other k.
+  satisfies ΔE[Cost] >= λ·ΔE[a] against every other k. With ``calibration`` (a monotone map
+  from the drafter's confidence to the chance its draft is accepted, fitted on earlier rounds:
+  :class:`ConfidenceCalibration`) the probabilities are the calibrated confidences.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["FixedK", "MarginalRule", "Policy", "RoundState", "StaircasePolicy"]
+__all__ = ["ConfidenceCalibration", "FixedK", "MarginalRule", "Policy", "RoundState",
+           "StaircasePolicy"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,31 @@ class StaircasePolicy:
         return k
 
 
+@dataclass(frozen=True)
+class ConfidenceCalibration:
+    """P(draft accepted | the drafter's confidence c): isotonic (non-decreasing) regression of
+    the recorded outcomes on c, a step function through ``knots`` -> ``values`` (linear between
+    knots, constant outside)."""
+
+    knots: tuple[float, ...]
+    values: tuple[float, ...]
+
+    @classmethod
+    def fit(cls, confidence: np.ndarray, accepted: np.ndarray) -> ConfidenceCalibration:
+        from sklearn.isotonic import IsotonicRegression
+
+        c = np.asarray(confidence, float)
+        y = np.asarray(accepted, float)
+        ok = np.isfinite(c) & np.isfinite(y)
+        if ok.sum() < 2:
+            raise ValueError("confidence calibration needs at least two outcomes")
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(c[ok], y[ok])
+        return cls(tuple(map(float, iso.X_thresholds_)), tuple(map(float, iso.y_thresholds_)))
+
+    def __call__(self, confidence) -> np.ndarray:
+        return np.interp(np.asarray(confidence, float), self.knots, self.values)
+
+
 @dataclass
 class MarginalRule:
     """k = argmax_k [λ·sum_{d<=k} P(drafts 1..d accepted) - V(k)] (λ = ``value_per_token``, ms)."""
@@ -141,6 +169,7 @@ class MarginalRule:
     prior_weight: float = 2.0
     use_confidence: bool = True
     name: str = "marginal"
+    calibration: Callable[[np.ndarray], np.ndarray] | None = None
     _rate: _Ewma = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +184,10 @@ class MarginalRule:
         a = self._rate.update(state.history)
         conf = state.confidence if self.use_confidence else None
         if conf is not None and len(conf):
-            p = np.cumprod(np.clip(np.asarray(conf, float)[:k_max], 0.0, 1.0))
+            c = np.asarray(conf, float)[:k_max]
+            if self.calibration is not None:
+                c = self.calibration(c)
+            p = np.cumprod(np.clip(c, 0.0, 1.0))
             p = np.concatenate([p, np.zeros(k_max - len(p))])  # nothing drafted: no value
         else:
             p = a ** np.arange(1, k_max + 1)
