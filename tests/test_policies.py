@@ -164,10 +164,13 @@ def test_cli_policy_json_and_errors(tmp_path, synth, capsys):
     runs = tmp_path / "runs"
     for k in synth.budgets:
         write_round_log(synth.select(synth["k"] == k), runs / f"k{k}.parquet")
-    rc = main(["policy", "--runs", str(runs), "--json", "--repeats", "1", "--l-max", "2"])
+    rc = main(["policy", "--runs", str(runs), "--json", "--repeats", "1", "--l-max", "2",
+               "--out", str(tmp_path / "pol")])
     cap = capsys.readouterr()
     assert rc == 0
     d = json.loads(cap.out)
+    assert json.loads((tmp_path / "pol" / "policies.json").read_text()) == d
+    assert (tmp_path / "pol" / "policies.png").read_bytes()[:4] == b"\x89PNG"
     assert d["l_max"] == 2
     for p in d["policies"].values():
         assert {"speedup", "share_of_oracle"} <= set(p)

@@ -144,3 +144,26 @@ def test_report_renders_in_headless_chromium(results, tmp_path):
     img = imread(png)
     # not a blank page: dark text on a light background
     assert img[..., :3].min() < 0.3 and np.median(img[..., :3]) > 0.8
+
+
+def test_report_policies_section_has_the_table_and_figure(tmp_path):
+    """A policies.json from `specmoe policy --out` renders as its policy table (share of S_max
+    and of the rate-only Oracle) with a bar figure drawn when none lies beside it."""
+    res = tmp_path / "res"
+    (res / "pol").mkdir(parents=True)
+    d = {"oracle": {"s_max": 2.0}, "oracle_rate_only": {"s_max": 1.6}, "l_max": 4,
+         "plain_ms": 100.0, "training": {"prompts_held_out": 3, "prompts_training": 3,
+                                         "best_fixed_k": 2, "value_per_token_ms": 1.5,
+                                         "prior_acceptance": 0.7},
+         "policies": {"fixed-2": {"speedup": 1.2, "share_of_oracle": 0.6, "mean_k": 2.0,
+                                  "mean_accepted": 1.1},
+                      "staircase": {"speedup": 1.8, "share_of_oracle": 0.9, "mean_k": 2.5,
+                                    "mean_accepted": 1.5}}}
+    (res / "pol" / "policies.json").write_text(json.dumps(d))
+    out = tmp_path / "page.html"
+    assert main(["report", str(res), "--out", str(out)]) == 0
+    text = re.sub(r"<[^>]+>", " ", out.read_text())
+    assert re.search(r"staircase\s+1\.800\s+90\.0%\s+112\.5%", text)
+    assert re.search(r"fixed-2\s+1\.200\s+60\.0%\s+75\.0%", text)
+    assert "No draft-budget policies" not in text
+    assert (tmp_path / "page_files" / "policies.png").read_bytes().startswith(PNG_MAGIC)

@@ -50,7 +50,10 @@ def run(args) -> int:
                                       quiet=False))
     if args.out:
         path = atomic_write_json(Path(args.out) / "policies.json", d)
-        print(f"wrote {path}", file=sys.stderr)
+        from specmoe.report.oracle_figures import plot_policies
+
+        fig = plot_policies(d, Path(args.out) / "policies.png")
+        print(f"wrote {path} and {fig.name}", file=sys.stderr)
     if args.json:
         print(dumps_json(d))
     else:

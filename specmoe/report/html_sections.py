@@ -385,7 +385,39 @@ def generic(d: Any, *, limit: int = 30) -> str:
 
 
 def render_policies(path: Path, d: Any, figs) -> str:
-    return "\n".join([generic(d), *_beside(path, "policies", figs)])
+    pol = d.get("policies") if isinstance(d, dict) else None
+    if not isinstance(pol, dict) or not pol:
+        return "\n".join([generic(d), *_beside(path, "policies", figs)])
+    oracle = d.get("oracle", {}) or {}
+    rate = (d.get("oracle_rate_only") or {}).get("s_max")
+    tr = d.get("training", {}) or {}
+    parts = [_facts([("held-out Oracle S_max", num(oracle.get("s_max"), ".4g")),
+                     ("Oracle knowing only the acceptance rate", num(rate, ".4g")),
+                     ("L_max", num(d.get("l_max"))),
+                     ("prompts held out / training",
+                      f"{num(tr.get('prompts_held_out'))} / {num(tr.get('prompts_training'))}"),
+                     ("value of a token λ, ms", num(tr.get("value_per_token_ms"), ".4g")),
+                     ("prior acceptance", num(tr.get("prior_acceptance"), ".3f")),
+                     ("best fixed K on training", num(tr.get("best_fixed_k")))])]
+    rows = []
+    for name, p in pol.items():
+        sp = p.get("speedup")
+        rows.append([esc(name), num(sp, ".3f"), num(p.get("share_of_oracle"), ".1%"),
+                     num(sp / rate if sp is not None and rate else None, ".1%"),
+                     num(p.get("mean_k"), ".2f"), num(p.get("mean_accepted"), ".2f")])
+    parts.append(table(["policy", "speedup", "share of S_max", "share of rate-only Oracle",
+                        "mean k", "mean accepted"], rows,
+                       caption="Online policies simulated on the held-out prompts"))
+    figs_html = _beside(path, "policies", figs)
+    if not figs_html:
+        from specmoe.report.oracle_figures import plot_policies
+
+        def draw(data, out):
+            return [plot_policies(data, out / "policies.png")]
+
+        figs_html = [figs.tag(q, q.name) for q in figs.draw(draw, d)]
+    parts += figs_html
+    return "\n".join(parts)
 
 
 RENDERERS = {"validation": render_validation, "plan": render_plan, "profile": render_profile,

@@ -16,8 +16,8 @@ import numpy as np
 
 from specmoe._io import atomic_path
 
-__all__ = ["plot_delta_space", "plot_draft_time", "plot_oracle_bounds", "plot_verify_cost",
-           "write_oracle_figures"]
+__all__ = ["plot_delta_space", "plot_draft_time", "plot_oracle_bounds", "plot_policies",
+           "plot_verify_cost", "write_oracle_figures"]
 
 _MAX_POINTS = 4000  # per panel, sampled evenly so large logs stay drawable
 
@@ -128,6 +128,33 @@ def plot_draft_time(log, draft, path: str | os.PathLike) -> Path:
         ax.legend(fontsize=8)
     ax.set_xlabel("K")
     ax.set_ylabel("T_D (ms)")
+    return _save(fig, path)
+
+
+def plot_policies(result: dict, path: str | os.PathLike) -> Path:
+    """Held-out speedup of each online policy (``specmoe policy``), with the Oracle's S_max and
+    the rate-only Oracle's as lines."""
+    pol = result.get("policies", {})
+    names = list(pol)
+    fig, ax = _figure(7.0, 0.32 * len(names) + 1.6)
+    ax = ax[0, 0]
+    y = np.arange(len(names))
+    sp = [float(pol[n]["speedup"]) for n in names]
+    ax.barh(y, sp, color=["#bbbbbb" if n.startswith("fixed-") and "best" not in n
+                          else "#3b6fb6" for n in names])
+    ax.set_yticks(y, names)
+    ax.invert_yaxis()
+    s_max = result.get("oracle", {}).get("s_max")
+    rate = result.get("oracle_rate_only", {}).get("s_max")
+    if s_max:
+        ax.axvline(s_max, color="k", lw=1.5, label=f"Oracle S_max {s_max:.3f}")
+        ax.axvline(0.9 * s_max, color="k", lw=1, ls=":", label="90% of S_max")
+    if rate:
+        ax.axvline(rate, color="#c0392b", lw=1.2, ls="--",
+                   label=f"Oracle knowing only the rate {rate:.3f}")
+    ax.axvline(1.0, color="#777777", lw=0.8)
+    ax.set_xlabel("speedup over plain decoding (held-out prompts)")
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=3, fontsize=7, frameon=False)
     return _save(fig, path)
 
 
