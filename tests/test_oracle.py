@@ -36,17 +36,24 @@ def _policy_cost(pol, cost, q, n, k_max):
     return total
 
 
-def _best_sequence(cost, q, i, n, k_max):
-    """Least total cost over every budget sequence from i (q all 0 or 1), by enumeration."""
-    if i >= n:
-        return 0.0
-    best = np.inf
-    for k in range(k_max + 1):
-        acc = 0
-        while acc < k and q[i + acc + 1] == 1:
-            acc += 1
-        best = min(best, cost[i, k] + _best_sequence(cost, q, i + acc + 1, n, k_max))
-    return best
+def _best_sequence_memo(cost, q, n, k_max):
+    """Least total cost over every budget sequence from 0 (q all 0 or 1): a forward recursion
+    over positions with memory, independent of the backward dynamic programming."""
+    import functools
+
+    @functools.cache
+    def best(i):
+        if i >= n:
+            return 0.0
+        out = np.inf
+        for k in range(k_max + 1):
+            acc = 0
+            while acc < k and q[i + acc + 1] == 1:
+                acc += 1
+            out = min(out, cost[i, k] + best(i + acc + 1))
+        return out
+
+    return best(0)
 
 
 def _solve_both(cost, q, n):
@@ -92,7 +99,7 @@ def test_dp_equals_best_markov_policy(n, k_max, seed):
 def test_dp_equals_enumerated_budget_sequences(n, k_max, seed):
     cost, q = _instance(seed, n, k_max, deterministic=True)
     sol = _solve_both(cost, q, n)
-    assert sol.total[0] == pytest.approx(_best_sequence(cost, q, 0, n, k_max), rel=1e-12)
+    assert sol.total[0] == pytest.approx(_best_sequence_memo(cost, q, n, k_max), rel=1e-12)
     pi = occupancy(sol.policy, survival(q[None], k_max, n), np.array([n]))
     assert set(np.unique(pi)) <= {0.0, 1.0}  # one path
 
@@ -513,25 +520,6 @@ def test_counterfactual_with_short_proposals_matches_the_replayed_drafter(seed):
         d, m = int(top["k"][r]), int(top["accepted"][r])
         if m == d < 4 and s + d + 1 < n:
             assert cf.q[0, s + d + 1] == cf.rate[0] or cf.known[0, s + d + 1]
-
-
-def _best_sequence_memo(cost, q, n, k_max):
-    """_best_sequence with memory (a forward recursion over positions), for long sequences."""
-    import functools
-
-    @functools.cache
-    def best(i):
-        if i >= n:
-            return 0.0
-        out = np.inf
-        for k in range(k_max + 1):
-            acc = 0
-            while acc < k and q[i + acc + 1] == 1:
-                acc += 1
-            out = min(out, cost[i, k] + best(i + acc + 1))
-        return out
-
-    return best(0)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
