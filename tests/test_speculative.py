@@ -399,3 +399,28 @@ def test_cli_json_and_round_log(tmp_path, capsys):
     plain = np.array([",k=0," in r for r in log["run_id"]])
     assert np.isnan(log["acceptance"][plain]).all()
     assert np.allclose(log["acceptance"][~plain], 0.5)
+
+
+# ------------------------------------------------------------------------------------------
+# causal routing on the engine: a shorter pass is a prefix of a longer one (the Oracle's
+# counterfactual rests on it)
+
+@pytest.mark.parametrize("model_type", sorted(
+    __import__("specmoe.engine.models", fromlist=["FAMILIES"]).FAMILIES))
+def test_verify_pass_routing_is_causal_on_the_engine(model_type):
+    net = tiny_random_model(model_type, seed=3).double()
+    net.set_experts_implementation("eager")
+    prompt = _prompt(seed=11)
+    drafts = [7, 99, 31, 200, 4, 64, 128, 5]
+    with Engine(net, policy=KernelPolicy("dedup")) as eng:
+        kv = new_cache(net)
+        eng.prefill(kv, prompt[:-1])
+        base = kv.get_seq_length()
+        full = eng.forward(kv, [prompt[-1], *drafts])
+        for k in (0, 1, 3, 6):
+            crop_cache(kv, base)
+            short = eng.forward(kv, [prompt[-1], *drafts[:k]])
+            assert short.routing.shape[0] == k + 1
+            np.testing.assert_array_equal(np.sort(short.routing, -1),
+                                          np.sort(full.routing[:k + 1], -1))
+            assert short.tokens == full.tokens[:k + 1]
