@@ -424,3 +424,46 @@ def test_verify_pass_routing_is_causal_on_the_engine(model_type):
             np.testing.assert_array_equal(np.sort(short.routing, -1),
                                           np.sort(full.routing[:k + 1], -1))
             assert short.tokens == full.tokens[:k + 1]
+
+
+class _LeadingConfident:
+    """A confidence policy: verify the drafts up to the first one below ``threshold``."""
+
+    name, use_confidence = "leading", True
+
+    def __init__(self, threshold, k_max=16):
+        self.threshold, self.k_max = threshold, k_max
+
+    def choose(self, state):
+        if state.confidence is None:
+            return self.k_max
+        k = 0
+        for c in state.confidence:
+            if c < self.threshold:
+                break
+            k += 1
+        return min(k, self.k_max)
+
+
+def test_a_confidence_policy_stops_the_draft_model_one_token_past_its_choice(olmoe, draft):
+    net, prompt, ref = olmoe
+    proposals = []
+
+    class Counting(ModelDrafter):
+        def propose(self, context, k, *, stop=None):
+            prop = super().propose(context, k, stop=stop)
+            proposals.append((k, prop))
+            return prop
+
+    with Engine(net) as eng:
+        gen = speculative_generate(eng, prompt, Counting(draft, target_vocab=257),
+                                   budget=_LeadingConfident(0.045), max_new_tokens=NEW)
+    assert gen.tokens == ref
+    assert len(proposals) == len(gen.rounds)
+    for (cap, prop), rec in zip(proposals, gen.rounds, strict=True):
+        conf = prop.confidence
+        lead = next((i for i, c in enumerate(conf) if c < 0.045), len(conf))
+        assert rec["k"] == min(lead, cap)               # the policy's choice was verified
+        assert len(prop.tokens) == min(rec["k"] + 1, cap)   # and one more draft was looked at
+    assert any(len(p.tokens) < cap for cap, p in proposals)    # it did stop early
+    assert any(r["k"] > 0 for r in gen.rounds)

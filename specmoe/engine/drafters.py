@@ -220,7 +220,11 @@ class ModelDrafter:
         self._ids.extend(int(t) for t in tokens)
         return out.logits[0, -1].float()
 
-    def propose(self, context: Sequence[int], k: int) -> Proposal:
+    def propose(self, context: Sequence[int], k: int, *,
+                stop: Callable[[list[float]], bool] | None = None) -> Proposal:
+        """Up to k greedy drafts and their probabilities. ``stop(confidences so far)`` is asked
+        after each draft; True ends the proposal there (a confidence policy that will not
+        verify the last draft need not pay for more)."""
         import torch
 
         if k <= 0:
@@ -246,6 +250,8 @@ class ModelDrafter:
                 t = int(torch.argmax(logits))
                 tokens.append(t)
                 conf.append(float(p[t]))
+                if stop is not None and i + 1 < k and stop(list(conf)):
+                    break
                 if i + 1 < k:
                     logits = self._feed([t])
         return Proposal(tokens, conf)

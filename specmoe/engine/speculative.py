@@ -10,7 +10,10 @@ cache holds every token of the context but the current one. A round:
    logged as ``budget``; k is the budget capped so the round cannot emit more than the tokens
    still to generate;
 2. the drafter proposes up to k tokens d_1..d_k (timed: T_D); k becomes the number it
-   proposed (a prompt-lookup drafter may propose fewer), the ``k`` of the round log;
+   proposed (a prompt-lookup drafter may propose fewer), the ``k`` of the round log. A policy
+   that reads the drafter's confidences chooses after drafting; a drafter that drafts one
+   token at a time (``propose(..., stop=)``, the draft model) stops as soon as the policy,
+   given the confidences so far, would not verify the last draft;
 3. one pass of the target on ``[current, d_1..d_k]`` at positions ``C..C+k`` (C the cache length,
    the round's context length L) gives the target's tokens t_0..t_k = argmax of each row
    (timed: T_T, forward pass and argmax, synchronised);
@@ -239,6 +242,14 @@ def realised_acceptance(rounds: Sequence[dict[str, Any]]) -> float:
     return acc / (acc + fails) if acc + fails else float("nan")
 
 
+def _takes_stop(drafter: Any) -> bool:
+    """Whether the drafter's ``propose`` accepts ``stop=`` (drafting one token at a time)."""
+    try:
+        return "stop" in inspect.signature(drafter.propose).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _choose(budget: Any, state: Any) -> int:
     if isinstance(budget, int | np.integer):
         return int(budget)
@@ -291,7 +302,14 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
             prepare(context, k)
             excluded, excluded_wall = now() - t_p, time.perf_counter() - w_p
         t_d = now()
-        prop = drafter.propose(context, k)
+        if use_conf and _takes_stop(drafter):
+            def stop(conf, state=state):   # the policy would not verify the last draft
+                seen = RoundState(state.position, state.context_len, state.history, conf)
+                return _choose(budget, seen) < len(conf)
+
+            prop = drafter.propose(context, k, stop=stop)
+        else:
+            prop = drafter.propose(context, k)
         t_draft = now() - t_d
         if use_conf:
             state = RoundState(state.position, state.context_len, state.history,
