@@ -298,7 +298,20 @@ def test_policy_chooses_the_budget(olmoe, draft):
         assert [s.context_len for s in pol.seen] == [r["context_len"] for r in gen.rounds]
         assert all(len(s.history) == i for i, s in enumerate(pol.seen))
         conf = _Confident()
-        gen = speculative_generate(eng, prompt, ModelDrafter(draft), budget=conf,
+
+        class WholeChain:           # a drafter without stop=: the engine drafts the chain
+            name = "whole-chain"
+
+            def __init__(self, inner):
+                self.inner = inner
+
+            def begin(self, prompt, max_new_tokens):
+                self.inner.begin(prompt, max_new_tokens)
+
+            def propose(self, context, k):
+                return self.inner.propose(context, k)
+
+        gen = speculative_generate(eng, prompt, WholeChain(ModelDrafter(draft)), budget=conf,
                                    max_new_tokens=NEW, max_k=5)
         assert gen.tokens == ref
         assert all(c is not None and len(c) == min(5, NEW - 1 - r["context_len"]
