@@ -47,6 +47,33 @@ def test_staircase_picks_the_theory_best_for_the_online_rate(ks, seed, decay):
     assert pol.choose(state) == _smallest_argmax([gk / vk for gk, vk in zip(g, v)])
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=14),
+       st.floats(0.5, 1.0))
+def test_markov_staircase_keeps_one_rate_per_state(rounds, decay):
+    history = [(k, min(a, k)) for k, a in rounds]
+    # by hand: each drafted round belongs to the state left by the drafted round before it
+    groups, cur = {"hot": [], "cold": []}, "hot"
+    for k, a in history:
+        if k:
+            groups[cur].append((k, a))
+            cur = "hot" if a == k else "cold"
+    want = _ewma_brute(groups[cur], decay, 0.4, 2.0)
+    v = np.array([5.0, 6.5, 7.5, 8.2, 9.0])
+    pol = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
+                          probe_every=10**6, markov=True)
+    assert pol.name == "staircase-markov"
+    for i in range(len(history) + 1):          # called round by round, as an engine does
+        got = pol.rate(RoundState(0, 100, history[:i]))
+    assert got == pytest.approx(want)
+    fresh = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
+                            probe_every=10**6, markov=True)
+    assert fresh.rate(RoundState(0, 100, history)) == pytest.approx(want)   # all at once
+    g = [(1 - want ** (k + 1)) / (1 - want) for k in range(5)]
+    assert fresh.choose(RoundState(0, 100, history)) == _smallest_argmax(
+        [gk / vk for gk, vk in zip(g, v, strict=True)])
+
+
 def test_staircase_probes_after_a_run_of_zeros():
     pol = StaircasePolicy(lambda _ctx: np.array([1.0, 100.0, 200.0]), probe_every=3)
     assert pol.choose(RoundState(0, 10, [(0, 0)] * 2)) == 0

@@ -231,6 +231,7 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     has_conf = bool(np.isfinite(cf_test.confidence).any())
     policies = [*(FixedK(k) for k in range(1, top + 1)), best,
                 learned.staircase(decay=decay),
+                learned.staircase(decay=decay, markov=True),
                 learned.marginal(decay=decay, name="marginal", use_confidence=has_conf),
                 learned.marginal(decay=decay, name="marginal-ewma", use_confidence=False)]
     if has_conf and learned.calibration is not None:

@@ -16,6 +16,11 @@ than last time also starts afresh. ``docs/policies.md`` shows the engine loop.
   adds ``accepted`` successes and one failure unless all k drafts were accepted, counts decay by
   ``decay`` per round, and a prior of ``prior_weight`` trials at ``prior`` is added. After
   ``probe_every`` rounds at k = 0 in a row it drafts one token, so that â keeps learning.
+  With ``markov=True`` (``staircase-markov``) it keeps two such estimates, one for rounds that
+  follow a round whose drafts were all accepted and one for rounds that follow a rejection
+  (rounds at k = 0 carry no outcome and leave the state as it was), and uses the one of the
+  current state: acceptance comes in runs (repeated text, easy stretches), so the round after
+  a full acceptance is likelier to accept again.
 * :class:`MarginalRule` drafts while the value of the next draft exceeds its cost: draft d is
   worth P(drafts 1..d all accepted)·λ, with λ the value of a token in ms (the slope of the
   Delta-space boundary, Figure 3 of paper 000) and the probability the product of the drafter's
@@ -112,17 +117,37 @@ class StaircasePolicy:
     prior: float = 0.5
     prior_weight: float = 2.0
     probe_every: int = 8
+    markov: bool = False
     name: str = "staircase"
     _rate: _Ewma = field(init=False, repr=False)
+    _after: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.markov and self.name == "staircase":
+            self.name = "staircase-markov"
         self.reset()
 
     def reset(self) -> None:
         self._rate = _Ewma(self.decay, self.prior, self.prior_weight)
+        # state "hot" (the last drafted round accepted everything) or "cold"
+        self._after = {"hot": _Ewma(self.decay, self.prior, self.prior_weight),
+                       "cold": _Ewma(self.decay, self.prior, self.prior_weight),
+                       "seen": 0, "state": "hot", "hist": {"hot": [], "cold": []}}
 
     def rate(self, state: RoundState) -> float:
-        return self._rate.update(state.history)
+        if not self.markov:
+            return self._rate.update(state.history)
+        a = self._after
+        if len(state.history) < a["seen"]:
+            self.reset()
+            a = self._after
+        for k, acc in state.history[a["seen"]:]:
+            if k > 0:
+                a["hist"][a["state"]].append((k, acc))
+                a["state"] = "hot" if acc == k else "cold"
+        a["seen"] = len(state.history)
+        cur = a["state"]
+        return a[cur].update(a["hist"][cur])
 
     def choose(self, state: RoundState) -> int:
         a = self.rate(state)
