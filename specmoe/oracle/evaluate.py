@@ -16,8 +16,10 @@ and a round costs C(k, i) of the cost model fitted on all rounds, the same cost 
 the Oracle's S_max on the held-out set is computed. speedup = plain-decoding time / policy
 time; share_of_oracle = speedup / S_max. For scale, ``oracle_rate_only`` is the Oracle that
 knows each held-out generation's acceptance rate but not which drafts will match (the
-counterfactual with ``acceptance="geometric"``): the gap between it and S_max is the value of
-knowing, before drafting, which drafts the target will accept.
+counterfactual with ``acceptance="geometric"``): ``s_max`` is its value under independent
+acceptance at that rate, ``speedup_on_recorded`` its budgets replayed on the recorded
+outcomes (where acceptance comes in runs). The gap to S_max is the value of knowing, before
+drafting, which drafts the target will accept.
 """
 
 from __future__ import annotations
@@ -100,6 +102,19 @@ def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Gen
             hist.append((k, acc))
             i += acc + 1
     return total, rounds, sum_k / max(rounds, 1), sum_a / max(rounds, 1)
+
+
+class _TablePolicy:
+    """Budgets read from a table [G, n] (an Oracle's policy), one generation after another."""
+
+    def __init__(self, table: np.ndarray, name: str):
+        self.table, self.name, self.g = table, name, -1
+
+    def reset(self) -> None:   # called at each generation; every simulation runs them all
+        self.g = (self.g + 1) % len(self.table)
+
+    def choose(self, state: RoundState) -> int:
+        return int(self.table[self.g, state.position])
 
 
 def split_prompts(log: RoundLog, *, test_fraction: float, seed: int) -> np.ndarray:
@@ -210,7 +225,8 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     oracle_test, _, _ = summarise(cost_test, cf_test.q, cf_test.length)
     # the Oracle that knows each generation's acceptance rate, not which drafts will match
     cf_rate = build_counterfactual(test_log, acceptance="geometric").truncate(top)
-    oracle_rate, _, _ = summarise(oracle_costs(cf_rate, test_model), cf_rate.q, cf_rate.length)
+    oracle_rate, sol_rate, _ = summarise(oracle_costs(cf_rate, test_model), cf_rate.q,
+                                         cf_rate.length)
     plain_test = _plain(cost_test, cf_test.length)
     fill = learned.prior
 
@@ -238,6 +254,9 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
         policies.append(learned.marginal(decay=decay, name="marginal-calibrated",
                                          calibration=learned.calibration))
     lam, prior = learned.value_per_token, learned.prior
+    # the rate-only Oracle's budgets, replayed on the recorded outcomes
+    rate_replay = score(_TablePolicy(sol_rate.policy, "oracle-rate-only"), cf_test, cost_test,
+                        plain_test, oracle_test.s_max, None)
     out = []
     for p in policies:
         say(f"simulating {p.name}")
@@ -250,7 +269,9 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
         "oracle": {"s_max": oracle_test.s_max, "mean_k": oracle_test.mean_k,
                    "mean_accepted": oracle_test.mean_accepted, "time_ms": oracle_test.time_ms},
         "oracle_rate_only": {"s_max": oracle_rate.s_max, "mean_k": oracle_rate.mean_k,
-                             "mean_accepted": oracle_rate.mean_accepted},
+                             "mean_accepted": oracle_rate.mean_accepted,
+                             "speedup_on_recorded": rate_replay.speedup,
+                             "share_of_oracle": rate_replay.share_of_oracle},
         "plain_ms": plain_test, "l_max": top,
         "policies": {s.name: s for s in out},
         "training": {"prompts_held_out": len(np.unique(test_log["prompt_id"])),

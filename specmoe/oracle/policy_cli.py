@@ -59,7 +59,8 @@ def run(args) -> int:
     else:
         print(f"held-out Oracle S_max {d['oracle']['s_max']:.3f} (L_max {d['l_max']}); "
               f"knowing only each generation's acceptance rate "
-              f"{d['oracle_rate_only']['s_max']:.3f}")
+              f"{d['oracle_rate_only']['s_max']:.3f} (its budgets on the recorded outcomes "
+              f"{d['oracle_rate_only']['speedup_on_recorded']:.3f})")
         print(f"{'policy':<20} speedup  share of Oracle  mean k  mean accepted")
         for name, p in d["policies"].items():
             print(f"{name:<20} {p['speedup']:7.3f}  {p['share_of_oracle']:15.1%}  "
