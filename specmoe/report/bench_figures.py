@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import agg_subplots, save_agg
 
 __all__ = ["plot_bandwidth", "plot_roofline", "plot_time_vs_u", "write_figures"]
 
@@ -31,22 +31,6 @@ PEER_COLORS = ["tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive"
 
 def _as_dict(profile: Any) -> dict[str, Any]:
     return profile if isinstance(profile, dict) else profile.to_dict()
-
-
-def _figure(rows: int = 1, cols: int = 1, width: float = 6.0, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=120)
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(rows, cols, squeeze=False)
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    return Path(path)
 
 
 def _kernel_styles(d: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
@@ -71,7 +55,7 @@ def _title(d: dict[str, Any]) -> str:
 def plot_bandwidth(profile: Any, path: str | os.PathLike) -> Path:
     """β of each kernel against n with its IQR over recorded windows, and the ceiling."""
     d = _as_dict(profile)
-    fig, axes = _figure()
+    fig, axes = agg_subplots()
     ax = axes[0, 0]
     n = np.asarray(d["n"])
     ek = d.get("extra", {}).get("kernels", {})
@@ -96,7 +80,7 @@ def plot_bandwidth(profile: Any, path: str | os.PathLike) -> Path:
     ax.set_xticks(n)
     ax.set_title(f"Expert-operation bandwidth: {_title(d)}", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_time_vs_u(profile: Any, path: str | os.PathLike) -> Path:
@@ -108,7 +92,7 @@ def plot_time_vs_u(profile: Any, path: str | os.PathLike) -> Path:
     ns = [n for n in d["n"] if n >= 2]
     cols = min(4, max(1, len(ns)))
     rows = max(1, -(-len(ns) // cols))
-    fig, axes = _figure(rows, cols, width=3.0 * cols, height=2.4 * rows)
+    fig, axes = agg_subplots(rows, cols, width=3.0 * cols, height=2.4 * rows)
     styles = _kernel_styles(d)
     for i, n in enumerate(ns):
         ax = axes[i // cols, i % cols]
@@ -135,14 +119,14 @@ def plot_time_vs_u(profile: Any, path: str | os.PathLike) -> Path:
     if ns and ek:
         axes[0, 0].legend(fontsize=6)
     fig.suptitle(f"Chosen ids: time against U with fits (4) and (E.1): {_title(d)}", fontsize=9)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_roofline(profile: Any, path: str | os.PathLike) -> Path:
     """Each kernel's time over max(bytes / ceiling, flops / peak), against n."""
     d = _as_dict(profile)
     ek = d.get("extra", {}).get("kernels", {})
-    fig, axes = _figure()
+    fig, axes = agg_subplots()
     ax = axes[0, 0]
     styles = _kernel_styles(d)
     for k, v in ek.items():
@@ -155,7 +139,7 @@ def plot_roofline(profile: Any, path: str | os.PathLike) -> Path:
     ax.set_ylim(bottom=0)
     ax.set_title(f"Roofline: {_title(d)}", fontsize=9)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def write_figures(profile: Any, out: str | os.PathLike) -> list[Path]:

@@ -22,29 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import pyplot, save_pyplot
 
 __all__ = ["plot_efficiency", "plot_estimate", "plot_speedup", "write_figures"]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    plt = _plt()
-    path = Path(path)
-    try:
-        with atomic_path(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    finally:
-        plt.close(fig)
-    return path
 
 
 def _routings(rec: dict[str, Any]) -> list[str]:
@@ -76,7 +56,7 @@ def _batch_axis(ax, batches) -> None:
 
 
 def plot_efficiency(rec: dict[str, Any], path: str | os.PathLike) -> Path:
-    plt = _plt()
+    plt = pyplot()
     ks = rec["ks"]
     fig, axes = plt.subplots(1, len(ks), figsize=(4.2 * len(ks), 3.8), squeeze=False,
                              sharey=True)
@@ -99,11 +79,11 @@ def plot_efficiency(rec: dict[str, Any], path: str | os.PathLike) -> Path:
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(_title(rec), fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_pyplot(fig, path)
 
 
 def plot_speedup(rec: dict[str, Any], path: str | os.PathLike) -> Path:
-    plt = _plt()
+    plt = pyplot()
     names = _routings(rec)
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False,
                              sharey=True)
@@ -120,11 +100,11 @@ def plot_speedup(rec: dict[str, Any], path: str | os.PathLike) -> Path:
     fig.suptitle(f"{_title(rec)}\nacceptance a = {rec['acceptance']}, a draft token costs "
                  f"{rec['draft_cost']} target steps", fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_pyplot(fig, path)
 
 
 def plot_estimate(rec: dict[str, Any], path: str | os.PathLike) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     markers = "osd^v<>"
     ks = rec["ks"]
@@ -150,7 +130,7 @@ def plot_estimate(rec: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(_title(rec), fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_pyplot(fig, path)
 
 
 def write_figures(rec: dict[str, Any], out: str | os.PathLike) -> list[Path]:

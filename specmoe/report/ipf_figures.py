@@ -16,18 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import pyplot, save_pyplot
 
 __all__ = ["plot_union", "plot_union_file"]
 
 
 def plot_union(rec: dict[str, Any], *, title: str = ""):
     """The figure (see the module docstring) as a matplotlib Figure."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     n = np.asarray(rec["n"], dtype=float)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     base = rec["baselines"]
@@ -69,13 +65,4 @@ def plot_union(rec: dict[str, Any], *, title: str = ""):
 
 def plot_union_file(rec: dict[str, Any], path: str | Path, *, title: str = "") -> Path:
     """Write :func:`plot_union` to ``path`` (PNG), atomically."""
-    import matplotlib.pyplot as plt
-
-    fig = plot_union(rec, title=title)
-    path = Path(path)
-    try:
-        with atomic_path(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    finally:
-        plt.close(fig)
-    return path
+    return save_pyplot(plot_union(rec, title=title), path)

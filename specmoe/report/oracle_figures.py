@@ -14,29 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import agg_subplots, save_agg
 
 __all__ = ["plot_delta_space", "plot_draft_time", "plot_oracle_bounds", "plot_policies",
            "plot_verify_cost", "write_oracle_figures"]
 
 _MAX_POINTS = 4000  # per panel, sampled evenly so large logs stay drawable
-
-
-def _figure(width: float = 6.0, height: float = 4.0, rows: int = 1, cols: int = 1):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=120)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    return fig, axes
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    return Path(path)
 
 
 def _thin(n: int, limit: int = _MAX_POINTS) -> np.ndarray:
@@ -48,7 +31,7 @@ def plot_verify_cost(log, fits, path: str | os.PathLike) -> Path:
     ks = sorted(f.k for f in fits)
     cols = min(5, len(ks))
     rows = (len(ks) + cols - 1) // cols
-    fig, axes = _figure(2.6 * cols, 2.3 * rows + 0.4, rows, cols)
+    fig, axes = agg_subplots(rows, cols, width=2.6 * cols, height=2.3 * rows + 0.4)
     by_k = {f.k: f for f in fits}
     u_all, t_all = log["u_mean"], log["t_verify_ms"]
     for ax in axes.ravel()[len(ks):]:
@@ -66,12 +49,12 @@ def plot_verify_cost(log, fits, path: str | os.PathLike) -> Path:
         ax.tick_params(labelsize=7)
     fig.supxlabel("Ū_r (distinct experts per pass, mean over layers)", fontsize=9)
     fig.supylabel("T_T (ms)", fontsize=9)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_oracle_bounds(result: dict, path: str | os.PathLike) -> Path:
     """Figure 2: S_max, mean k and mean accepted against L_max (``result``: the JSON dict)."""
-    fig, axes = _figure(9.0, 3.0, 1, 3)
+    fig, axes = agg_subplots(1, 3, width=9.0, height=3.0)
     x = result["l_max"]
     for ax, key, label in zip(axes[0], ("s_max", "mean_k", "mean_accepted"),
                               ("S_max (over plain decoding)", "mean chosen k",
@@ -80,12 +63,12 @@ def plot_oracle_bounds(result: dict, path: str | os.PathLike) -> Path:
         ax.set_xlabel("L_max")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_delta_space(delta, path: str | os.PathLike) -> Path:
     """Figure 3: ΔE[Cost] against ΔE[a] of rejected candidates, the boundary through (0, 0)."""
-    fig, axes = _figure(5.5, 4.5)
+    fig, axes = agg_subplots(width=5.5, height=4.5)
     ax = axes[0, 0]
     x, y = np.asarray(delta.d_cost), np.asarray(delta.d_accept)
     pick = _thin(len(x), 20000)
@@ -109,12 +92,12 @@ def plot_delta_space(delta, path: str | os.PathLike) -> Path:
                  f"axes {q['axes']}", fontsize=8)
     ax.set_xlabel("ΔE[Cost] (ms)")
     ax.set_ylabel("ΔE[a] (tokens)")
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_draft_time(log, draft, path: str | os.PathLike) -> Path:
     """Figure A6: T_D per round against K with T_D = a·K + b (missing timings at 0)."""
-    fig, axes = _figure(5.0, 3.5)
+    fig, axes = agg_subplots(width=5.0, height=3.5)
     ax = axes[0, 0]
     k = log["k"].astype(float)
     td = np.nan_to_num(log["t_draft_ms"] if "t_draft_ms" in log.data else np.zeros(len(k)))
@@ -128,7 +111,7 @@ def plot_draft_time(log, draft, path: str | os.PathLike) -> Path:
         ax.legend(fontsize=8)
     ax.set_xlabel("K")
     ax.set_ylabel("T_D (ms)")
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_policies(result: dict, path: str | os.PathLike) -> Path:
@@ -136,7 +119,7 @@ def plot_policies(result: dict, path: str | os.PathLike) -> Path:
     the rate-only Oracle's as lines."""
     pol = result.get("policies", {})
     names = list(pol)
-    fig, ax = _figure(7.0, 0.32 * len(names) + 1.6)
+    fig, ax = agg_subplots(width=7.0, height=0.32 * len(names) + 1.6)
     ax = ax[0, 0]
     y = np.arange(len(names))
     sp = [float(pol[n]["speedup"]) for n in names]
@@ -156,7 +139,7 @@ def plot_policies(result: dict, path: str | os.PathLike) -> Path:
     ax.axvline(1.0, color="#777777", lw=0.8)
     ax.set_xlabel("speedup over plain decoding (held-out prompts)")
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=3, fontsize=7, frameon=False)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def write_oracle_figures(log, result, out_dir: str | os.PathLike) -> list[Path]:

@@ -13,28 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import agg_subplots, save_agg
 
 __all__ = ["plot_saving", "plot_speedup", "plot_staircase", "write_plan_figures"]
 
 COLORS = {"per_slot": "tab:blue", "dedup": "tab:red", "best": "black"}
 LABELS = {"per_slot": "per-slot", "dedup": "deduplicating", "best": "faster kernel per pass"}
-
-
-def _figure(width: float = 6.0, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), dpi=120)
-    FigureCanvasAgg(fig)
-    return fig, fig.add_subplot(1, 1, 1)
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    return Path(path)
 
 
 def _title(plan: dict[str, Any]) -> str:
@@ -43,7 +27,8 @@ def _title(plan: dict[str, Any]) -> str:
 
 def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     """k*(a) against a for each policy, drawn from the exact step points (Eq. (B.31))."""
-    fig, ax = _figure()
+    fig, axes = agg_subplots()
+    ax = axes[0, 0]
     offsets = {"per_slot": -0.08, "dedup": 0.08, "best": 0.0}
     for p, levels in plan["staircase"].items():
         xs, ys = [], []
@@ -59,12 +44,13 @@ def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_ylabel("best draft length k*(a)")
     ax.set_title(f"Staircase {_title(plan)} (ticks: step points)")
     ax.legend(loc="upper left", fontsize=8)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     """S(n) = tau_slot(n) - tau_dedup(n) with the band of Eq. (18); positive: dedup faster."""
-    fig, ax = _figure()
+    fig, axes = agg_subplots()
+    ax = axes[0, 0]
     n = np.asarray(plan["n"])
     s = np.asarray(plan["saving_ms"], dtype=float)
     band = np.asarray(plan["saving_band_ms"], dtype=float)
@@ -79,7 +65,7 @@ def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_ylabel("saving (ms)")
     ax.set_title(f"Saving of deduplication {_title(plan)}")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int = 240) -> Path:
@@ -87,7 +73,8 @@ def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int =
     by its bound, Eq. (21)."""
     from specmoe.cost import bounds, theory
 
-    fig, ax = _figure()
+    fig, axes = agg_subplots()
+    ax = axes[0, 0]
     grid = np.linspace(0.0, 0.995, points)
     delta = plan.get("delta")
     for p, V in plan["step_ms"].items():
@@ -105,7 +92,7 @@ def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int =
     band = "" if delta is None else f" (shaded: bound (21), delta = {delta:.3f})"
     ax.set_title(f"Speedup {_title(plan)}{band}", fontsize=9)
     ax.legend(loc="upper left", fontsize=8)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def write_plan_figures(plan: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:

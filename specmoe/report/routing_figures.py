@@ -17,29 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import pyplot, save_pyplot
 
 __all__ = ["plot_layer_overlap", "plot_overlap", "plot_reuse", "write_stats_figures"]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, dpi=130, bbox_inches="tight", format="png")
-    return path
-
-
 def plot_reuse(stats, *, title: str = ""):
     """Figure with ρ(n) and U(n), layer means, against uniform (and independent) routing."""
-    plt = _pyplot()
+    plt = pyplot()
     n = np.arange(1, stats.max_n + 1)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.5, 3.6))
     iv = stats.intervals
@@ -67,7 +52,7 @@ def plot_reuse(stats, *, title: str = ""):
 
 def plot_overlap(stats, *, title: str = ""):
     """Figure with the layer-mean overlap o(j) per lag and its two baselines."""
-    plt = _pyplot()
+    plt = pyplot()
     j = np.arange(1, stats.max_lag + 1)
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
     ax.plot(j, stats.overlap_mean, "o-", color="C0", label="measured, layer mean")
@@ -88,7 +73,7 @@ def plot_overlap(stats, *, title: str = ""):
 
 def plot_layer_overlap(stats, *, title: str = ""):
     """Heatmap of o_l(j) (layer × lag) with the per-layer independence baseline."""
-    plt = _pyplot()
+    plt = pyplot()
     L = stats.num_layers
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(8, 0.6 + 0.22 * max(L, 8)),
                                   gridspec_kw={"width_ratios": [4, 1]}, sharey=True)
@@ -114,16 +99,8 @@ def plot_layer_overlap(stats, *, title: str = ""):
 
 def write_stats_figures(stats, out_dir, *, title: str = "") -> list[Path]:
     """Write reuse.png, overlap.png and layer_overlap.png (overlap ones need max_lag ≥ 1)."""
-    plt = _pyplot()
     out = Path(out_dir)
     makers = [("reuse.png", plot_reuse)]
     if stats.max_lag:
         makers += [("overlap.png", plot_overlap), ("layer_overlap.png", plot_layer_overlap)]
-    paths = []
-    for name, make in makers:
-        fig = make(stats, title=title)
-        try:
-            paths.append(_save(fig, out / name))
-        finally:
-            plt.close(fig)
-    return paths
+    return [save_pyplot(make(stats, title=title), out / name) for name, make in makers]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe._io import atomic_path
+from specmoe.report._mpl import agg_figure, save_agg
 
 __all__ = ["plot_kstar", "plot_saving", "plot_verify", "write_validation_figures"]
 
@@ -31,22 +31,11 @@ STYLE = {"prediction": ("tab:red", "-", "prediction"),
 
 
 def _grid(count: int, *, width: float = 4.2, height: float = 3.2):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     cols = min(count, 2) or 1
     rows = max(1, math.ceil(count / cols))
-    fig = Figure(figsize=(width * cols, height * rows), dpi=110)
-    FigureCanvasAgg(fig)
+    fig = agg_figure(width * cols, height * rows, dpi=110)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(max(count, 1))]
     return fig, axes
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    fig.tight_layout()
-    with atomic_path(path, suffix=".png") as tmp:
-        fig.savefig(tmp, format="png")
-    return Path(path)
 
 
 def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -78,7 +67,7 @@ def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("saving (ms)")
     axes[0].legend(fontsize=7)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_kstar(d: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -100,7 +89,7 @@ def plot_kstar(d: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.set_ylabel("draft length")
         ax.set_ylim(-1.2, max(c["k"]) + 1.2)
     axes[0].legend(fontsize=7, loc="upper left")
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def plot_verify(d: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -120,7 +109,7 @@ def plot_verify(d: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("verify time (ms)")
     axes[0].legend(fontsize=7)
-    return _save(fig, path)
+    return save_agg(fig, path)
 
 
 def write_validation_figures(d: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
