@@ -24,7 +24,6 @@ and decided unchanged. The runs folder format is :mod:`specmoe.validate_runs`.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -224,17 +223,10 @@ def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: floa
 
 
 def _load_plan(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "plan.json"
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"--plan {path}: no such plan file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--plan {path}: not a readable JSON plan ({exc})"
-                         .splitlines()[0]) from None
-    if not isinstance(d, dict) or d.get("schema") != "specmoe.plan/1" or "model" not in d:
+    from specmoe.cost.plan import read_plan
+
+    d = read_plan(path)
+    if d.get("schema") != "specmoe.plan/1" or "model" not in d:
         raise InputError(f"--plan {path}: not a plan written by specmoe plan")
     return d
 

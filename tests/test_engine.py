@@ -64,7 +64,7 @@ def test_crossover_from_plan(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"other": 1}))
     with pytest.raises(InputError, match="crossover"):
         crossover_from_plan(tmp_path / "bad.json")
-    with pytest.raises(InputError, match="no such file"):
+    with pytest.raises(InputError, match="no such plan file"):
         crossover_from_plan(tmp_path / "missing.json")
 
 

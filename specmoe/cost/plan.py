@@ -20,9 +20,12 @@ The CLI is :mod:`specmoe.cost.plan_cli`.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +42,7 @@ from specmoe.cost.step import (
 )
 from specmoe.errors import InputError
 
-__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings"]
+__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings", "read_plan"]
 
 SCHEMA = "specmoe.plan/1"
 MS = 1e3
@@ -211,3 +214,27 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
         out["settings"] = engine_settings(out["best"]["draft_length"], cross)
         data["engine"] = out
     return Plan(data=data, verify=vm)
+
+
+def read_plan(path: str | os.PathLike, *, fields: Sequence[str] = ()) -> dict[str, Any]:
+    """A plan.json written by ``specmoe plan`` (the file, or the folder holding it), as a dict.
+
+    A missing or unreadable file, or one that is not a JSON object with each of ``fields``,
+    raises ``InputError`` naming ``--plan`` and the file.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "plan.json"
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"--plan {p}: no such plan file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--plan {p}: not a readable JSON plan ({exc})".splitlines()[0]
+                         ) from None
+    if not isinstance(d, dict):
+        raise InputError(f"--plan {p}: not a JSON object (is it a specmoe plan.json?)")
+    for f in fields:
+        if f not in d:
+            raise InputError(f"--plan {p}: no {f!r} field (is it a specmoe plan.json?)")
+    return d

@@ -41,11 +41,9 @@ DeepSeek's scores times its scaling. The router still runs, so its cost stays in
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,22 +98,13 @@ class KernelPolicy:
 
 def crossover_from_plan(path: str | os.PathLike) -> int | None:
     """The ``crossover`` of a plan.json (``specmoe plan``); None where the plan has none."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "plan.json"
-    try:
-        plan = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"--plan {p}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--plan {p}: not a readable JSON plan ({exc})") from None
-    if not isinstance(plan, dict) or "crossover" not in plan:
-        raise InputError(f"--plan {p}: no 'crossover' field (is it a specmoe plan.json?)")
-    c = plan["crossover"]
+    from specmoe.cost.plan import read_plan
+
+    c = read_plan(path, fields=("crossover",))["crossover"]
     if c is None:
         return None
     if isinstance(c, bool) or not isinstance(c, int | float) or int(c) != c or c < 1:
-        raise InputError(f"--plan {p}: crossover {c!r} is not a positive pass size")
+        raise InputError(f"--plan {path}: crossover {c!r} is not a positive pass size")
     return int(c)
 
 
