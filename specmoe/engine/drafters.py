@@ -176,16 +176,11 @@ def load_draft_model(path: str | Path | None = None, *, device: str = "cpu",
     path = Path(path)
     if not (path / "config.json").is_file():
         raise InputError(f"--draft-model {path}: no config.json (expected an HF model folder)")
+    from specmoe.engine.models import from_pretrained
+
     torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
-    try:
-        net = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--draft-model {path}: cannot load "
-                         f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-                         ) from None
-    net.to(device)
-    net.eval()
-    return net
+    return from_pretrained(AutoModelForCausalLM, path, dtype=torch_dtype, device=device,
+                           option="--draft-model")
 
 
 class ModelDrafter:

@@ -23,7 +23,7 @@ from typing import Any
 from specmoe.errors import InputError
 from specmoe.spec import ModelSpec
 
-__all__ = ["FAMILIES", "ModelFamily", "byte_tokenizer", "load_model", "load_tokenizer",
+__all__ = ["FAMILIES", "ModelFamily", "byte_tokenizer", "from_pretrained", "load_model", "load_tokenizer",
            "model_label", "moe_layers", "resolve_model_dir", "spec_for", "tiny_random_model"]
 
 
@@ -133,10 +133,17 @@ def load_model(model: str | os.PathLike | None = "bundled", *, dtype: str | None
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
             raise InputError(f"--dtype {dtype!r}: not a torch dtype name")
+    return from_pretrained(cls, path, dtype=torch_dtype, device=device, option="--model")
+
+
+def from_pretrained(cls: Any, path: str | os.PathLike, *, dtype: Any, device: str,
+                    option: str) -> Any:
+    """``cls.from_pretrained`` offline, moved to ``device`` in eval mode; a load failure is
+    one ``InputError`` line naming ``option`` and the folder."""
     try:
-        net = cls.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+        net = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
-        raise InputError(f"--model {path}: cannot load weights "
+        raise InputError(f"{option} {path}: cannot load weights "
                          f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
                          ) from None
     net.to(device)
