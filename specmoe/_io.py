@@ -1,4 +1,5 @@
-"""Atomic file writes: write to a temporary name in the same folder, then rename.
+"""Atomic file writes (write to a temporary name in the same folder, then rename) and JSON reads
+with one-line errors.
 
 An interrupted run never leaves a half-written file that a later read takes as whole.
 """
@@ -93,3 +94,20 @@ def dumps_json(obj: Any, *, indent: int | None = 2) -> str:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, dumps_json(obj) + "\n")
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", *,
+              label: str | None = None) -> Any:
+    """The JSON value in ``path``; a missing file or bad JSON is one ``InputError`` line:
+    "LABEL: no such WHAT" or "LABEL: not a readable JSON WHAT (reason)" (LABEL: the path)."""
+    from specmoe.errors import InputError
+
+    p = Path(path)
+    label = str(p) if label is None else label
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{label}: no such {what}") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{label}: not a readable JSON {what} ({exc})".splitlines()[0]
+                         ) from None

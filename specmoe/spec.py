@@ -163,12 +163,9 @@ class ModelSpec:
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            try:
-                config = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise InputError(f"{path}: no such HF config file") from None
-            except (OSError, ValueError) as exc:
-                raise InputError(f"{path}: not a readable JSON config ({exc})") from None
+            from specmoe._io import read_json
+
+            config = read_json(path, "HF config")
             if not isinstance(config, dict):
                 raise InputError(f"{path}: config must be a JSON object")
             source = source or str(path)

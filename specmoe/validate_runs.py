@@ -30,7 +30,6 @@ configuration (no ``configurations`` list) is one configuration. Any problem is 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +69,9 @@ class Measured:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not readable JSON ({exc})".splitlines()[0]) from None
+    from specmoe._io import read_json
+
+    return read_json(path, "runs file")
 
 
 def _array(path: Path, name: str, v: Any, ndim: int, *, positive: bool = True) -> np.ndarray:

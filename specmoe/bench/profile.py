@@ -35,7 +35,6 @@ Fields (paper 002 Section 2, Appendix E):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -173,13 +172,10 @@ def load_profile(path: str | os.PathLike, *, spec: Any = None) -> BandwidthProfi
 
     A profile matches a spec when N, m, hidden size and expert width agree (the timed shapes).
     """
+    from specmoe._io import read_json
+
     path = Path(path)
-    try:
-        d = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such bandwidth profile") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable JSON profile ({exc})".splitlines()[0]) from None
+    d = read_json(path, "bandwidth profile")
     prof = profile_from_dict(d, path=str(path))
     if spec is not None:
         check_profile_matches(prof, spec, path=str(path))

@@ -20,7 +20,6 @@ The CLI is :mod:`specmoe.cost.plan_cli`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -225,13 +224,9 @@ def read_plan(path: str | os.PathLike, *, fields: Sequence[str] = ()) -> dict[st
     p = Path(path)
     if p.is_dir():
         p = p / "plan.json"
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"--plan {p}: no such plan file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"--plan {p}: not a readable JSON plan ({exc})".splitlines()[0]
-                         ) from None
+    from specmoe._io import read_json
+
+    d = read_json(p, "plan file", label=f"--plan {p}")
     if not isinstance(d, dict):
         raise InputError(f"--plan {p}: not a JSON object (is it a specmoe plan.json?)")
     for f in fields:

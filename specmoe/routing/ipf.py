@@ -48,7 +48,6 @@ Failure to converge and infeasible constraints are statuses of the result, not e
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -237,13 +236,10 @@ def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
 
 def load_moments(path: str | os.PathLike) -> ExpertMoments:
     """Read a STATS file written by :func:`save_moments` (errors name the file)."""
+    from specmoe._io import read_json
+
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such statistics file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: not a readable JSON statistics file ({exc})") from None
+    obj = read_json(path, "statistics file")
     if not isinstance(obj, dict) or obj.get("format") != STATS_FORMAT:
         raise InputError(f"{path}: not a specmoe statistics file (format != {STATS_FORMAT!r})")
     try:
