@@ -67,22 +67,28 @@ def _hf() -> Any:
     return moe
 
 
-def hf_batched_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-                  b_down=None, check=True):
-    """transformers' ``batched_mm`` experts implementation (per-slot, gathers W[ids])."""
+def _hf_forward(fn: str, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down,
+                check):
+    """Check the inputs, wrap the weights as a transformers experts module and call
+    ``transformers.integrations.moe.<fn>``."""
     check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
                  b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
     mod = _Experts(w_gate_up, w_down, activation, b_gate_up, b_down)
-    return _hf().batched_mm_experts_forward(mod, x, ids.long(), weights.to(x.dtype))
+    return getattr(_hf(), fn)(mod, x, ids.long(), weights.to(x.dtype))
+
+
+def hf_batched_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
+                  b_down=None, check=True):
+    """transformers' ``batched_mm`` experts implementation (per-slot, gathers W[ids])."""
+    return _hf_forward("batched_mm_experts_forward", x, w_gate_up, w_down, ids, weights,
+                       activation, b_gate_up, b_down, check)
 
 
 def hf_grouped_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
                   b_down=None, check=True):
     """transformers' ``grouped_mm`` experts implementation (dedup)."""
-    check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
-    mod = _Experts(w_gate_up, w_down, activation, b_gate_up, b_down)
-    return _hf().grouped_mm_experts_forward(mod, x, ids.long(), weights.to(x.dtype))
+    return _hf_forward("grouped_mm_experts_forward", x, w_gate_up, w_down, ids, weights,
+                       activation, b_gate_up, b_down, check)
 
 
 def hf_eager(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
