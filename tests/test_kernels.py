@@ -10,6 +10,8 @@ activation to the weight dtype between the two products, as transformers' do).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -172,48 +174,38 @@ class TestHFEagerCPU(ContractMixin):
 
 # ------------------------------------------------------------------------------- CUDA classes
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestPerSlotCUDA(ContractMixin):
+class _CUDAContract(ContractMixin):
+    """The contract on a CUDA GPU (subclasses inherit the markers; skipped without a GPU)."""
+
+    pytestmark: ClassVar = [pytest.mark.cuda,
+                            pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+    device = "cuda"
+
+
+class TestPerSlotCUDA(_CUDAContract):
     kernel = "per_slot"
-    device = "cuda"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestDedupCUDA(ContractMixin):
+class TestDedupCUDA(_CUDAContract):
     kernel = "dedup"
-    device = "cuda"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestGroupedMMCUDA(ContractMixin):
+class TestGroupedMMCUDA(_CUDAContract):
     kernel = "grouped_mm"
-    device = "cuda"
     dtype_may_be_refused = True
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestHFBatchedMMCUDA(ContractMixin):
+class TestHFBatchedMMCUDA(_CUDAContract):
     kernel = "hf_batched_mm"
-    device = "cuda"
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestHFGroupedMMCUDA(ContractMixin):
+class TestHFGroupedMMCUDA(_CUDAContract):
     kernel = "hf_grouped_mm"
-    device = "cuda"
     dtype_may_be_refused = True
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
-class TestHFEagerCUDA(ContractMixin):
+class TestHFEagerCUDA(_CUDAContract):
     kernel = "hf_eager"
-    device = "cuda"
 
 
 @pytest.mark.cuda
