@@ -27,30 +27,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from specmoe.bench.run import Settings, benchmark
-from specmoe.routing.trace import RoutingTrace
 from specmoe.spec import resolve_spec
 
 PEERS = {"per_slot": ["per_slot_torch", "hf_batched_mm"],
          "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager"]}
-
-
-def sticky_trace(num_experts: int, m: int, layers: int, keep: float, *, tokens: int = 1500,
-                 docs: int = 10, seed: int = 0) -> RoutingTrace:
-    rng = np.random.default_rng(seed)
-    ex = np.zeros((tokens, layers, m), dtype=np.int64)
-    for li in range(layers):
-        prev = rng.choice(num_experts, m, replace=False)
-        for t in range(tokens):
-            kept = prev[rng.random(m) < keep]
-            rest = np.setdiff1d(np.arange(num_experts), kept)
-            prev = np.concatenate([kept, rng.choice(rest, m - kept.size, replace=False)])
-            ex[t, li] = prev
-    return RoutingTrace(experts=ex, doc_offsets=np.linspace(0, tokens, docs + 1).astype(int),
-                        num_experts=num_experts, meta={"source": f"sticky synthetic {keep}"},
-                        name=f"sticky synthetic routing (keep {keep})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         if p.exists():
             trace, trace_note = str(p), "bundled fit trace"
         else:
+            from specmoe.routing.synth import sticky_trace
+
             trace = sticky_trace(spec.num_experts, spec.top_k, max(a.layers, 1), a.keep)
             trace_note = trace.name
     settings = Settings.for_run(quick=a.quick, device=a.device, max_layers=a.layers,

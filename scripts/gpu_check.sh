@@ -90,24 +90,17 @@ EOF
     step traces 60 "$PY" - "$RES/traces" <<'EOF'
 import sys
 from pathlib import Path
-import numpy as np
-from specmoe.routing.trace import RoutingTrace, save_trace
+from specmoe.routing.trace import save_trace
 
 out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
 
 def sticky(num_experts, m, layers, rho, tokens=1200, docs=12, seed=0):
-    rng = np.random.default_rng(seed)
-    ex = np.zeros((tokens, layers, m), dtype=np.int64)
-    for li in range(layers):
-        prev = rng.choice(num_experts, m, replace=False)
-        for t in range(tokens):
-            keep = prev[rng.random(m) < rho]
-            pool = np.setdiff1d(np.arange(num_experts), keep)
-            prev = np.concatenate([keep, rng.choice(pool, m - keep.size, replace=False)])
-            ex[t, li] = prev
-    offsets = np.linspace(0, tokens, docs + 1).astype(np.int64)
-    meta = {"source": f"synthetic: each expert kept by the next token with probability {rho}"}
-    return RoutingTrace(experts=ex, doc_offsets=offsets, num_experts=num_experts, meta=meta)
+    from specmoe.routing.synth import sticky_trace
+
+    return sticky_trace(num_experts, m, layers, rho, tokens=tokens, docs=docs, seed=seed,
+                        source=f"synthetic: each expert kept by the next token with probability {rho}")
+
 
 save_trace(sticky(64, 8, 16, 0.363), out / "olmoe_synthetic.npz")
 save_trace(sticky(128, 8, 48, 0.480, seed=1), out / "qwen3_synthetic.npz")

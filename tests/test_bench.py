@@ -26,7 +26,7 @@ from specmoe.bench.passes import (
 )
 from specmoe.bench.profile import load_profile, profile_from_dict
 from specmoe.errors import InputError
-from specmoe.routing.trace import RoutingTrace, save_trace
+from specmoe.routing.trace import save_trace
 from specmoe.spec import ModelSpec
 
 # ------------------------------------------------------------------------------------ passes
@@ -61,17 +61,9 @@ def test_u_grid_spans_heavy_repetition_to_none():
 
 
 def _sticky_trace(T=240, L=3, N=16, m=4, offsets=(0, 50, 53, 130, 240), stay=0.5, seed=0):
-    rng = np.random.default_rng(seed)
-    ex = np.zeros((T, L, m), dtype=np.int64)
-    for li in range(L):
-        prev = rng.choice(N, m, replace=False)
-        for t in range(T):
-            keep = prev[rng.random(m) < stay]
-            rest = rng.choice(np.setdiff1d(np.arange(N), keep), m - keep.size, replace=False)
-            prev = np.concatenate([keep, rest])
-            ex[t, li] = prev
-    return RoutingTrace(experts=ex, doc_offsets=np.array(offsets), num_experts=N,
-                        meta={"source": "test"})
+    from specmoe.routing.synth import sticky_trace
+
+    return sticky_trace(N, m, L, stay, tokens=T, doc_offsets=offsets, seed=seed, source="test")
 
 
 def test_recorded_windows_stay_inside_documents():

@@ -193,3 +193,20 @@ def test_bundled_trace_fidelity():
     assert np.all(f["popularity_r"] > 0.99)
     assert f["overlap_max_abs_diff"] < 0.02
     assert f["union_max_abs_rel_err"] < 0.03
+
+
+def test_sticky_trace_reuses_about_keep_and_is_seeded():
+    from specmoe.routing.synth import sticky_trace
+
+    n, m, keep = 1000, 4, 0.6
+    tr = sticky_trace(n, m, 2, keep, tokens=3000, docs=3, seed=4)
+    ex = tr.experts
+    assert ex.shape == (3000, 2, m) and tr.doc_offsets.tolist() == [0, 1000, 2000, 3000]
+    assert all(len(set(row)) == m for row in ex.reshape(-1, m))          # distinct per token
+    shared = [len(set(a) & set(b)) for a, b in zip(ex[1:, 0], ex[:-1, 0], strict=True)]
+    # E[shared]/m = keep + (1 - keep)·(m - E[kept])/(N - E[kept]) ≈ keep for N >> m
+    assert np.mean(shared) / m == pytest.approx(keep, abs=0.03)
+    again = sticky_trace(n, m, 2, keep, tokens=3000, docs=3, seed=4)
+    assert np.array_equal(again.experts, ex)
+    custom = sticky_trace(8, 2, 1, 0.5, tokens=10, doc_offsets=[0, 3, 10])
+    assert custom.doc_offsets.tolist() == [0, 3, 10]

@@ -47,7 +47,8 @@ from specmoe.routing.ipf import (
 )
 from specmoe.routing.trace import RoutingTrace
 
-__all__ = ["chain_tables", "rescale_to_sum", "synth_fidelity", "synthesize", "systematic_sample"]
+__all__ = ["chain_tables", "rescale_to_sum", "sticky_trace", "synth_fidelity", "synthesize",
+           "systematic_sample"]
 
 
 def _layer_map(num_layers: int, source_layers: int) -> np.ndarray:
@@ -249,3 +250,30 @@ def synth_fidelity(source: ExpertMoments, trace: RoutingTrace, *,
         res.update(union_source=u0, union_synth=us, union_rel_err=(us - u0) / u0,
                    union_max_abs_rel_err=float(np.abs((us - u0) / u0).max()))
     return res
+
+
+def sticky_trace(num_experts: int, top_k: int, layers: int, keep: float, *, tokens: int = 1500,
+                 docs: int = 10, doc_offsets: Any = None, seed: int = 0,
+                 source: str | None = None) -> RoutingTrace:
+    """A simple sticky routing process, for benchmarks and tests without a recorded trace:
+    each layer's token keeps each of the previous token's experts with probability ``keep``
+    and draws the rest uniformly from the experts it did not keep (a dropped one may come
+    back, so the share reused is keep plus a little; not a fitted model).
+    Documents split the tokens evenly (``docs``) unless ``doc_offsets`` is given."""
+    if not 0 <= keep <= 1 or not 1 <= top_k <= num_experts:
+        raise InputError(f"sticky trace: need 0 <= keep <= 1 and 1 <= top_k <= num_experts, "
+                         f"got keep={keep}, top_k={top_k}, num_experts={num_experts}")
+    rng = np.random.default_rng(seed)
+    ex = np.zeros((tokens, layers, top_k), dtype=np.int64)
+    for li in range(layers):
+        prev = rng.choice(num_experts, top_k, replace=False)
+        for t in range(tokens):
+            kept = prev[rng.random(top_k) < keep]
+            rest = np.setdiff1d(np.arange(num_experts), kept)
+            prev = np.concatenate([kept, rng.choice(rest, top_k - kept.size, replace=False)])
+            ex[t, li] = prev
+    offsets = (np.linspace(0, tokens, docs + 1).astype(np.int64) if doc_offsets is None
+               else np.asarray(doc_offsets, dtype=np.int64))
+    return RoutingTrace(experts=ex, doc_offsets=offsets, num_experts=num_experts,
+                        meta={"source": source or f"sticky synthetic routing, keep {keep}"},
+                        name=f"sticky synthetic routing (keep {keep})")
