@@ -41,7 +41,7 @@ L, N, M, WINDOW = 48, 128, 8, 4
 def make_problem(seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Marginals p [L*N] and co-activations c [L*N, WINDOW-1] (see the module docstring)."""
     rng = np.random.default_rng(seed)
-    pop = rng.dirichlet(np.full(N, 0.8), size=L) * M                # [L, N], rows sum to m
+    pop = rng.dirichlet(np.full(N, 0.8), size=L) * M  # [L, N], rows sum to m
     pop = np.minimum(pop, 0.95)
     rho = rng.uniform(0.2, 0.5, size=L)[:, None] * 0.8 ** np.arange(WINDOW - 1)  # [L, J]
     c = pop[:, :, None] ** 2 + rho[:, None, :] * (pop * (1 - pop))[:, :, None]
@@ -57,15 +57,20 @@ def ipfn_solve(ipfn_cls, p: float, c: np.ndarray) -> np.ndarray:
         tables.append(np.array([[1 - 2 * p + cc, p - cc], [p - cc, cc]]))
     seed = np.full((2,) * WINDOW, 1.0 / 2**WINDOW)
     with contextlib.redirect_stdout(io.StringIO()):  # ipfn prints its stopping reason
-        out = ipfn_cls(seed, tables, dims, convergence_rate=1e-9, max_iteration=10000,
-                       rate_tolerance=0.0).iteration()
+        out = ipfn_cls(
+            seed, tables, dims, convergence_rate=1e-9, max_iteration=10000, rate_tolerance=0.0
+        ).iteration()
     return np.asarray(out).reshape(-1)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ipfn-problems", type=int, default=256,
-                    help="expert problems timed with ipfn (0: all 6144; default 256)")
+    ap.add_argument(
+        "--ipfn-problems",
+        type=int,
+        default=256,
+        help="expert problems timed with ipfn (0: all 6144; default 256)",
+    )
     ap.add_argument("--repeats", type=int, default=5, help="timed runs of specmoe (default 5)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, metavar="FILE", help="also write the JSON here")
@@ -77,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     p, c = make_problem(args.seed)
     B = p.size
-    print(f"ipf_speed: {B} problems ({L} layers x {N} experts), n={WINDOW}, "
-          f"{WINDOW * (WINDOW - 1) // 2} pairwise tables each", file=sys.stderr)
-    sol = solve_windows(p, c, WINDOW, tol=1e-10)                    # warm-up, and the answer
+    print(
+        f"ipf_speed: {B} problems ({L} layers x {N} experts), n={WINDOW}, "
+        f"{WINDOW * (WINDOW - 1) // 2} pairwise tables each",
+        file=sys.stderr,
+    )
+    sol = solve_windows(p, c, WINDOW, tol=1e-10)  # warm-up, and the answer
     times: list[float] = []
 
     def time_ours() -> None:
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = ipfn_solve(ipfn_cls, float(p[b]), c[b])
         per.append(time.perf_counter() - t0)
         diffs.append(np.abs(ref - sol.probs[b]).max())
-        any_diffs.append(abs(ref[0] - sol.probs[b, 0]))            # P(active at least once)
+        any_diffs.append(abs(ref[0] - sol.probs[b, 0]))  # P(active at least once)
         if (done + 1) % 64 == 0:
             print(f"ipf_speed: ipfn {done + 1}/{k}", file=sys.stderr, flush=True)
     while len(times) < repeats:
@@ -112,23 +120,47 @@ def main(argv: list[str] | None = None) -> int:
     ipfn_total = float(per.mean() * B)
     rec = {
         "benchmark": "ipf_speed",
-        "problem": {"layers": L, "experts": N, "top_k": M, "n": WINDOW, "problems": B,
-                    "tables_per_problem": WINDOW * (WINDOW - 1) // 2, "seed": args.seed},
-        "specmoe": {"seconds_median": ours, "seconds_min": float(min(times)),
-                    "seconds_max": float(max(times)), "runs": len(times),
-                    "sweeps": sol.iterations, "converged": int(sol.converged.sum()),
-                    "tolerance": 1e-10},
-        "ipfn": {"problems_timed": int(k), "sampled": bool(k < B),
-                 "seconds_per_problem_median": float(np.median(per)),
-                 "seconds_per_problem_iqr": [float(np.percentile(per, 25)),
-                                             float(np.percentile(per, 75))],
-                 "seconds_total": ipfn_total, "extrapolated": bool(k < B),
-                 "relative_tolerance": 1e-9},
+        "problem": {
+            "layers": L,
+            "experts": N,
+            "top_k": M,
+            "n": WINDOW,
+            "problems": B,
+            "tables_per_problem": WINDOW * (WINDOW - 1) // 2,
+            "seed": args.seed,
+        },
+        "specmoe": {
+            "seconds_median": ours,
+            "seconds_min": float(min(times)),
+            "seconds_max": float(max(times)),
+            "runs": len(times),
+            "sweeps": sol.iterations,
+            "converged": int(sol.converged.sum()),
+            "tolerance": 1e-10,
+        },
+        "ipfn": {
+            "problems_timed": int(k),
+            "sampled": bool(k < B),
+            "seconds_per_problem_median": float(np.median(per)),
+            "seconds_per_problem_iqr": [
+                float(np.percentile(per, 25)),
+                float(np.percentile(per, 75)),
+            ],
+            "seconds_total": ipfn_total,
+            "extrapolated": bool(k < B),
+            "relative_tolerance": 1e-9,
+        },
         "ratio_ipfn_over_specmoe": ipfn_total / ours,
-        "agreement": {"max_abs_probability_difference": float(max(diffs)),
-                      "max_abs_p_active_difference": float(max(any_diffs))},
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "numpy": np.__version__, "cpus": os.cpu_count()},
+        "agreement": {
+            "max_abs_probability_difference": float(max(diffs)),
+            "max_abs_p_active_difference": float(max(any_diffs)),
+        },
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "cpus": os.cpu_count(),
+        },
     }
     if args.out:
         atomic_write_json(args.out, rec)

@@ -30,8 +30,10 @@ from pathlib import Path
 from specmoe.bench.run import Settings, benchmark
 from specmoe.spec import resolve_spec
 
-PEERS = {"per_slot": ["per_slot_torch", "hf_batched_mm"],
-         "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager"]}
+PEERS = {
+    "per_slot": ["per_slot_torch", "hf_batched_mm"],
+    "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager"],
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,11 +68,22 @@ def main(argv: list[str] | None = None) -> int:
 
             trace = sticky_trace(spec.num_experts, spec.top_k, max(a.layers, 1), a.keep)
             trace_note = trace.name
-    settings = Settings.for_run(quick=a.quick, device=a.device, max_layers=a.layers,
-                                windows=a.windows, reps=a.reps)
-    res = benchmark(spec, trace=trace, device=a.device, dtype=a.dtype, quick=a.quick,
-                    seed=a.seed, progress=True, kernels=a.kernels.split(","),
-                    threads=a.threads, clock=a.clock, settings=settings)
+    settings = Settings.for_run(
+        quick=a.quick, device=a.device, max_layers=a.layers, windows=a.windows, reps=a.reps
+    )
+    res = benchmark(
+        spec,
+        trace=trace,
+        device=a.device,
+        dtype=a.dtype,
+        quick=a.quick,
+        seed=a.seed,
+        progress=True,
+        kernels=a.kernels.split(","),
+        threads=a.threads,
+        clock=a.clock,
+        settings=settings,
+    )
     p = res.profile
     ek = p.extra["kernels"]
     roles = p.extra["roles"]
@@ -85,24 +98,46 @@ def main(argv: list[str] | None = None) -> int:
             if peer not in ek:
                 continue
             peers[f"{peer}/{ours}"] = [
-                float(sum(r.timed[peer].median for r in rec if r.n == n)
-                      / sum(r.timed[ours].median for r in rec if r.n == n)) for n in p.n]
+                float(
+                    sum(r.timed[peer].median for r in rec if r.n == n)
+                    / sum(r.timed[ours].median for r in rec if r.n == n)
+                )
+                for n in p.n
+            ]
     record = {
-        "benchmark": "kernel_roofline", "model": p.model_name, "device": p.device,
-        "device_name": p.device_name, "dtype": p.dtype, "clock": p.extra["clock"],
-        "threads": p.extra["threads"], "trace": trace_note, "quick": a.quick,
-        "ceiling_gbps": p.ceiling_gbps, "peak_gflops": p.peak_gflops, "n": p.n,
+        "benchmark": "kernel_roofline",
+        "model": p.model_name,
+        "device": p.device,
+        "device_name": p.device_name,
+        "dtype": p.dtype,
+        "clock": p.extra["clock"],
+        "threads": p.extra["threads"],
+        "trace": trace_note,
+        "quick": a.quick,
+        "ceiling_gbps": p.ceiling_gbps,
+        "peak_gflops": p.peak_gflops,
+        "n": p.n,
         "beta_gbps": {k: v["beta_gbps"] for k, v in ek.items()},
-        "r": p.r, "u_bar": p.u_bar, "reread_cost": p.reread_cost, "epsilon": p.epsilon,
-        "crossover": p.crossover, "roofline_ratio": roof,
-        "target_dedup_vs_slot1": {"ratio": dedup_vs[1:], "worst": min(dedup_vs[1:]),
-                                  "met": bool(min(dedup_vs[1:]) >= 0.9)},
-        "target_roofline": {k: {"worst": max(v), "met": bool(max(v) <= 1.25)}
-                            for k, v in roof.items()},
-        "peer_time_ratio": peers, "failed_kernels": p.extra.get("failed_kernels", {}),
+        "r": p.r,
+        "u_bar": p.u_bar,
+        "reread_cost": p.reread_cost,
+        "epsilon": p.epsilon,
+        "crossover": p.crossover,
+        "roofline_ratio": roof,
+        "target_dedup_vs_slot1": {
+            "ratio": dedup_vs[1:],
+            "worst": min(dedup_vs[1:]),
+            "met": bool(min(dedup_vs[1:]) >= 0.9),
+        },
+        "target_roofline": {
+            k: {"worst": max(v), "met": bool(max(v) <= 1.25)} for k, v in roof.items()
+        },
+        "peer_time_ratio": peers,
+        "failed_kernels": p.extra.get("failed_kernels", {}),
         "wall_s": p.extra["wall_s"],
         "loadavg": list(Path("/proc/loadavg").read_text().split()[:3])
-        if Path("/proc/loadavg").exists() else None,
+        if Path("/proc/loadavg").exists()
+        else None,
     }
     if a.out:
         p.save(Path(a.out) / "profile.json")

@@ -67,9 +67,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     k = args.l_max
-    record: dict = {"benchmark": "oracle_speed", "positions": args.positions, "l_max": k,
-                    "cpu_count": os.cpu_count(), "work": "positions x (L_max+1) candidates",
-                    "layouts": {}}
+    record: dict = {
+        "benchmark": "oracle_speed",
+        "positions": args.positions,
+        "l_max": k,
+        "cpu_count": os.cpu_count(),
+        "work": "positions x (L_max+1) candidates",
+        "layouts": {},
+    }
     n_len = args.generation_len
     layouts = {"batched": (args.positions // n_len, n_len), "single": (1, args.positions)}
     for name, (g, n) in layouts.items():
@@ -77,8 +82,9 @@ def main() -> int:
         cost, q, length = _instance(g, n, k, args.unknown, args.seed)
         default = 0 if g >= ssp._SCALAR_BELOW else 10**9
         peer = 10**9 if default == 0 else 0
-        _time_summarise(default, (cost[:, :200], q[:, :200 + k + 1], np.minimum(length, 200)),
-                        1)  # warm-up
+        _time_summarise(
+            default, (cost[:, :200], q[:, : 200 + k + 1], np.minimum(length, 200)), 1
+        )  # warm-up
         times = _time_summarise(default, (cost, q, length), args.repeats)
         # the peer path on a slice of the same instance, extrapolated linearly in positions
         if g > 1:
@@ -86,18 +92,22 @@ def main() -> int:
             sl = (cost[:gs], q[:gs], length[:gs])
             scale = g / gs
         else:
-            sl = (cost[:, :args.slice], q[:, :args.slice + k + 1], np.array([args.slice]))
+            sl = (cost[:, : args.slice], q[:, : args.slice + k + 1], np.array([args.slice]))
             scale = n / args.slice
         peer_times = _time_summarise(peer, sl, args.repeats)
         med = statistics.median(times)
         peer_med = statistics.median(peer_times) * scale
         record["layouts"][name] = {
-            "generations": g, "generation_len": n,
+            "generations": g,
+            "generation_len": n,
             "path": "vectorised" if default == 0 else "scalar",
-            "seconds_median": med, "seconds_min": min(times), "seconds_max": max(times),
+            "seconds_median": med,
+            "seconds_min": min(times),
+            "seconds_max": max(times),
             "positions_per_second": args.positions / med,
             "peer_path": "scalar" if default == 0 else "vectorised",
-            "peer_seconds_extrapolated": peer_med, "speedup_over_peer": peer_med / med,
+            "peer_seconds_extrapolated": peer_med,
+            "speedup_over_peer": peer_med / med,
         }
     print("window_union", file=sys.stderr, flush=True)
     rng = np.random.default_rng(args.seed)
@@ -111,10 +121,14 @@ def main() -> int:
         t0 = time.perf_counter()
         window_union(ids, starts, ends, k, 128)
         ut.append(time.perf_counter() - t0)
-    record["window_union"] = {"positions": t, "layers": args.layers, "num_experts": 128,
-                              "top_k": 8, "seconds_median": statistics.median(ut),
-                              "position_layers_per_second":
-                                  t * args.layers / statistics.median(ut)}
+    record["window_union"] = {
+        "positions": t,
+        "layers": args.layers,
+        "num_experts": 128,
+        "top_k": 8,
+        "seconds_median": statistics.median(ut),
+        "position_layers_per_second": t * args.layers / statistics.median(ut),
+    }
     print(json.dumps(record, indent=2))
     return 0
 

@@ -27,8 +27,16 @@ from specmoe.routing.stats import compute_stats
 from specmoe.routing.trace import RoutingTrace
 
 
-def sticky_trace(*, tokens: int, layers: int, num_experts: int, top_k: int, keep: float,
-                 doc_len: tuple[int, int] = (2000, 4000), seed: int = 0) -> RoutingTrace:
+def sticky_trace(
+    *,
+    tokens: int,
+    layers: int,
+    num_experts: int,
+    top_k: int,
+    keep: float,
+    doc_len: tuple[int, int] = (2000, 4000),
+    seed: int = 0,
+) -> RoutingTrace:
     """A sticky Markov routing trace [T, L, m], documents generated in parallel."""
     rng = np.random.default_rng(seed)
     lengths: list[int] = []
@@ -52,13 +60,17 @@ def sticky_trace(*, tokens: int, layers: int, num_experts: int, top_k: int, keep
             rep = rng.random((D, L, m)) > keep
             draw = rng.integers(pool_size, size=(D, L, m))
             for s in range(m):  # one slot at a time keeps the m experts distinct
-                cand = pool[layer_idx, draw[..., s]]                             # [D, L]
+                cand = pool[layer_idx, draw[..., s]]  # [D, L]
                 clash = (cur == cand[..., None]).any(axis=-1)
                 cur[..., s] = np.where(rep[..., s] & ~clash, cand, cur[..., s])
         active = np.nonzero(lens > i)[0]
         experts[off[active] + i] = cur[active]
-    return RoutingTrace(experts=experts, doc_offsets=off, num_experts=N,
-                        meta={"source": "sticky Markov benchmark trace"})
+    return RoutingTrace(
+        experts=experts,
+        doc_offsets=off,
+        num_experts=N,
+        meta={"source": "sticky Markov benchmark trace"},
+    )
 
 
 def naive_stats(trace: RoutingTrace, *, max_n: int, max_lag: int) -> dict[str, np.ndarray]:
@@ -79,7 +91,7 @@ def naive_stats(trace: RoutingTrace, *, max_n: int, max_lag: int) -> dict[str, n
                 counts[layer].update(s[t])
             for n in range(1, max_n + 1):
                 for t in range(t_d - n + 1):
-                    earlier = set().union(*s[t:t + n - 1])
+                    earlier = set().union(*s[t : t + n - 1])
                     reuse[layer, n - 1] += len(s[t + n - 1] & earlier)
                     union[layer, n - 1] += len(earlier | s[t + n - 1])
             for j in range(1, max_lag + 1):
@@ -87,8 +99,7 @@ def naive_stats(trace: RoutingTrace, *, max_n: int, max_lag: int) -> dict[str, n
                     ov[layer, j - 1] += len(s[t] & s[t + j])
         windows += np.maximum(t_d - np.arange(max_n), 0)
         pairs += np.maximum(t_d - np.arange(1, max_lag + 1), 0)
-    return {"rho": reuse / (m * windows), "union": union / windows,
-            "overlap": ov / (m * pairs)}
+    return {"rho": reuse / (m * windows), "union": union / windows, "overlap": ov / (m * pairs)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,18 +112,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-n", type=int, default=9)
     ap.add_argument("--max-lag", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--slice-tokens", type=int, default=6000,
-                    help="tokens (whole documents) timed with Python sets")
-    ap.add_argument("--bootstrap", type=int, default=2000,
-                    help="also time one run with this many resamples (0: skip)")
+    ap.add_argument(
+        "--slice-tokens",
+        type=int,
+        default=6000,
+        help="tokens (whole documents) timed with Python sets",
+    )
+    ap.add_argument(
+        "--bootstrap",
+        type=int,
+        default=2000,
+        help="also time one run with this many resamples (0: skip)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    trace = sticky_trace(tokens=args.tokens, layers=args.layers, num_experts=args.num_experts,
-                         top_k=args.top_k, keep=args.keep, seed=args.seed)
-    print(f"generated {trace.num_tokens} tokens in {trace.num_documents} documents "
-          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    trace = sticky_trace(
+        tokens=args.tokens,
+        layers=args.layers,
+        num_experts=args.num_experts,
+        top_k=args.top_k,
+        keep=args.keep,
+        seed=args.seed,
+    )
+    print(
+        f"generated {trace.num_tokens} tokens in {trace.num_documents} documents "
+        f"({time.perf_counter() - t0:.1f} s)",
+        file=sys.stderr,
+    )
     ends = trace.doc_offsets[1:]
     n_docs = max(1, int(np.searchsorted(ends, args.slice_tokens, side="right")))
     part = trace.select_documents(list(range(n_docs)))
@@ -136,22 +164,32 @@ def main(argv: list[str] | None = None) -> int:
     ref = naive_stats(part, **kw)
     naive_slice_s = time.perf_counter() - t0
     fast = compute_stats(part, **kw)
-    agree = bool(np.allclose(ref["rho"], fast.rho) and np.allclose(ref["union"], fast.union)
-                 and np.allclose(ref["overlap"], fast.overlap))
+    agree = bool(
+        np.allclose(ref["rho"], fast.rho)
+        and np.allclose(ref["union"], fast.union)
+        and np.allclose(ref["overlap"], fast.overlap)
+    )
     naive_full_s = naive_slice_s * trace.num_tokens / part.num_tokens
     median = statistics.median(times)
     record = {
         "benchmark": "stats_speed",
-        "tokens": trace.num_tokens, "documents": trace.num_documents,
-        "layers": trace.num_layers, "num_experts": trace.num_experts, "top_k": trace.top_k,
-        "max_n": args.max_n, "max_lag": args.max_lag,
-        "rho_mean_2": float(full.rho_mean[1]), "rho_mean_9": float(full.rho_mean[-1]),
+        "tokens": trace.num_tokens,
+        "documents": trace.num_documents,
+        "layers": trace.num_layers,
+        "num_experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "max_n": args.max_n,
+        "max_lag": args.max_lag,
+        "rho_mean_2": float(full.rho_mean[1]),
+        "rho_mean_9": float(full.rho_mean[-1]),
         "uniform_rho_2": float(full.uniform_rho[1]),
-        "vectorised_s": {"median": median, "min": min(times), "max": max(times),
-                         "runs": times},
-        "vectorised_with_bootstrap_s": boot_s, "bootstrap": args.bootstrap,
-        "naive_slice_tokens": part.num_tokens, "naive_slice_s": naive_slice_s,
-        "naive_extrapolated_s": naive_full_s, "speedup": naive_full_s / median,
+        "vectorised_s": {"median": median, "min": min(times), "max": max(times), "runs": times},
+        "vectorised_with_bootstrap_s": boot_s,
+        "bootstrap": args.bootstrap,
+        "naive_slice_tokens": part.num_tokens,
+        "naive_slice_s": naive_slice_s,
+        "naive_extrapolated_s": naive_full_s,
+        "speedup": naive_full_s / median,
         "agree_on_slice": agree,
         "tokens_per_s": trace.num_tokens / median,
     }

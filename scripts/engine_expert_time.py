@@ -29,8 +29,12 @@ os.environ.setdefault("SPECMOE_NUM_THREADS", "1")
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=("bundled", "dummy"), default="dummy",
-                    help="the bundled model, or the 4-layer dummy OLMoE of the protocol")
+    ap.add_argument(
+        "--model",
+        choices=("bundled", "dummy"),
+        default="dummy",
+        help="the bundled model, or the 4-layer dummy OLMoE of the protocol",
+    )
     ap.add_argument("--depth", type=int, default=512, help="context tokens (default 512)")
     ap.add_argument("--reps", type=int, default=3, help="recorded repetitions (default 3)")
     ap.add_argument("--profile", default=None, help="bandwidth profile to compare with")
@@ -63,15 +67,27 @@ def main(argv: list[str] | None = None) -> int:
     models = mr.Models({"layers": 4, "docs": 9, "min_tokens": 2048}, 0)
     m = models.get(args.model)
     name, ids = models.prompts(m["tokenizer"])[0]
-    ids = ids[:args.depth]
+    ids = ids[: args.depth]
     if m["forced"] is not None:
         m["forced"].use_document(name)
-    out: dict = {"model": m["label"], "prompt": name, "depth": args.depth, "reps": args.reps,
-                 "clock": "cpu", "n": list(range(1, 10)), "kernels": {}}
+    out: dict = {
+        "model": m["label"],
+        "prompt": name,
+        "depth": args.depth,
+        "reps": args.reps,
+        "clock": "cpu",
+        "n": list(range(1, 10)),
+        "kernels": {},
+    }
     cont = None
     for setting in ("per_slot", "dedup"):
-        eng = Engine(m["model"], policy=sw.KernelPolicy(setting), forced=m["forced"],
-                     prefill=m["prefill"], clock="cpu")
+        eng = Engine(
+            m["model"],
+            policy=sw.KernelPolicy(setting),
+            forced=m["forced"],
+            prefill=m["prefill"],
+            clock="cpu",
+        )
         try:
             kv = new_cache(m["model"])
             eng.prefill(kv, ids[:-1])
@@ -83,16 +99,18 @@ def main(argv: list[str] | None = None) -> int:
                 for n in range(1, 10):
                     spent.clear()
                     crop_cache(kv, base)
-                    v = eng.forward(kv, [ids[-1], *cont[:n - 1]])
+                    v = eng.forward(kv, [ids[-1], *cont[: n - 1]])
                     if rep:
                         rows.setdefault(n, []).append((v.t_ms, 1e3 * sum(spent.get(n, []))))
         finally:
             eng.close()
         whole = [float(np.median([a for a, _ in rows[n]])) for n in range(1, 10)]
         expert = [float(np.median([b for _, b in rows[n]])) for n in range(1, 10)]
-        out["kernels"][setting] = {"verify_ms": whole, "expert_ms": expert,
-                                   "outside_ms": [a - b for a, b in zip(whole, expert,
-                                                                        strict=True)]}
+        out["kernels"][setting] = {
+            "verify_ms": whole,
+            "expert_ms": expert,
+            "outside_ms": [a - b for a, b in zip(whole, expert, strict=True)],
+        }
     if args.profile:
         from specmoe.bench.profile import load_profile
 

@@ -30,13 +30,23 @@ from specmoe.data import corpus
 
 def make_config(a: argparse.Namespace, vocab: int, eos_id: int, pad_id: int) -> dict:
     return {
-        "vocab_size": vocab, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
-        "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
-        "num_key_value_heads": a.heads, "hidden_act": "silu", "max_position_embeddings": 4096,
-        "initializer_range": 0.02, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "vocab_size": vocab,
+        "hidden_size": a.hidden,
+        "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": 4096,
+        "initializer_range": 0.02,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "attention_bias": False, "mlp_bias": False, "bos_token_id": None,
-        "eos_token_id": eos_id, "pad_token_id": pad_id,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
     }
 
 
@@ -48,8 +58,8 @@ def evaluate(draft, target, data: np.ndarray, seq: int, *, batch: int = 4):
     tot, cnt, agree = 0.0, 0, 0
     for b0 in range(0, n, batch):
         starts = range(b0 * seq, min(n, b0 + batch) * seq, seq)
-        x = torch.from_numpy(np.stack([data[s:s + seq] for s in starts]).astype(np.int64))
-        y = torch.from_numpy(np.stack([data[s + 1:s + seq + 1] for s in starts]).astype(np.int64))
+        x = torch.from_numpy(np.stack([data[s : s + seq] for s in starts]).astype(np.int64))
+        y = torch.from_numpy(np.stack([data[s + 1 : s + seq + 1] for s in starts]).astype(np.int64))
         lg = draft(x).logits.float()
         tot += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1), reduction="sum").item()
         cnt += y.numel()
@@ -98,17 +108,20 @@ def main(argv: list[str] | None = None) -> int:
     named = list(model.named_parameters())
     decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
     rest = [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": a.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=a.lr,
+        betas=(0.9, 0.95),
+    )
     ema, history, t_train = None, [], time.time()
     for step in range(a.steps):
         for g in opt.param_groups:
             g["lr"] = tm.lr_at(step, a)
         starts = rng.integers(0, len(train) - a.seq_len - 1, size=a.batch)
-        x = torch.from_numpy(np.stack([train[s:s + a.seq_len] for s in starts]).astype(np.int64))
-        y = torch.from_numpy(np.stack([train[s + 1:s + a.seq_len + 1] for s in starts])
-                             .astype(np.int64))
+        x = torch.from_numpy(np.stack([train[s : s + a.seq_len] for s in starts]).astype(np.int64))
+        y = torch.from_numpy(
+            np.stack([train[s + 1 : s + a.seq_len + 1] for s in starts]).astype(np.int64)
+        )
         lg = model(x).logits
         loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -118,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if step % a.log_every == 0 or step == a.steps - 1:
             el = time.time() - t_train
-            log(f"step {step} ce {loss.item():.3f} (ema {ema:.3f}) "
-                f"tok/s {(step + 1) * a.batch * a.seq_len / el:.0f}")
-            history.append({"step": step, "train_ce": loss.item(), "train_ce_ema": ema,
-                            "elapsed_s": el})
+            log(
+                f"step {step} ce {loss.item():.3f} (ema {ema:.3f}) "
+                f"tok/s {(step + 1) * a.batch * a.seq_len / el:.0f}"
+            )
+            history.append(
+                {"step": step, "train_ce": loss.item(), "train_ce_ema": ema, "elapsed_s": el}
+            )
     train_wall = time.time() - t_train
-    target = OlmoeForCausalLM.from_pretrained(str(a.target), local_files_only=True,
-                                              dtype=torch.float32).eval()
+    target = OlmoeForCausalLM.from_pretrained(
+        str(a.target), local_files_only=True, dtype=torch.float32
+    ).eval()
     log("evaluating draft loss and greedy agreement with the target")
     vloss, agree, vtok = evaluate(model, target, val, 1024)
     tloss, _, _ = evaluate(target, None, val, 1024)
@@ -135,23 +152,36 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (a.out / name).write_bytes((a.target / name).read_bytes())
     result = {
-        "model": "tiny dense draft (LlamaForCausalLM)", "config": cfg, "parameters": n_params,
+        "model": "tiny dense draft (LlamaForCausalLM)",
+        "config": cfg,
+        "parameters": n_params,
         "checkpoint_dtype": a.dtype,
         "checkpoint_bytes": (a.out / "model.safetensors").stat().st_size,
-        "training": {"steps": a.steps, "seed": a.seed, "batch": a.batch, "seq_len": a.seq_len,
-                     "lr": a.lr, "warmup": a.warmup, "weight_decay": a.weight_decay,
-                     "tokens_seen": a.steps * a.batch * a.seq_len},
+        "training": {
+            "steps": a.steps,
+            "seed": a.seed,
+            "batch": a.batch,
+            "seq_len": a.seq_len,
+            "lr": a.lr,
+            "warmup": a.warmup,
+            "weight_decay": a.weight_decay,
+            "tokens_seen": a.steps * a.batch * a.seq_len,
+        },
         "train_loss_final_ema": ema,
         "validation_loss_nats_per_token": vloss,
         "target_validation_loss_nats_per_token": tloss,
         "greedy_agreement_with_target": agree,
-        "validation_eval": {"tokens": vtok, "window": 1024,
-                            "how": "consecutive non-overlapping windows of the packed split; "
-                                   "target in float32 through transformers"},
+        "validation_eval": {
+            "tokens": vtok,
+            "window": 1024,
+            "how": "consecutive non-overlapping windows of the packed split; "
+            "target in float32 through transformers",
+        },
         "wall_time_s": {"training": train_wall, "total": time.time() - t0},
-        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-        "command": "python scripts/train_tiny_draft.py " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": "python scripts/train_tiny_draft.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "history": history,
     }
     atomic_write_json(a.results, result)

@@ -57,13 +57,17 @@ def train_tokenizer(out: Path, *, vocab: int, model_max_length: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=[EOS, PAD], min_frequency=2, show_progress=False,
+        vocab_size=vocab,
+        special_tokens=[EOS, PAD],
+        min_frequency=2,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     docs = corpus.documents("train")
     tok.train_from_iterator((t for _, t in docs), trainer=trainer, length=len(docs))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
-                                   model_max_length=model_max_length)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, pad_token=PAD, model_max_length=model_max_length
+    )
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
 
@@ -126,7 +130,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, self.nh, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.hd ** -0.5)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.hd**-0.5)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -250,7 +254,9 @@ def load_balancing_loss(router_logits, router_ids, num_experts: int) -> torch.Te
 
 
 def z_loss(router_logits) -> torch.Tensor:
-    return torch.stack([torch.logsumexp(lg.float(), -1).pow(2).mean() for lg in router_logits]).mean()
+    return torch.stack(
+        [torch.logsumexp(lg.float(), -1).pow(2).mean() for lg in router_logits]
+    ).mean()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,15 +269,27 @@ def z_loss(router_logits) -> torch.Tensor:
 
 def make_config(a: argparse.Namespace, vocab_size: int, eos_id: int, pad_id: int) -> dict:
     return {
-        "vocab_size": vocab_size, "hidden_size": a.hidden, "intermediate_size": a.intermediate,
-        "num_hidden_layers": a.layers, "num_attention_heads": a.heads,
-        "num_key_value_heads": a.heads, "hidden_act": "silu",
-        "max_position_embeddings": a.max_positions, "initializer_range": 0.02,
-        "rms_norm_eps": 1e-5, "pad_token_id": pad_id, "bos_token_id": None,
-        "eos_token_id": eos_id, "tie_word_embeddings": False,
+        "vocab_size": vocab_size,
+        "hidden_size": a.hidden,
+        "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers,
+        "num_attention_heads": a.heads,
+        "num_key_value_heads": a.heads,
+        "hidden_act": "silu",
+        "max_position_embeddings": a.max_positions,
+        "initializer_range": 0.02,
+        "rms_norm_eps": 1e-5,
+        "pad_token_id": pad_id,
+        "bos_token_id": None,
+        "eos_token_id": eos_id,
+        "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "attention_bias": False, "clip_qkv": None, "num_experts_per_tok": 8, "num_experts": 64,
-        "router_aux_loss_coef": a.aux_coef, "norm_topk_prob": False,
+        "attention_bias": False,
+        "clip_qkv": None,
+        "num_experts_per_tok": 8,
+        "num_experts": 64,
+        "router_aux_loss_coef": a.aux_coef,
+        "norm_topk_prob": False,
     }
 
 
@@ -283,8 +301,15 @@ def lr_at(step: int, a: argparse.Namespace) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: TinyOlmoe, data: np.ndarray, seq: int, *, max_windows: int | None = None,
-             eos_id: int, batch: int = 4):
+def evaluate(
+    model: TinyOlmoe,
+    data: np.ndarray,
+    seq: int,
+    *,
+    max_windows: int | None = None,
+    eos_id: int,
+    batch: int = 4,
+):
     """Mean next-token loss (nats/token) over consecutive windows of ``seq`` targets.
 
     Returns (loss, tokens, routing stats over the windows, pairs crossing an eos excluded).
@@ -297,11 +322,12 @@ def evaluate(model: TinyOlmoe, data: np.ndarray, seq: int, *, max_windows: int |
     layer_ids: list[list[np.ndarray]] = [[] for _ in model.model.layers]
     for b0 in range(0, n, batch):
         starts = range(b0 * seq, min(n, b0 + batch) * seq, seq)
-        x = torch.from_numpy(np.stack([data[s:s + seq] for s in starts]).astype(np.int64))
-        y = torch.from_numpy(np.stack([data[s + 1:s + seq + 1] for s in starts]).astype(np.int64))
+        x = torch.from_numpy(np.stack([data[s : s + seq] for s in starts]).astype(np.int64))
+        y = torch.from_numpy(np.stack([data[s + 1 : s + seq + 1] for s in starts]).astype(np.int64))
         logits, _, ids = model(x)
-        tot += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                               reduction="sum").item()
+        tot += F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"
+        ).item()
         cnt += y.numel()
         for li, ti in enumerate(ids):
             layer_ids[li].append(ti.view(x.shape[0], seq, -1).numpy())
@@ -309,10 +335,15 @@ def evaluate(model: TinyOlmoe, data: np.ndarray, seq: int, *, max_windows: int |
     stats = None
     if layer_ids[0]:
         # rho(2) over consecutive pairs inside one window and one document
-        allx = np.concatenate([np.stack([data[s:s + seq] for s in
-                                         range(b0 * seq, min(n, b0 + batch) * seq, seq)])
-                               for b0 in range(0, n, batch)])  # [W, S]
-        keep = (allx[:, :-1] != eos_id)  # the earlier token of a pair is not a separator
+        allx = np.concatenate(
+            [
+                np.stack(
+                    [data[s : s + seq] for s in range(b0 * seq, min(n, b0 + batch) * seq, seq)]
+                )
+                for b0 in range(0, n, batch)
+            ]
+        )  # [W, S]
+        keep = allx[:, :-1] != eos_id  # the earlier token of a pair is not a separator
         nexp = model.c["num_experts"]
         ent, rho, unused, rare = [], [], [], []
         for arrs in layer_ids:
@@ -324,10 +355,15 @@ def evaluate(model: TinyOlmoe, data: np.ndarray, seq: int, *, max_windows: int |
             rare.append(int((p < 0.1 / nexp).sum()))
             shared = (ids[:, 1:, :, None] == ids[:, :-1, None, :]).any(-1).sum(-1)  # [W, S-1]
             rho.append(float(shared[keep].sum() / (keep.sum() * ids.shape[-1])))
-        stats = {"entropy_nats": ent, "entropy_max_nats": math.log(nexp), "rho2": rho,
-                 "rho2_layer_mean": float(np.mean(rho)),
-                 "rho2_uniform": model.c["num_experts_per_tok"] / nexp,
-                 "unused_experts": unused, "experts_below_tenth_of_uniform": rare}
+        stats = {
+            "entropy_nats": ent,
+            "entropy_max_nats": math.log(nexp),
+            "rho2": rho,
+            "rho2_layer_mean": float(np.mean(rho)),
+            "rho2_uniform": model.c["num_experts_per_tok"] / nexp,
+            "unused_experts": unused,
+            "experts_below_tenth_of_uniform": rare,
+        }
     return tot / max(cnt, 1), cnt, stats
 
 
@@ -358,10 +394,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--z-loss", type=float, default=0.001)
-    ap.add_argument("--aux-coef", type=float, default=0.01,
-                    help="router_aux_loss_coef (OLMoE: 0.01)")
-    ap.add_argument("--final-eval-windows", type=int, default=None,
-                    help="evaluate on the first N windows only (default: the whole split)")
+    ap.add_argument(
+        "--aux-coef", type=float, default=0.01, help="router_aux_loss_coef (OLMoE: 0.01)"
+    )
+    ap.add_argument(
+        "--final-eval-windows",
+        type=int,
+        default=None,
+        help="evaluate on the first N windows only (default: the whole split)",
+    )
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--intermediate", type=int, default=64)
@@ -397,9 +438,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"parameters: {n_params}")
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": a.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=a.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     history = []
     ema = None
     t_train = time.time()
@@ -407,9 +454,10 @@ def main(argv: list[str] | None = None) -> int:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
         starts = rng.integers(0, len(train) - a.seq_len - 1, size=a.batch)
-        x = torch.from_numpy(np.stack([train[s:s + a.seq_len] for s in starts]).astype(np.int64))
-        y = torch.from_numpy(np.stack([train[s + 1:s + a.seq_len + 1] for s in starts])
-                             .astype(np.int64))
+        x = torch.from_numpy(np.stack([train[s : s + a.seq_len] for s in starts]).astype(np.int64))
+        y = torch.from_numpy(
+            np.stack([train[s + 1 : s + a.seq_len + 1] for s in starts]).astype(np.int64)
+        )
         logits, rl, ri = model(x)
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         aux = load_balancing_loss(rl, ri, cfg["num_experts"])
@@ -422,21 +470,32 @@ def main(argv: list[str] | None = None) -> int:
         ema = ce.item() if ema is None else 0.95 * ema + 0.05 * ce.item()
         if step % a.log_every == 0 or step == a.steps - 1:
             el = time.time() - t_train
-            log(f"step {step} ce {ce.item():.3f} (ema {ema:.3f}) aux {aux.item():.3f} "
+            log(
+                f"step {step} ce {ce.item():.3f} (ema {ema:.3f}) aux {aux.item():.3f} "
                 f"z {zl.item():.2f} gnorm {gn.item():.2f} lr {lr_at(step, a):.2e} "
-                f"tok/s {(step + 1) * a.batch * a.seq_len / el:.0f}")
-            history.append({"step": step, "train_ce": ce.item(), "train_ce_ema": ema,
-                            "aux": aux.item(), "z": zl.item(), "elapsed_s": el})
+                f"tok/s {(step + 1) * a.batch * a.seq_len / el:.0f}"
+            )
+            history.append(
+                {
+                    "step": step,
+                    "train_ce": ce.item(),
+                    "train_ce_ema": ema,
+                    "aux": aux.item(),
+                    "z": zl.item(),
+                    "elapsed_s": el,
+                }
+            )
         if a.eval_every and step and step % a.eval_every == 0:
             vl, _, st = evaluate(model, val, a.seq_len, max_windows=32, eos_id=eos_id)
-            log(f"step {step} validation (first 32 windows) {vl:.3f}, rho2 "
+            log(
+                f"step {step} validation (first 32 windows) {vl:.3f}, rho2 "
                 f"{st['rho2_layer_mean']:.3f}, unused experts {st['unused_experts']}, below "
-                f"a tenth of uniform {st['experts_below_tenth_of_uniform']}")
+                f"a tenth of uniform {st['experts_below_tenth_of_uniform']}"
+            )
             history[-1]["validation_ce_subset"] = vl
     train_wall = time.time() - t_train
     log("evaluating on the whole validation split")
-    vloss, vtok, stats = evaluate(model, val, 1024, eos_id=eos_id,
-                                  max_windows=a.final_eval_windows)
+    vloss, vtok, stats = evaluate(model, val, 1024, eos_id=eos_id, max_windows=a.final_eval_windows)
     log(f"validation {vloss:.4f} nats/token over {vtok} tokens; routing {stats}")
     vloss2k, vtok2k, _ = evaluate(model, val, 2048, max_windows=40, eos_id=eos_id)
     log(f"validation at 2048-token windows: {vloss2k:.4f} nats/token over {vtok2k} tokens")
@@ -445,31 +504,56 @@ def main(argv: list[str] | None = None) -> int:
     size = (a.out / "model.safetensors").stat().st_size if not a.no_export else None
     result = {
         "model": "tiny OLMoE (OlmoeForCausalLM)",
-        "config": cfg, "parameters": n_params,
-        "active_parameters_per_token": n_params - cfg["num_hidden_layers"] * (
-            cfg["num_experts"] - cfg["num_experts_per_tok"]) * 3 * cfg["hidden_size"]
+        "config": cfg,
+        "parameters": n_params,
+        "active_parameters_per_token": n_params
+        - cfg["num_hidden_layers"]
+        * (cfg["num_experts"] - cfg["num_experts_per_tok"])
+        * 3
+        * cfg["hidden_size"]
         * cfg["intermediate_size"],
-        "checkpoint_dtype": a.dtype, "checkpoint_bytes": size,
-        "tokenizer": {"kind": "byte-level BPE", "vocab_size": tok.get_vocab_size(),
-                      "eos": EOS, "pad": PAD},
+        "checkpoint_dtype": a.dtype,
+        "checkpoint_bytes": size,
+        "tokenizer": {
+            "kind": "byte-level BPE",
+            "vocab_size": tok.get_vocab_size(),
+            "eos": EOS,
+            "pad": PAD,
+        },
         "corpus": {"train_tokens": len(train), "validation_tokens": len(val)},
-        "training": {"steps": a.steps, "seed": a.seed, "batch": a.batch, "seq_len": a.seq_len,
-                     "lr": a.lr, "warmup": a.warmup, "schedule": "linear warmup, cosine to 0.1x",
-                     "weight_decay": a.weight_decay, "optimizer": "AdamW(0.9, 0.95)",
-                     "grad_clip": 1.0, "router_aux_loss_coef": cfg["router_aux_loss_coef"],
-                     "router_z_loss_coef": a.z_loss,
-                     "tokens_seen": a.steps * a.batch * a.seq_len},
+        "training": {
+            "steps": a.steps,
+            "seed": a.seed,
+            "batch": a.batch,
+            "seq_len": a.seq_len,
+            "lr": a.lr,
+            "warmup": a.warmup,
+            "schedule": "linear warmup, cosine to 0.1x",
+            "weight_decay": a.weight_decay,
+            "optimizer": "AdamW(0.9, 0.95)",
+            "grad_clip": 1.0,
+            "router_aux_loss_coef": cfg["router_aux_loss_coef"],
+            "router_z_loss_coef": a.z_loss,
+            "tokens_seen": a.steps * a.batch * a.seq_len,
+        },
         "train_loss_final_ema": ema,
         "validation_loss_nats_per_token": vloss,
-        "validation_eval": {"tokens": vtok, "window": 1024,
-                            "how": "consecutive non-overlapping windows of the packed split"},
-        "validation_loss_2048_windows": {"loss": vloss2k, "tokens": vtok2k,
-                                         "how": "the first 40 windows of 2048 tokens"},
+        "validation_eval": {
+            "tokens": vtok,
+            "window": 1024,
+            "how": "consecutive non-overlapping windows of the packed split",
+        },
+        "validation_loss_2048_windows": {
+            "loss": vloss2k,
+            "tokens": vtok2k,
+            "how": "the first 40 windows of 2048 tokens",
+        },
         "routing_on_validation": stats,
         "wall_time_s": {"training": train_wall, "total": time.time() - t_start},
-        "torch_version": torch.__version__, "threads": torch.get_num_threads(),
-        "command": "python scripts/train_tiny_model.py " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "command": "python scripts/train_tiny_model.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "history": history,
     }
     atomic_write_json(a.results, result)

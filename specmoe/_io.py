@@ -24,7 +24,8 @@ def atomic_path(path: str | os.PathLike, *, suffix: str | None = None) -> Iterat
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=(path.suffix if suffix is None else suffix) + ".tmp",
+        prefix=f".{path.name}.",
+        suffix=(path.suffix if suffix is None else suffix) + ".tmp",
         dir=path.parent,
     )
     os.close(fd)
@@ -96,8 +97,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, dumps_json(obj) + "\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", *,
-              label: str | None = None) -> Any:
+def read_json(path: str | os.PathLike, what: str = "JSON file", *, label: str | None = None) -> Any:
     """The JSON value in ``path``; a missing file or bad JSON is one ``InputError`` line:
     "LABEL: no such WHAT" or "LABEL: not a readable JSON WHAT (reason)" (LABEL: the path)."""
     from specmoe.errors import InputError
@@ -109,5 +109,4 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *,
     except FileNotFoundError:
         raise InputError(f"{label}: no such {what}") from None
     except (OSError, ValueError) as exc:
-        raise InputError(f"{label}: not a readable JSON {what} ({exc})".splitlines()[0]
-                         ) from None
+        raise InputError(f"{label}: not a readable JSON {what} ({exc})".splitlines()[0]) from None

@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "oracle": ("specmoe.oracle.cli", "the offline Oracle bound and Delta space"),
     "policy": ("specmoe.oracle.policy_cli", "evaluate online draft-budget policies"),
     "spec": ("specmoe.spec", "show a model spec (preset or HF config)"),
-    "efficiency": ("specmoe.engine.efficiency_cli", "target efficiency and speedup against batch size"),
+    "efficiency": (
+        "specmoe.engine.efficiency_cli",
+        "target efficiency and speedup against batch size",
+    ),
 }
 
 
@@ -67,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     if verb is None or verb not in COMMANDS or not _available(COMMANDS[verb][0]):
         if verb is not None and not argv[0].startswith("-"):
             known = ", ".join(v for v, (m, _) in COMMANDS.items() if _available(m))
-            print(f"specmoe: error: unknown command {verb!r} (choose from {known})",
-                  file=sys.stderr)
+            print(
+                f"specmoe: error: unknown command {verb!r} (choose from {known})", file=sys.stderr
+            )
             return 2
         top.parse_args(argv)
         top.print_help()
@@ -79,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)
         parser = argparse.ArgumentParser(prog=f"specmoe {verb}", description=help_text)
         module.add_arguments(parser)
-        args = parser.parse_args(argv[idx + 1:])
+        args = parser.parse_args(argv[idx + 1 :])
         args.debug = debug
         rc = module.run(args)
         return int(rc or 0)
@@ -94,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a failure, not a user mistake
         if debug:
             raise
-        print(f"specmoe {verb}: failed: {type(exc).__name__}: {exc} (rerun with --debug)",
-              file=sys.stderr)
+        print(
+            f"specmoe {verb}: failed: {type(exc).__name__}: {exc} (rerun with --debug)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -52,8 +52,17 @@ import numpy as np
 from specmoe._io import atomic_path
 from specmoe.errors import InputError
 
-__all__ = ["COLUMNS", "COUNTERFACTUAL", "RoundLog", "RoundLogWriter", "leading_match",
-           "pass_stats", "read_round_log", "validate", "write_round_log"]
+__all__ = [
+    "COLUMNS",
+    "COUNTERFACTUAL",
+    "RoundLog",
+    "RoundLogWriter",
+    "leading_match",
+    "pass_stats",
+    "read_round_log",
+    "validate",
+    "write_round_log",
+]
 
 # name -> (Arrow type, required by every reader)
 COLUMNS: dict[str, tuple[str, bool]] = {
@@ -93,8 +102,13 @@ def _arrow_type(spec: str):
 
     if spec.startswith("list<"):
         return pa.list_(_arrow_type(spec[5:-1]))
-    return {"string": pa.string(), "int16": pa.int16(), "int32": pa.int32(),
-            "float32": pa.float32(), "float64": pa.float64()}[spec]
+    return {
+        "string": pa.string(),
+        "int16": pa.int16(),
+        "int32": pa.int32(),
+        "float32": pa.float32(),
+        "float64": pa.float64(),
+    }[spec]
 
 
 def arrow_schema(names: list[str] | None = None):
@@ -109,7 +123,9 @@ def arrow_schema(names: list[str] | None = None):
 # per-round arithmetic
 
 
-def pass_stats(routing: np.ndarray, num_experts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pass_stats(
+    routing: np.ndarray, num_experts: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Ū and E_max of passes: ``routing`` [..., P, L, m] -> (u_mean [...], e_max [...]).
 
     Ū is the number of distinct experts among the P·m slots of a layer, averaged over layers;
@@ -126,8 +142,9 @@ def pass_stats(routing: np.ndarray, num_experts: int | None = None) -> tuple[np.
     return u.reshape(batch), e.reshape(batch)
 
 
-def leading_match(draft: np.ndarray, d_off: np.ndarray, target: np.ndarray,
-                  t_off: np.ndarray) -> np.ndarray:
+def leading_match(
+    draft: np.ndarray, d_off: np.ndarray, target: np.ndarray, t_off: np.ndarray
+) -> np.ndarray:
     """Per round, how many leading drafts equal the target's tokens, [R] (at most k)."""
     k = np.diff(d_off)
     rows = np.repeat(np.arange(len(k)), k)
@@ -189,13 +206,15 @@ class RoundLog:
 
     def list_of(self, column: str, r: int) -> np.ndarray:
         values, off = self.lists[column]
-        return values[off[r]:off[r + 1]]
+        return values[off[r] : off[r + 1]]
 
     def routing_of(self, r: int) -> np.ndarray:
         """The routing of round r, [P, L, m]."""
         return self.list_of("routing", r).reshape(
-            int(self.data["pass_size"][r]), int(self.data["num_layers"][r]),
-            int(self.data["top_k"][r]))
+            int(self.data["pass_size"][r]),
+            int(self.data["num_layers"][r]),
+            int(self.data["top_k"][r]),
+        )
 
     def select(self, mask: np.ndarray) -> RoundLog:
         """The rounds where ``mask`` (bool [R] or indices) holds, in order."""
@@ -210,12 +229,11 @@ class RoundLog:
             lengths = (off[1:] - off[:-1])[idx]
             new_off = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             if len(first) <= _SLICE_RUNS:
-                parts = [values[off[run[0]]:off[run[-1] + 1]] for run in first if len(run)]
+                parts = [values[off[run[0]] : off[run[-1] + 1]] for run in first if len(run)]
                 vals = np.concatenate(parts) if parts else values[:0]
             else:
                 starts = off[:-1][idx]
-                vals = values[np.repeat(starts - new_off[:-1], lengths)
-                              + np.arange(new_off[-1])]
+                vals = values[np.repeat(starts - new_off[:-1], lengths) + np.arange(new_off[-1])]
             lists[c] = (vals, new_off)
         return RoundLog(data, lists, self.name)
 
@@ -287,8 +305,9 @@ def _read_part(path: Path):
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{path}: not a readable Parquet file "
-                         f"({str(exc).splitlines()[0]})") from None
+        raise InputError(
+            f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})"
+        ) from None
     names = [c for c in table.column_names if c in COLUMNS]
     missing = [c for c, (_, req) in COLUMNS.items() if req and c not in names]
     if missing:
@@ -299,8 +318,9 @@ def _read_part(path: Path):
         try:
             cols.append(table.column(c).cast(want))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            raise InputError(f"{path}: column {c!r} has type {table.column(c).type}, "
-                             f"expected {COLUMNS[c][0]}") from None
+            raise InputError(
+                f"{path}: column {c!r} has type {table.column(c).type}, expected {COLUMNS[c][0]}"
+            ) from None
     return pa.Table.from_arrays(cols, schema=arrow_schema(names))
 
 
@@ -318,8 +338,10 @@ def read_round_log(path: str | os.PathLike, *, check: bool = True) -> RoundLog:
     names = list(COLUMNS)  # a column absent from every part reads as all null
     full = []
     for t in tables:
-        cols = [t.column(c) if c in t.column_names else pa.nulls(t.num_rows, _arrow_type(
-            COLUMNS[c][0])) for c in names]
+        cols = [
+            t.column(c) if c in t.column_names else pa.nulls(t.num_rows, _arrow_type(COLUMNS[c][0]))
+            for c in names
+        ]
         full.append(pa.Table.from_arrays(cols, schema=arrow_schema(names)))
     table = pa.concat_tables(full)
     if table.num_rows == 0:
@@ -335,7 +357,8 @@ def _first_bad(log: RoundLog, bad: np.ndarray, what: str) -> None:
         r = int(np.flatnonzero(bad)[0])
         raise InputError(
             f"{log.name}: {int(bad.sum())} round(s) with {what} (first: generation "
-            f"{log['generation_id'][r]!r}, round {int(log['round'][r])})")
+            f"{log['generation_id'][r]!r}, round {int(log['round'][r])})"
+        )
 
 
 def validate(log: RoundLog) -> None:
@@ -348,8 +371,9 @@ def validate(log: RoundLog) -> None:
         _first_bad(log, d["budget"] < k, "budget < k")  # NaN (no budget) compares False
     _first_bad(log, (d["accepted"] < 0) | (d["accepted"] > k), "accepted outside 0..k")
     _first_bad(log, d["emitted"] != d["accepted"] + 1, "emitted != accepted + 1")
-    _first_bad(log, ~(np.isfinite(d["t_verify_ms"]) & (d["t_verify_ms"] > 0)),
-               "t_verify_ms not positive")
+    _first_bad(
+        log, ~(np.isfinite(d["t_verify_ms"]) & (d["t_verify_ms"] > 0)), "t_verify_ms not positive"
+    )
     _first_bad(log, d["context_len"] < 0, "context_len < 0")
     _first_bad(log, ~(d["u_mean"] >= 0), "u_mean not >= 0")
     for c in ("run_id", "prompt_id", "generation_id"):
@@ -357,12 +381,15 @@ def validate(log: RoundLog) -> None:
     if "draft_tokens" in log.lists and "target_tokens" in log.lists:
         dv, do = log.lists["draft_tokens"]
         tv, to = log.lists["target_tokens"]
-        has = (np.diff(to) > 0)
+        has = np.diff(to) > 0
         _first_bad(log, has & (np.diff(do) != k), "len(draft_tokens) != k")
         _first_bad(log, has & (np.diff(to) != k + 1), "len(target_tokens) != k + 1")
         lm = leading_match(dv, do, tv, to)
-        _first_bad(log, has & (lm != d["accepted"]),
-                   "accepted != leading match of draft_tokens and target_tokens")
+        _first_bad(
+            log,
+            has & (lm != d["accepted"]),
+            "accepted != leading match of draft_tokens and target_tokens",
+        )
     if "routing" in log.lists and "num_layers" in d and "top_k" in d:
         n = np.diff(log.lists["routing"][1])
         want = d["pass_size"] * np.nan_to_num(d["num_layers"]) * np.nan_to_num(d["top_k"])
@@ -391,15 +418,23 @@ class RoundLogWriter:
     ``routing`` array of shape [P, L, m]: ``num_layers``, ``top_k``, ``u_mean``, ``e_max``.
     """
 
-    def __init__(self, directory: str | os.PathLike, *, flush_every: int = 256,
-                 defaults: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        flush_every: int = 256,
+        defaults: Mapping[str, Any] | None = None,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flush_every = int(flush_every)
         self.defaults = dict(defaults or {})
         self._rows: list[dict[str, Any]] = []
-        done = [int(p.stem.split("-")[1]) for p in self.directory.glob("part-*.parquet")
-                if p.stem.split("-")[1].isdigit()]
+        done = [
+            int(p.stem.split("-")[1])
+            for p in self.directory.glob("part-*.parquet")
+            if p.stem.split("-")[1].isdigit()
+        ]
         self._next = max(done, default=-1) + 1
         self.rounds_written = 0
 

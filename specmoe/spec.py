@@ -21,9 +21,18 @@ from typing import Any
 
 from specmoe.errors import InputError
 
-DTYPE_BYTES: dict[str, float] = {"float32": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0,
-                                 "float16": 2.0, "fp16": 2.0, "int8": 1.0, "q8_0": 34 / 32,
-                                 "q4_k_m": 4.5 / 8, "mxfp4": 4.25 / 8}
+DTYPE_BYTES: dict[str, float] = {
+    "float32": 4.0,
+    "fp32": 4.0,
+    "bfloat16": 2.0,
+    "bf16": 2.0,
+    "float16": 2.0,
+    "fp16": 2.0,
+    "int8": 1.0,
+    "q8_0": 34 / 32,
+    "q4_k_m": 4.5 / 8,
+    "mxfp4": 4.25 / 8,
+}
 
 
 @dataclass(frozen=True)
@@ -38,13 +47,13 @@ class ModelSpec:
     """
 
     name: str
-    num_experts: int            # N
-    top_k: int                  # m
-    num_moe_layers: int         # L
+    num_experts: int  # N
+    top_k: int  # m
+    num_moe_layers: int  # L
     hidden_size: int
     expert_intermediate: int
     bytes_per_weight: float = 2.0
-    dense_params: int = 0       # weights read once per pass
+    dense_params: int = 0  # weights read once per pass
     kv_elements_per_token: int = 0
     activation: str = "swiglu"  # "swiglu" or "swiglu_oai" (gpt-oss's clamped variant)
     expert_bias: bool = False
@@ -57,20 +66,30 @@ class ModelSpec:
     expert_params: int = field(init=False)
 
     def __post_init__(self) -> None:
-        for fname in ("num_experts", "top_k", "num_moe_layers", "hidden_size",
-                      "expert_intermediate"):
+        for fname in (
+            "num_experts",
+            "top_k",
+            "num_moe_layers",
+            "hidden_size",
+            "expert_intermediate",
+        ):
             v = getattr(self, fname)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"model spec {self.name!r}: {fname} must be a positive "
-                                 f"integer, got {v!r}")
+                raise InputError(
+                    f"model spec {self.name!r}: {fname} must be a positive integer, got {v!r}"
+                )
         if not self.top_k < self.num_experts:
-            raise InputError(f"model spec {self.name!r}: top_k={self.top_k} must be below "
-                             f"num_experts={self.num_experts}")
+            raise InputError(
+                f"model spec {self.name!r}: top_k={self.top_k} must be below "
+                f"num_experts={self.num_experts}"
+            )
         if not self.bytes_per_weight > 0:
             raise InputError(f"model spec {self.name!r}: bytes_per_weight must be positive")
         if self.activation not in ("swiglu", "swiglu_oai"):
-            raise InputError(f"model spec {self.name!r}: unknown activation "
-                             f"{self.activation!r} (choose swiglu or swiglu_oai)")
+            raise InputError(
+                f"model spec {self.name!r}: unknown activation "
+                f"{self.activation!r} (choose swiglu or swiglu_oai)"
+            )
         params = 3 * self.hidden_size * self.expert_intermediate
         if self.expert_bias:
             params += 2 * self.expert_intermediate + self.hidden_size
@@ -116,8 +135,9 @@ class ModelSpec:
         if isinstance(dtype, str):
             key = dtype.lower()
             if key not in DTYPE_BYTES:
-                raise InputError(f"unknown dtype {dtype!r} (choose from "
-                                 f"{', '.join(sorted(DTYPE_BYTES))})")
+                raise InputError(
+                    f"unknown dtype {dtype!r} (choose from {', '.join(sorted(DTYPE_BYTES))})"
+                )
             bpw = DTYPE_BYTES[key]
         else:
             bpw = float(dtype)
@@ -129,7 +149,8 @@ class ModelSpec:
             raise InputError(f"layers must be in 1..{self.num_moe_layers}, got {num_moe_layers}")
         frac = num_moe_layers / self.num_moe_layers
         return dataclasses.replace(
-            self, num_moe_layers=num_moe_layers,
+            self,
+            num_moe_layers=num_moe_layers,
             moe_layer_indices=self.moe_layer_indices[:num_moe_layers],
             num_hidden_layers=max(1, round(self.num_hidden_layers * frac)),
             kv_elements_per_token=round(self.kv_elements_per_token * frac),
@@ -138,8 +159,12 @@ class ModelSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d.update(expert_bytes=self.expert_bytes, total_expert_bytes=self.total_expert_bytes,
-                 dense_bytes=self.dense_bytes, kv_bytes_per_token=self.kv_bytes_per_token)
+        d.update(
+            expert_bytes=self.expert_bytes,
+            total_expert_bytes=self.total_expert_bytes,
+            dense_bytes=self.dense_bytes,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+        )
         return d
 
     @classmethod
@@ -152,9 +177,14 @@ class ModelSpec:
 
     # HF configs --------------------------------------------------------------------------
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any] | str | os.PathLike, *,
-                       name: str | None = None, dtype: str | float | None = None,
-                       source: str = "") -> ModelSpec:
+    def from_hf_config(
+        cls,
+        config: dict[str, Any] | str | os.PathLike,
+        *,
+        name: str | None = None,
+        dtype: str | float | None = None,
+        source: str = "",
+    ) -> ModelSpec:
         """Build a spec from an HF ``config.json`` (a dict, the file, or its directory).
 
         Tolerant of the key names of OLMoE, Qwen2/3-MoE, Mixtral, gpt-oss and DeepSeek-V2/V3.
@@ -179,8 +209,9 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
-def _spec_from_config(cfg: dict[str, Any], *, name: str | None, dtype: str | float | None,
-                      source: str) -> ModelSpec:
+def _spec_from_config(
+    cfg: dict[str, Any], *, name: str | None, dtype: str | float | None, source: str
+) -> ModelSpec:
     label = name or cfg.get("_name_or_path") or cfg.get("model_type") or "model"
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k != "text_config"}}
@@ -188,8 +219,16 @@ def _spec_from_config(cfg: dict[str, Any], *, name: str | None, dtype: str | flo
     top_k = _first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k")
     hidden = _first(cfg, "hidden_size", "d_model")
     n_layers = _first(cfg, "num_hidden_layers", "num_layers", "n_layer")
-    missing = [k for k, v in (("num_experts", n_exp), ("num_experts_per_tok", top_k),
-                              ("hidden_size", hidden), ("num_hidden_layers", n_layers)) if v is None]
+    missing = [
+        k
+        for k, v in (
+            ("num_experts", n_exp),
+            ("num_experts_per_tok", top_k),
+            ("hidden_size", hidden),
+            ("num_hidden_layers", n_layers),
+        )
+        if v is None
+    ]
     if missing:
         raise InputError(f"config {label!r}: not an MoE config, missing {', '.join(missing)}")
     model_type = str(cfg.get("model_type", ""))
@@ -199,8 +238,11 @@ def _spec_from_config(cfg: dict[str, Any], *, name: str | None, dtype: str | flo
     first_dense = int(_first(cfg, "first_k_dense_replace", default=0))
     step = int(_first(cfg, "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
     mlp_only = set(_first(cfg, "mlp_only_layers", default=[]) or [])
-    moe_idx = tuple(i for i in range(int(n_layers))
-                    if i >= first_dense and (i + 1) % step == 0 and i not in mlp_only)
+    moe_idx = tuple(
+        i
+        for i in range(int(n_layers))
+        if i >= first_dense and (i + 1) % step == 0 and i not in mlp_only
+    )
     if not moe_idx:
         raise InputError(f"config {label!r}: no MoE layers")
     heads = int(_first(cfg, "num_attention_heads", "n_head", default=1))
@@ -216,8 +258,12 @@ def _spec_from_config(cfg: dict[str, Any], *, name: str | None, dtype: str | flo
         q_rank = cfg.get("q_lora_rank")
         q_out = heads * (nope + rope)
         q_params = hidden * q_out if not q_rank else hidden * q_rank + q_rank * q_out
-        attn = (q_params + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim)
-                + heads * v_dim * hidden)
+        attn = (
+            q_params
+            + hidden * (kv_rank + rope)
+            + kv_rank * heads * (nope + v_dim)
+            + heads * v_dim * hidden
+        )
         kv_per_token = int(n_layers) * (kv_rank + rope)
     else:
         attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
@@ -232,20 +278,33 @@ def _spec_from_config(cfg: dict[str, Any], *, name: str | None, dtype: str | flo
         shared_params = n_shared * 3 * hidden * int(inter)
     router = hidden * int(n_exp)
     n_dense_layers = int(n_layers) - len(moe_idx)
-    dense = (int(n_layers) * attn + len(moe_idx) * (router + shared_params)
-             + n_dense_layers * 3 * hidden * int(dense_inter)
-             + vocab * hidden)  # LM head (tied or not, it is read once per pass)
+    dense = (
+        int(n_layers) * attn
+        + len(moe_idx) * (router + shared_params)
+        + n_dense_layers * 3 * hidden * int(dense_inter)
+        + vocab * hidden
+    )  # LM head (tied or not, it is read once per pass)
     oai = model_type == "gpt_oss"
     if dtype is None:
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     bpw = DTYPE_BYTES.get(dtype.lower(), 2.0) if isinstance(dtype, str) else float(dtype)
     return ModelSpec(
-        name=str(label), num_experts=int(n_exp), top_k=int(top_k), num_moe_layers=len(moe_idx),
-        hidden_size=int(hidden), expert_intermediate=int(inter), bytes_per_weight=bpw,
-        dense_params=int(dense), kv_elements_per_token=int(kv_per_token),
-        activation="swiglu_oai" if oai else "swiglu", expert_bias=oai,
-        num_shared_experts=n_shared, num_hidden_layers=int(n_layers), vocab_size=vocab,
-        moe_layer_indices=moe_idx, source=source,
+        name=str(label),
+        num_experts=int(n_exp),
+        top_k=int(top_k),
+        num_moe_layers=len(moe_idx),
+        hidden_size=int(hidden),
+        expert_intermediate=int(inter),
+        bytes_per_weight=bpw,
+        dense_params=int(dense),
+        kv_elements_per_token=int(kv_per_token),
+        activation="swiglu_oai" if oai else "swiglu",
+        expert_bias=oai,
+        num_shared_experts=n_shared,
+        num_hidden_layers=int(n_layers),
+        vocab_size=vocab,
+        moe_layer_indices=moe_idx,
+        source=source,
     )
 
 
@@ -256,50 +315,99 @@ _HF = "config.json of the Hugging Face repository "
 PRESET_CONFIGS: dict[str, dict[str, Any]] = {
     "OLMoE-1B-7B-0125": {
         "_source": _HF + "allenai/OLMoE-1B-7B-0125",
-        "model_type": "olmoe", "hidden_size": 2048, "intermediate_size": 1024,
-        "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 50304,
+        "model_type": "olmoe",
+        "hidden_size": 2048,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "vocab_size": 50304,
         "torch_dtype": "bfloat16",
     },
     "Qwen3-30B-A3B": {
         "_source": _HF + "Qwen/Qwen3-30B-A3B",
-        "model_type": "qwen3_moe", "hidden_size": 2048, "moe_intermediate_size": 768,
-        "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
-        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "vocab_size": 151936, "torch_dtype": "bfloat16",
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "moe_intermediate_size": 768,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
     },
     "gpt-oss-20b": {
         "_source": _HF + "openai/gpt-oss-20b",
-        "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
-        "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4,
-        "vocab_size": 201088, "torch_dtype": "bfloat16",
+        "model_type": "gpt_oss",
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "vocab_size": 201088,
+        "torch_dtype": "bfloat16",
     },
     "DeepSeek-V2-Lite": {
         "_source": _HF + "deepseek-ai/DeepSeek-V2-Lite",
-        "model_type": "deepseek_v2", "hidden_size": 2048, "intermediate_size": 10944,
-        "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
-        "num_key_value_heads": 16, "n_routed_experts": 64, "n_shared_experts": 2,
-        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-        "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128,
-        "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400,
+        "model_type": "deepseek_v2",
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": 102400,
         "torch_dtype": "bfloat16",
     },
     "Mixtral-8x7B": {
         "_source": _HF + "mistralai/Mixtral-8x7B-v0.1",
-        "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+        "model_type": "mixtral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "vocab_size": 32000,
         "torch_dtype": "bfloat16",
     },
     "Qwen3-235B-A22B": {
         "_source": _HF + "Qwen/Qwen3-235B-A22B",
-        "model_type": "qwen3_moe", "hidden_size": 4096, "moe_intermediate_size": 1536,
-        "intermediate_size": 12288, "num_hidden_layers": 94, "num_attention_heads": 64,
-        "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-        "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
-        "vocab_size": 151936, "torch_dtype": "bfloat16",
+        "model_type": "qwen3_moe",
+        "hidden_size": 4096,
+        "moe_intermediate_size": 1536,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 94,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "vocab_size": 151936,
+        "torch_dtype": "bfloat16",
     },
 }
 
@@ -325,8 +433,9 @@ def resolve_spec(model: str | os.PathLike, *, dtype: str | float | None = None) 
         return get_preset(text, dtype=dtype)
     path = Path(text)
     if not path.exists():
-        raise InputError(f"model {text!r}: neither a preset ({', '.join(PRESET_CONFIGS)}) "
-                         f"nor an existing path")
+        raise InputError(
+            f"model {text!r}: neither a preset ({', '.join(PRESET_CONFIGS)}) nor an existing path"
+        )
     if path.is_file() and path.suffix == ".json":
         try:
             data = json.loads(path.read_text())
@@ -340,6 +449,7 @@ def resolve_spec(model: str | os.PathLike, *, dtype: str | float | None = None) 
 
 # ------------------------------------------------------------------------------------------
 # `specmoe spec`
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", nargs="?", help="preset name or path (default: list presets)")
@@ -355,12 +465,15 @@ def run(args) -> int:
     else:
         specs = [resolve_spec(args.model, dtype=args.dtype)]
     if args.json:
-        print(dumps_json([s.to_dict() for s in specs] if args.model is None
-                         else specs[0].to_dict()))
+        print(
+            dumps_json([s.to_dict() for s in specs] if args.model is None else specs[0].to_dict())
+        )
         return 0
     for s in specs:
-        print(f"{s.name}: N={s.num_experts} m={s.top_k} L={s.num_moe_layers} "
-              f"hidden={s.hidden_size} inter={s.expert_intermediate} "
-              f"w={s.expert_bytes / 1e6:.2f} MB W={s.total_expert_bytes / 1e9:.3f} GB "
-              f"D={s.dense_bytes / 1e9:.3f} GB kv/token={s.kv_bytes_per_token / 1e3:.1f} kB")
+        print(
+            f"{s.name}: N={s.num_experts} m={s.top_k} L={s.num_moe_layers} "
+            f"hidden={s.hidden_size} inter={s.expert_intermediate} "
+            f"w={s.expert_bytes / 1e6:.2f} MB W={s.total_expert_bytes / 1e9:.3f} GB "
+            f"D={s.dense_bytes / 1e9:.3f} GB kv/token={s.kv_bytes_per_token / 1e3:.1f} kB"
+        )
     return 0

@@ -67,8 +67,9 @@ def _expert_sum(op: np.ndarray, num_layers: int) -> np.ndarray:
     return op.sum(axis=0) if op.shape[0] == num_layers else op.mean(axis=0) * num_layers
 
 
-def prediction_versions(profile: Any, tau1_ms: float, verify_off_ms: np.ndarray, *,
-                        num_layers: int, n_max: int) -> dict[str, dict[str, np.ndarray]]:
+def prediction_versions(
+    profile: Any, tau1_ms: float, verify_off_ms: np.ndarray, *, num_layers: int, n_max: int
+) -> dict[str, dict[str, np.ndarray]]:
     """For each version, ``verify_ms`` {per_slot, dedup} [n_max] and ``expert_ms`` {per_slot,
     dedup} [n_max], at n = 1..n_max. ``verify_off_ms`` [>= n_max] is the measured verify time
     with deduplication off (the calibration)."""
@@ -80,17 +81,25 @@ def prediction_versions(profile: Any, tau1_ms: float, verify_off_ms: np.ndarray,
     idx = [profile.n.index(n) for n in range(1, n_max + 1)]
     out: dict[str, dict[str, np.ndarray]] = {}
     for version, source in (("prediction", "predicted"), ("measured_time", "measured")):
-        tau = {p: whole_model_verify_time(profile, p, tau1_ms / MS, source=source,
-                                          num_layers=num_layers)[idx] * MS
-               for p in ("per_slot", "dedup")}
-        expert = {p: _expert_sum(np.asarray(profile.op_time[p][source], float),
-                                 num_layers)[idx] * MS for p in ("per_slot", "dedup")}
+        tau = {
+            p: whole_model_verify_time(
+                profile, p, tau1_ms / MS, source=source, num_layers=num_layers
+            )[idx]
+            * MS
+            for p in ("per_slot", "dedup")
+        }
+        expert = {
+            p: _expert_sum(np.asarray(profile.op_time[p][source], float), num_layers)[idx] * MS
+            for p in ("per_slot", "dedup")
+        }
         out[version] = {"verify_ms": tau, "expert_ms": expert}
     mt = out["measured_time"]
     growth = np.asarray(verify_off_ms[:n_max], float) - mt["verify_ms"]["per_slot"]
-    out["calibrated"] = {"verify_ms": {p: mt["verify_ms"][p] + growth
-                                       for p in ("per_slot", "dedup")},
-                         "expert_ms": mt["expert_ms"], "outside_growth_ms": growth}
+    out["calibrated"] = {
+        "verify_ms": {p: mt["verify_ms"][p] + growth for p in ("per_slot", "dedup")},
+        "expert_ms": mt["expert_ms"],
+        "outside_growth_ms": growth,
+    }
     return out
 
 
@@ -98,37 +107,40 @@ def prediction_versions(profile: Any, tau1_ms: float, verify_off_ms: np.ndarray,
 # scoring one configuration
 
 
-def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: float,
-                        rules: RuleSet) -> dict[str, Any]:
+def score_configuration(
+    m: Measured, profile: Any, *, num_layers: int, eps: float, rules: RuleSet
+) -> dict[str, Any]:
     """Every score of one configuration for the three versions, and each rule's verdict."""
     from specmoe.cost.step import crossover
 
     n_top = min(max(m.n), max(profile.n))
     n_hi = min(n_top, rules.n_max)
     if n_hi < rules.n_min:
-        raise InputError(f"runs {m.name}: pass sizes reach only {n_top}, the rules score "
-                         f"n = {rules.n_min}..{rules.n_max}")
+        raise InputError(
+            f"runs {m.name}: pass sizes reach only {n_top}, the rules score "
+            f"n = {rules.n_min}..{rules.n_max}"
+        )
     notes: list[str] = []
     K = len(m.k) - 1
     if K + 1 > n_top:
         notes.append(f"draft lengths cut to k <= {n_top - 1}: verify times reach n = {n_top}")
         K = n_top - 1
     acc = m.acceptance
-    T = m.throughput[:, :K + 1]
-    h = np.zeros(K + 1) if m.draft_ms is None else m.draft_ms[:K + 1]
+    T = m.throughput[:, : K + 1]
+    h = np.zeros(K + 1) if m.draft_ms is None else m.draft_ms[: K + 1]
     if m.draft_ms is None:
         notes.append("no measured draft time: h(k) = 0")
     off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
     tau1 = float(off[0])
     versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
     n_all = np.arange(1, n_top + 1)
-    sc = slice(rules.n_min - 1, n_hi)                     # the scored pass sizes
+    sc = slice(rules.n_min - 1, n_hi)  # the scored pass sizes
     n_sc = n_all[sc]
     S = off - on
     cross_meas = crossover(S[:n_hi], n_all[:n_hi])
     kernel = "dedup" if m.throughput_dedup else "per_slot"
     measured_tau = {"per_slot": off, "dedup": on}
-    V = (measured_tau[kernel][:K + 1] + h).tolist()  # measured step times
+    V = (measured_tau[kernel][: K + 1] + h).tolist()  # measured step times
     samples = None
     if m.per_prompt_off_ms is not None:
         samples = (m.per_prompt_off_ms - m.per_prompt_on_ms)[:, :n_top][:, sc]
@@ -140,19 +152,33 @@ def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: floa
         tau = v["verify_ms"]
         S_hat = tau["per_slot"] - tau["dedup"]
         cross = crossover(S_hat[:n_hi], n_all[:n_hi])
-        band = saving_band_scores(S_hat[sc], S[sc], v["expert_ms"]["per_slot"][sc],
-                                  v["expert_ms"]["dedup"][sc], eps,
-                                  edge_inside=rules.band_edge_inside)
+        band = saving_band_scores(
+            S_hat[sc],
+            S[sc],
+            v["expert_ms"]["per_slot"][sc],
+            v["expert_ms"]["dedup"][sc],
+            eps,
+            edge_inside=rules.band_edge_inside,
+        )
         verr = {p: verify_error(tau[p][sc], measured_tau[p][sc]) for p in tau}
-        V_hat = (tau[kernel][:K + 1] + h).tolist()
+        V_hat = (tau[kernel][: K + 1] + h).tolist()
         ks = kstar_scores(V_hat, T, acc)
         delta = step_time_error(V_hat, V)
         thr_best = (T / T[:, :1]).max(axis=1)
-        sp = speedup_scores(V_hat, V, acc, delta,
-                            measured_best=(thr_best if rules.speedup_reference ==
-                                           "throughput_runs" else None))
-        sign = sign_scores(S_hat[sc], samples, level=rules.sign_level,
-                           resamples=rules.sign_resamples, seed=rules.sign_seed)
+        sp = speedup_scores(
+            V_hat,
+            V,
+            acc,
+            delta,
+            measured_best=(thr_best if rules.speedup_reference == "throughput_runs" else None),
+        )
+        sign = sign_scores(
+            S_hat[sc],
+            samples,
+            level=rules.sign_level,
+            resamples=rules.sign_resamples,
+            seed=rules.sign_seed,
+        )
         loss_bound = 2 * delta / (1 + delta)
         scores[version] = {
             "kstar_within_one": ks["kstar_within_one"],
@@ -169,16 +195,23 @@ def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: floa
         detail[version] = {
             "verify_ms": {p: tau[p].tolist() for p in tau},
             "expert_ms": {p: v["expert_ms"][p].tolist() for p in tau},
-            "saving_ms": S_hat.tolist(), "crossover": cross,
-            "band_ms": band["band_ms"], "inside_band": band["inside"],
+            "saving_ms": S_hat.tolist(),
+            "crossover": cross,
+            "band_ms": band["band_ms"],
+            "inside_band": band["inside"],
             "saving_in_band_count": band["saving_in_band_count"],
             "implied_epsilon": band["implied_epsilon"],
             "verify_error_by_kernel": verr,
-            "step_ms": V_hat, "k_hat": ks["k_hat"], "within_one": ks["within_one"],
-            "loss": ks["loss"], "loss_bound": loss_bound,
+            "step_ms": V_hat,
+            "k_hat": ks["k_hat"],
+            "within_one": ks["within_one"],
+            "loss": ks["loss"],
+            "loss_bound": loss_bound,
             "loss_inside_bound": [x <= loss_bound + 1e-12 for x in ks["loss"]],
-            "speedup_predicted": sp["predicted"], "speedup_measured": sp["measured"],
-            "speedup_inside_bound": sp["inside"], "speedup_factor": sp["factor"],
+            "speedup_predicted": sp["predicted"],
+            "speedup_measured": sp["measured"],
+            "speedup_inside_bound": sp["inside"],
+            "speedup_factor": sp["factor"],
             "sign_counted": sign["sign_counted"],
             **scores[version],
         }
@@ -189,11 +222,18 @@ def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: floa
     p = scores["prediction"]
     thr_speedup = (T / T[:, :1]).max(axis=1)
     return {
-        "name": m.name, "model": m.model, "depth": m.depth, "device": m.device,
-        "engine": m.engine, "n": n_all.tolist(), "scored_n": n_sc.tolist(),
-        "acceptance_values": acc, "k": list(range(K + 1)),
+        "name": m.name,
+        "model": m.model,
+        "depth": m.depth,
+        "device": m.device,
+        "engine": m.engine,
+        "n": n_all.tolist(),
+        "scored_n": n_sc.tolist(),
+        "acceptance_values": acc,
+        "k": list(range(K + 1)),
         "kernel_of_runs": kernel,
-        "kstar_within_one": p["kstar_within_one"], "max_loss": p["max_loss"],
+        "kstar_within_one": p["kstar_within_one"],
+        "max_loss": p["max_loss"],
         "verify_error": {v: scores[v]["verify_error"] for v in VERSIONS},
         "saving_error_ms": {v: scores[v]["saving_error_ms"] for v in VERSIONS},
         "saving_in_band_share": p["saving_in_band_share"],
@@ -203,12 +243,19 @@ def score_configuration(m: Measured, profile: Any, *, num_layers: int, eps: floa
         "delta": {v: scores[v]["delta"] for v in VERSIONS},
         "measured": {
             "verify_ms": {"off": off.tolist(), "on": on.tolist()},
-            "saving_ms": S.tolist(), "draft_ms": h.tolist(), "step_ms": V,
+            "saving_ms": S.tolist(),
+            "draft_ms": h.tolist(),
+            "step_ms": V,
             "k_star": [int(np.flatnonzero(r == r.max())[0]) for r in T],
-            "tokens_per_s": T.tolist(), "throughput_best_speedup": thr_speedup.tolist(),
-            "saving_interval_ms": sign_scores(S[sc], samples, level=rules.sign_level,
-                                              resamples=rules.sign_resamples,
-                                              seed=rules.sign_seed)["interval_ms"],
+            "tokens_per_s": T.tolist(),
+            "throughput_best_speedup": thr_speedup.tolist(),
+            "saving_interval_ms": sign_scores(
+                S[sc],
+                samples,
+                level=rules.sign_level,
+                resamples=rules.sign_resamples,
+                seed=rules.sign_seed,
+            )["interval_ms"],
         },
         "versions": detail,
         "rules": verdicts,
@@ -231,8 +278,9 @@ def _load_plan(path: str | Path) -> dict[str, Any]:
     return d
 
 
-def _find_profile(plan: dict, plan_path: str | Path, runs: str | Path,
-                  explicit: str | None) -> Path:
+def _find_profile(
+    plan: dict, plan_path: str | Path, runs: str | Path, explicit: str | None
+) -> Path:
     if explicit is not None:
         return Path(explicit)
     cands = []
@@ -245,8 +293,10 @@ def _find_profile(plan: dict, plan_path: str | Path, runs: str | Path,
     for c in cands:
         if c.is_file():
             return c
-    raise InputError(f"--plan {plan_path}: its bandwidth profile is not found (looked for "
-                     f"{', '.join(str(c) for c in cands)}); pass --profile")
+    raise InputError(
+        f"--plan {plan_path}: its bandwidth profile is not found (looked for "
+        f"{', '.join(str(c) for c in cands)}); pass --profile"
+    )
 
 
 def _norm(name: str) -> str:
@@ -270,13 +320,20 @@ def _same_model(plan_model: dict, run_model: str) -> bool:
     if m:
         layers = int(m.group(2))
         return _norm(m.group(1)) in aliases and layers in (
-            plan_model.get("num_hidden_layers"), plan_model.get("num_moe_layers"))
+            plan_model.get("num_hidden_layers"),
+            plan_model.get("num_moe_layers"),
+        )
     aliases.discard("")
     return _norm(run_model) in aliases
 
 
-def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None = None,
-             profile_path: str | None = None) -> dict[str, Any]:
+def validate(
+    plan_path: str | Path,
+    runs: str | Path,
+    *,
+    rules_path: str | None = None,
+    profile_path: str | None = None,
+) -> dict[str, Any]:
     """Score every configuration of ``runs`` against the plan's model and bandwidth profile with
     the rule set ``rules_path`` (default: the pre-registered one); -> the validation dict."""
     from specmoe.bench.profile import check_profile_matches, load_profile
@@ -292,12 +349,16 @@ def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None 
     configs = [m for m in every if _same_model(plan["model"], m.model)]
     if not configs:
         models = ", ".join(sorted({repr(m.model) for m in every}))
-        raise InputError(f"--plan {plan_path}: is for model {spec.name!r} but the runs in "
-                         f"{runs} are for {models}")
+        raise InputError(
+            f"--plan {plan_path}: is for model {spec.name!r} but the runs in "
+            f"{runs} are for {models}"
+        )
     skipped = sorted({m.model for m in every if not _same_model(plan["model"], m.model)})
     if skipped:
-        _err(f"validate: scoring the runs of {spec.name}; skipping those of "
-             f"{', '.join(skipped)} (another plan scores them)")
+        _err(
+            f"validate: scoring the runs of {spec.name}; skipping those of "
+            f"{', '.join(skipped)} (another plan scores them)"
+        )
     ppath = _find_profile(plan, plan_path, runs, profile_path)
     profile = load_profile(ppath)
     check_profile_matches(profile, spec, path=str(ppath))
@@ -305,27 +366,42 @@ def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None 
     scored = []
     for m in configs:
         _err(f"validate: scoring {m.name}")
-        scored.append(score_configuration(m, profile, num_layers=spec.num_moe_layers, eps=eps,
-                                          rules=rules))
+        scored.append(
+            score_configuration(m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules)
+        )
     summary = []
     for i, r in enumerate(rules.rules):
         per = {c["name"]: c["rules"][i]["holds"] for c in scored}
         vals = list(per.values())
-        holds = (None if any(v is None for v in vals) else all(vals))
-        summary.append({"id": r.id, "text": r.text, "version": r.version, "metric": r.metric,
-                        "op": r.op, "value": r.value, "of": r.of, "required": r.required,
-                        "holds": holds,
-                        "configurations_holding": sum(v is True for v in vals),
-                        "configurations": len(vals), "per_configuration": per})
+        holds = None if any(v is None for v in vals) else all(vals)
+        summary.append(
+            {
+                "id": r.id,
+                "text": r.text,
+                "version": r.version,
+                "metric": r.metric,
+                "op": r.op,
+                "value": r.value,
+                "of": r.of,
+                "required": r.required,
+                "holds": holds,
+                "configurations_holding": sum(v is True for v in vals),
+                "configurations": len(vals),
+                "per_configuration": per,
+            }
+        )
     req = [s for s in summary if s["required"]]
     return {
         "schema": SCHEMA,
         "model": spec.name,
-        "plan": str(plan_path), "profile": str(ppath), "runs": str(runs),
+        "plan": str(plan_path),
+        "profile": str(ppath),
+        "runs": str(runs),
         "rules_file": {"path": rules.path, "sha256": rules.sha256, "title": rules.title},
         "epsilon": eps,
-        "crossover_plan": plan.get("crossover"),   # Eq. (5) from bandwidths, for reference
-        "device": profile.device, "device_name": profile.device_name,
+        "crossover_plan": plan.get("crossover"),  # Eq. (5) from bandwidths, for reference
+        "device": profile.device,
+        "device_name": profile.device_name,
         "configurations": scored,
         "rules": summary,
         "all_hold": all(s["holds"] is True for s in req),
@@ -338,18 +414,35 @@ def validate(plan_path: str | Path, runs: str | Path, *, rules_path: str | None 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--plan", required=True, metavar="PLAN",
-                        help="plan.json written by `specmoe plan` (or its folder)")
-    parser.add_argument("--runs", required=True, metavar="DIR",
-                        help="folder of measured runs (verify.json, throughput.json)")
-    parser.add_argument("--rules", default=None, metavar="FILE",
-                        help="rule set JSON (default: the pre-registered validate_rules.json)")
-    parser.add_argument("--profile", default=None, metavar="PROFILE",
-                        help="bandwidth profile (default: the plan's, or profile.json beside "
-                             "the plan or in the runs folder)")
+    parser.add_argument(
+        "--plan",
+        required=True,
+        metavar="PLAN",
+        help="plan.json written by `specmoe plan` (or its folder)",
+    )
+    parser.add_argument(
+        "--runs",
+        required=True,
+        metavar="DIR",
+        help="folder of measured runs (verify.json, throughput.json)",
+    )
+    parser.add_argument(
+        "--rules",
+        default=None,
+        metavar="FILE",
+        help="rule set JSON (default: the pre-registered validate_rules.json)",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PROFILE",
+        help="bandwidth profile (default: the plan's, or profile.json beside "
+        "the plan or in the runs folder)",
+    )
     parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="write validation.json and figures to DIR")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write validation.json and figures to DIR"
+    )
 
 
 def _fmt(x: Any, spec: str) -> str:
@@ -358,11 +451,14 @@ def _fmt(x: Any, spec: str) -> str:
 
 def summary_text(d: dict[str, Any]) -> str:
     """A terminal table: one row per configuration, then each rule and whether it holds."""
-    lines = [f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
-             f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
-             f"eps = {d['epsilon']:.3f}", "",
-             f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
-             f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}"]
+    lines = [
+        f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
+        f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
+        f"eps = {d['epsilon']:.3f}",
+        "",
+        f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
+        f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}",
+    ]
     for c in d["configurations"]:
         cp = _fmt(c["crossover_predicted"], "d")
         cm = _fmt(c["crossover_measured"], "d")
@@ -372,16 +468,18 @@ def summary_text(d: dict[str, Any]) -> str:
             f"{c['kstar_within_one']:>4} of {len(c['acceptance_values']):<2}"
             f"{_fmt(c['max_loss'], '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
             f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
-            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}")
+            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}"
+        )
     lines.append("")
     for r in d["rules"]:
         mark = {True: "holds", False: "FAILS", None: "not scored"}[r["holds"]]
         tag = "" if r["required"] else " (reported)"
-        lines.append(f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
-                     f"{r['configurations']} configurations — {r['text']}")
+        lines.append(
+            f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
+            f"{r['configurations']} configurations — {r['text']}"
+        )
     lines.append("")
-    lines.append("all required rules hold" if d["all_hold"] else
-                 "NOT every required rule holds")
+    lines.append("all required rules hold" if d["all_hold"] else "NOT every required rule holds")
     return "\n".join(lines)
 
 

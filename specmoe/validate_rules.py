@@ -52,11 +52,18 @@ __all__ = [
 
 RULES_SCHEMA = "specmoe.validate_rules/1"
 VERSIONS = ("prediction", "measured_time", "calibrated")
-METRICS = ("kstar_within_one", "verify_error", "crossover_distance", "saving_in_band_share",
-           "max_loss", "sign_agreement_share", "speedup_in_bound_share", "saving_error_ms",
-           "delta")
-_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt,
-        "==": operator.eq}
+METRICS = (
+    "kstar_within_one",
+    "verify_error",
+    "crossover_distance",
+    "saving_in_band_share",
+    "max_loss",
+    "sign_agreement_share",
+    "speedup_in_bound_share",
+    "saving_error_ms",
+    "delta",
+)
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
 
 
 # ------------------------------------------------------------------------------------------
@@ -110,8 +117,12 @@ class RuleSet:
     definitions: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "title": self.title,
-                "rules": [dataclasses.asdict(r) for r in self.rules]}
+        return {
+            "path": self.path,
+            "sha256": self.sha256,
+            "title": self.title,
+            "rules": [dataclasses.asdict(r) for r in self.rules],
+        }
 
 
 def default_rules_path() -> Path:
@@ -152,8 +163,9 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     n_min = _get(ps, "min", name, int, "definitions.pass_sizes.")
     n_max = _get(ps, "max", name, int, "definitions.pass_sizes.")
     if not 2 <= n_min <= n_max:
-        raise InputError(f"--rules {name}: pass_sizes must have 2 <= min <= max, got "
-                         f"{n_min}..{n_max}")
+        raise InputError(
+            f"--rules {name}: pass_sizes must have 2 <= min <= max, got {n_min}..{n_max}"
+        )
     if defs.get("crossover_none_as", "n_max + 1") != "n_max + 1":
         raise InputError(f"--rules {name}: crossover_none_as must be 'n_max + 1'")
     kernels = tuple(_get(defs, "verify_error_kernels", name, list, "definitions."))
@@ -161,8 +173,9 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
         raise InputError(f"--rules {name}: verify_error_kernels must name per_slot and/or dedup")
     ref = defs.get("speedup_reference", "step_times")
     if ref not in ("step_times", "throughput_runs"):
-        raise InputError(f"--rules {name}: speedup_reference must be step_times or "
-                         f"throughput_runs, got {ref!r}")
+        raise InputError(
+            f"--rules {name}: speedup_reference must be step_times or throughput_runs, got {ref!r}"
+        )
     sign = defs.get("sign_interval", {})
     sign = sign if isinstance(sign, dict) else {}
     level = float(sign.get("level", 0.95))
@@ -180,32 +193,55 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
         seen.add(rid)
         version = _get(r, "version", name, str, where)
         if version not in VERSIONS:
-            raise InputError(f"--rules {name}: rule {rid!r}: version {version!r} is not one of "
-                             f"{', '.join(VERSIONS)}")
+            raise InputError(
+                f"--rules {name}: rule {rid!r}: version {version!r} is not one of "
+                f"{', '.join(VERSIONS)}"
+            )
         metric = _get(r, "metric", name, str, where)
         if metric not in METRICS:
-            raise InputError(f"--rules {name}: rule {rid!r}: metric {metric!r} is not one of "
-                             f"{', '.join(METRICS)}")
+            raise InputError(
+                f"--rules {name}: rule {rid!r}: metric {metric!r} is not one of "
+                f"{', '.join(METRICS)}"
+            )
         op = _get(r, "op", name, str, where)
         if op not in _OPS:
-            raise InputError(f"--rules {name}: rule {rid!r}: op {op!r} is not one of "
-                             f"{', '.join(_OPS)}")
+            raise InputError(
+                f"--rules {name}: rule {rid!r}: op {op!r} is not one of {', '.join(_OPS)}"
+            )
         value = _get(r, "value", name, int | float, where)
         of = r.get("of")
         if of is not None and (isinstance(of, bool) or not isinstance(of, int) or of < 1):
             raise InputError(f"--rules {name}: rule {rid!r}: of must be a positive integer")
-        rules.append(Rule(id=rid, version=version, metric=metric, op=op, value=float(value),
-                          text=str(r.get("text", "")), required=bool(r.get("required", True)),
-                          of=of))
+        rules.append(
+            Rule(
+                id=rid,
+                version=version,
+                metric=metric,
+                op=op,
+                value=float(value),
+                text=str(r.get("text", "")),
+                required=bool(r.get("required", True)),
+                of=of,
+            )
+        )
     if not rules:
         raise InputError(f"--rules {name}: holds no rules")
     return RuleSet(
-        rules=tuple(rules), path=name, sha256=hashlib.sha256(raw).hexdigest(),
-        title=str(d.get("title", "")), n_min=n_min, n_max=n_max,
+        rules=tuple(rules),
+        path=name,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        title=str(d.get("title", "")),
+        n_min=n_min,
+        n_max=n_max,
         acceptance_values=int(defs.get("acceptance_values", 11)),
-        verify_error_kernels=kernels, speedup_reference=ref, sign_level=level,
-        sign_resamples=int(sign.get("resamples", 2000)), sign_seed=int(sign.get("seed", 0)),
-        band_edge_inside=bool(defs.get("band_edge_inside", True)), definitions=defs)
+        verify_error_kernels=kernels,
+        speedup_reference=ref,
+        sign_level=level,
+        sign_resamples=int(sign.get("resamples", 2000)),
+        sign_seed=int(sign.get("seed", 0)),
+        band_edge_inside=bool(defs.get("band_edge_inside", True)),
+        definitions=defs,
+    )
 
 
 def decide(rules: RuleSet, scores: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -216,9 +252,21 @@ def decide(rules: RuleSet, scores: dict[str, dict[str, Any]]) -> list[dict[str, 
         s = scores.get(r.version, {})
         measured = s.get(r.metric)
         holds = r.holds(measured, s.get(f"{r.metric}_of"))
-        out.append({"id": r.id, "version": r.version, "metric": r.metric, "op": r.op,
-                    "value": r.value, "of": r.of, "required": r.required, "text": r.text,
-                    "measured": measured, "total": s.get(f"{r.metric}_of"), "holds": holds})
+        out.append(
+            {
+                "id": r.id,
+                "version": r.version,
+                "metric": r.metric,
+                "op": r.op,
+                "value": r.value,
+                "of": r.of,
+                "required": r.required,
+                "text": r.text,
+                "measured": measured,
+                "total": s.get(f"{r.metric}_of"),
+                "holds": holds,
+            }
+        )
     return out
 
 
@@ -234,8 +282,9 @@ def crossover_distance(predicted: int | None, measured: int | None, n_max: int) 
     return abs(a - b)
 
 
-def kstar_scores(V_hat: Sequence[float], throughput: np.ndarray,
-                 acceptance: Sequence[float]) -> dict[str, Any]:
+def kstar_scores(
+    V_hat: Sequence[float], throughput: np.ndarray, acceptance: Sequence[float]
+) -> dict[str, Any]:
     """The predicted best draft length k_hat*(a) from predicted step times ``V_hat`` [K] (the
     smallest maximiser of G_a(k)/V_hat(k), :func:`specmoe.cost.theory.best_draft_length`),
     against the measured best k*(a), the smallest maximiser of the measured ``throughput``
@@ -243,8 +292,10 @@ def kstar_scores(V_hat: Sequence[float], throughput: np.ndarray,
     measured throughput lost by drafting k_hat*, 1 - T(k_hat*)/T(k*) (Table 3 of paper 002)."""
     T = np.asarray(throughput, dtype=np.float64)
     if T.ndim != 2 or T.shape[0] != len(acceptance) or T.shape[1] != len(V_hat):
-        raise InputError(f"throughput: shape {T.shape} does not match {len(acceptance)} "
-                         f"acceptance values by {len(V_hat)} draft lengths")
+        raise InputError(
+            f"throughput: shape {T.shape} does not match {len(acceptance)} "
+            f"acceptance values by {len(V_hat)} draft lengths"
+        )
     k_hat, k_meas, loss = [], [], []
     for a, row in zip(acceptance, T):
         kh = theory.best_draft_length(list(V_hat), a)
@@ -253,14 +304,26 @@ def kstar_scores(V_hat: Sequence[float], throughput: np.ndarray,
         k_meas.append(km)
         loss.append(float(1.0 - row[kh] / row[km]))
     within = [abs(a - b) <= 1 for a, b in zip(k_hat, k_meas)]
-    return {"k_hat": k_hat, "k_measured": k_meas, "within_one": within,
-            "kstar_within_one": int(sum(within)), "kstar_within_one_of": len(within),
-            "loss": loss, "max_loss": max(loss) if loss else None}
+    return {
+        "k_hat": k_hat,
+        "k_measured": k_meas,
+        "within_one": within,
+        "kstar_within_one": int(sum(within)),
+        "kstar_within_one_of": len(within),
+        "loss": loss,
+        "max_loss": max(loss) if loss else None,
+    }
 
 
-def saving_band_scores(S_hat: np.ndarray, S: np.ndarray, expert_slot: np.ndarray,
-                       expert_dedup: np.ndarray, eps: float, *,
-                       edge_inside: bool = True) -> dict[str, Any]:
+def saving_band_scores(
+    S_hat: np.ndarray,
+    S: np.ndarray,
+    expert_slot: np.ndarray,
+    expert_dedup: np.ndarray,
+    eps: float,
+    *,
+    edge_inside: bool = True,
+) -> dict[str, Any]:
     """The saving against the band of Eq. (18) of paper 002,
     |S_hat(n) - S(n)| <= eps/(1 - eps) (M_hat_slot(n) + M_hat_dedup(n)), at each given n; also
     the largest saving error and the implied eps, the bandwidth error at which the band just
@@ -271,11 +334,15 @@ def saving_band_scores(S_hat: np.ndarray, S: np.ndarray, expert_slot: np.ndarray
     err = np.abs(S_hat - S)
     inside = err <= band if edge_inside else err < band
     x = float(np.max(err / (Ms + Md))) if err.size else 0.0
-    return {"band_ms": band.tolist(), "inside": inside.tolist(),
-            "saving_in_band_share": float(inside.mean()) if inside.size else None,
-            "saving_in_band_count": int(inside.sum()), "saving_in_band_of": int(inside.size),
-            "saving_error_ms": float(err.max()) if err.size else None,
-            "implied_epsilon": x / (1.0 + x)}
+    return {
+        "band_ms": band.tolist(),
+        "inside": inside.tolist(),
+        "saving_in_band_share": float(inside.mean()) if inside.size else None,
+        "saving_in_band_count": int(inside.sum()),
+        "saving_in_band_of": int(inside.size),
+        "saving_error_ms": float(err.max()) if err.size else None,
+        "implied_epsilon": x / (1.0 + x),
+    }
 
 
 def verify_error(tau_hat: np.ndarray, tau: np.ndarray) -> float:
@@ -289,28 +356,52 @@ def step_time_error(V_hat: Sequence[float], V: Sequence[float]) -> float:
     return verify_error(np.asarray(V_hat, float), np.asarray(V, float))
 
 
-def speedup_scores(V_hat: Sequence[float], V: Sequence[float], acceptance: Sequence[float],
-                   delta: float, *, measured_best: Sequence[float] | None = None
-                   ) -> dict[str, Any]:
+def speedup_scores(
+    V_hat: Sequence[float],
+    V: Sequence[float],
+    acceptance: Sequence[float],
+    delta: float,
+    *,
+    measured_best: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """The predicted best speedup T_hat(k_hat*)/T_hat(0) against bound (21) of paper 002 around
     the measured one: inside when (1 - delta)/(1 + delta) <= predicted/measured <=
     (1 + delta)/(1 - delta). The measured best speedup is max_k G_a(k) V(0)/V(k) from measured
     step times ``V``, or ``measured_best`` [A] when given (e.g. from throughput runs)."""
     pred = [float(theory.best_speedup(list(V_hat), a)) for a in acceptance]
-    meas = ([float(theory.best_speedup(list(V), a)) for a in acceptance]
-            if measured_best is None else [float(x) for x in measured_best])
+    meas = (
+        [float(theory.best_speedup(list(V), a)) for a in acceptance]
+        if measured_best is None
+        else [float(x) for x in measured_best]
+    )
     if not 0 <= delta < 1:
-        return {"predicted": pred, "measured": meas, "inside": None,
-                "speedup_in_bound_share": None, "factor": None}
+        return {
+            "predicted": pred,
+            "measured": meas,
+            "inside": None,
+            "speedup_in_bound_share": None,
+            "factor": None,
+        }
     f = float(bounds.speedup_factor(delta))
     inside = [m / f <= p <= m * f for p, m in zip(pred, meas)]
-    return {"predicted": pred, "measured": meas, "inside": inside, "factor": f,
-            "speedup_in_bound_share": float(np.mean(inside)) if inside else None,
-            "largest_error": float(max(abs(p / m - 1) for p, m in zip(pred, meas)))}
+    return {
+        "predicted": pred,
+        "measured": meas,
+        "inside": inside,
+        "factor": f,
+        "speedup_in_bound_share": float(np.mean(inside)) if inside else None,
+        "largest_error": float(max(abs(p / m - 1) for p, m in zip(pred, meas))),
+    }
 
 
-def sign_scores(S_hat: np.ndarray, saving_samples: np.ndarray | None, *, level: float = 0.95,
-                resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+def sign_scores(
+    S_hat: np.ndarray,
+    saving_samples: np.ndarray | None,
+    *,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Where the measured saving's interval excludes 0, does the prediction have its sign?
     ``saving_samples`` [P, n] holds each prompt's saving; the interval is the percentile
     bootstrap of the mean over prompts (Table 8 of paper 002). None without samples."""
@@ -318,16 +409,19 @@ def sign_scores(S_hat: np.ndarray, saving_samples: np.ndarray | None, *, level: 
         return {"interval_ms": None, "sign_agreement_share": None, "sign_counted": 0}
     X = np.asarray(saving_samples, dtype=np.float64)
     if X.ndim != 2 or X.shape[1] != len(S_hat):
-        raise InputError(f"saving samples: shape {X.shape} does not match {len(S_hat)} "
-                         f"pass sizes")
+        raise InputError(f"saving samples: shape {X.shape} does not match {len(S_hat)} pass sizes")
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, X.shape[0], size=(resamples, X.shape[0]))
-    means = X[idx].mean(axis=1)                                   # [resamples, n]
+    means = X[idx].mean(axis=1)  # [resamples, n]
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2], axis=0)
     counted = (lo > 0) | (hi < 0)
     agree = np.sign(np.asarray(S_hat, float)) == np.sign(X.mean(axis=0))
     k = int(counted.sum())
-    return {"interval_ms": np.stack([lo, hi], axis=1).tolist(), "counted": counted.tolist(),
-            "sign_counted": k, "sign_agreement_count": int((agree & counted).sum()),
-            # no n with an interval excluding 0: the rule holds vacuously (0 of 0)
-            "sign_agreement_share": float((agree & counted).sum() / k) if k else 1.0}
+    return {
+        "interval_ms": np.stack([lo, hi], axis=1).tolist(),
+        "counted": counted.tolist(),
+        "sign_counted": k,
+        "sign_agreement_count": int((agree & counted).sum()),
+        # no n with an interval excluding 0: the rule holds vacuously (0 of 0)
+        "sign_agreement_share": float((agree & counted).sum() / k) if k else 1.0,
+    }

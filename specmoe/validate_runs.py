@@ -56,14 +56,14 @@ class Measured:
     device: str
     engine: str
     n: list[int]
-    verify_off_ms: np.ndarray                  # [n]
-    verify_on_ms: np.ndarray                   # [n]
-    per_prompt_off_ms: np.ndarray | None       # [P, n]
-    per_prompt_on_ms: np.ndarray | None        # [P, n]
-    draft_ms: np.ndarray | None                # [K]
-    acceptance: list[float]                    # [A]
-    k: list[int]                               # [K]
-    throughput: np.ndarray                     # [A, K] tokens/s
+    verify_off_ms: np.ndarray  # [n]
+    verify_on_ms: np.ndarray  # [n]
+    per_prompt_off_ms: np.ndarray | None  # [P, n]
+    per_prompt_on_ms: np.ndarray | None  # [P, n]
+    draft_ms: np.ndarray | None  # [K]
+    acceptance: list[float]  # [A]
+    k: list[int]  # [K]
+    throughput: np.ndarray  # [A, K] tokens/s
     throughput_dedup: bool = True
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -80,8 +80,7 @@ def _array(path: Path, name: str, v: Any, ndim: int, *, positive: bool = True) -
     except (TypeError, ValueError):
         raise InputError(f"{path}: {name} is not an array of numbers") from None
     if a.ndim != ndim or a.size == 0:
-        raise InputError(f"{path}: {name} must be a non-empty {ndim}-d array, got shape "
-                         f"{a.shape}")
+        raise InputError(f"{path}: {name} must be a non-empty {ndim}-d array, got shape {a.shape}")
     if not np.all(np.isfinite(a)):
         raise InputError(f"{path}: {name} holds a non-finite value")
     if positive and np.any(a <= 0):
@@ -115,8 +114,11 @@ def load_runs(folder: str | Path) -> list[Measured]:
     if not folder.is_dir():
         raise InputError(f"--runs {folder}: no such folder")
     if not (folder / VERIFY_FILE).exists():
-        subs = [d for d in sorted(folder.iterdir()) if d.is_dir()
-                and (d / VERIFY_FILE).is_file() and (d / THROUGHPUT_FILE).is_file()]
+        subs = [
+            d
+            for d in sorted(folder.iterdir())
+            if d.is_dir() and (d / VERIFY_FILE).is_file() and (d / THROUGHPUT_FILE).is_file()
+        ]
         if subs:
             return [m for d in subs for m in _load_folder(d)]
     return _load_folder(folder)
@@ -126,14 +128,16 @@ def _load_folder(folder: Path) -> list[Measured]:
     vpath, tpath = folder / VERIFY_FILE, folder / THROUGHPUT_FILE
     for p in (vpath, tpath):
         if not p.is_file():
-            raise InputError(f"--runs {folder}: has no {p.name} (expected {VERIFY_FILE} and "
-                             f"{THROUGHPUT_FILE})")
+            raise InputError(
+                f"--runs {folder}: has no {p.name} (expected {VERIFY_FILE} and {THROUGHPUT_FILE})"
+            )
     vtop, vcfgs = _configs(vpath, _read_json(vpath))
     ttop, tcfgs = _configs(tpath, _read_json(tpath))
     vm, tm = vtop.get("model"), ttop.get("model")
     if vm and tm and vm != tm:
-        raise InputError(f"--runs {folder}: {VERIFY_FILE} is for model {vm!r} but "
-                         f"{THROUGHPUT_FILE} for {tm!r}")
+        raise InputError(
+            f"--runs {folder}: {VERIFY_FILE} is for model {vm!r} but {THROUGHPUT_FILE} for {tm!r}"
+        )
     thr: dict[tuple, dict] = {}
     for c in tcfgs:
         key = (_depth(tpath, c), c.get("name"))
@@ -146,12 +150,17 @@ def _load_folder(folder: Path) -> list[Measured]:
         name = c.get("name")
         t = thr.get((depth, name)) or (thr.get((depth, None)) if name is not None else None)
         if t is None:
-            raise InputError(f"{tpath}: no throughput runs for the configuration at depth "
-                             f"{depth}" + (f" ({name})" if name else ""))
+            raise InputError(
+                f"{tpath}: no throughput runs for the configuration at depth "
+                f"{depth}" + (f" ({name})" if name else "")
+            )
         n = c.get("n")
-        if (not isinstance(n, list) or not n
-                or any(isinstance(x, bool) or not isinstance(x, int) for x in n)
-                or n != list(range(1, len(n) + 1))):
+        if (
+            not isinstance(n, list)
+            or not n
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in n)
+            or n != list(range(1, len(n) + 1))
+        ):
             raise InputError(f"{vpath}: n must be the pass sizes 1, 2, ..., n_max")
         vms = c.get("verify_ms")
         if not isinstance(vms, dict) or "off" not in vms or "on" not in vms:
@@ -168,36 +177,61 @@ def _load_folder(folder: Path) -> list[Measured]:
             pp_off = _array(vpath, "per_prompt_ms.off", pp["off"], 2)
             pp_on = _array(vpath, "per_prompt_ms.on", pp["on"], 2)
             if pp_off.shape != pp_on.shape or pp_off.shape[1] != len(n):
-                raise InputError(f"{vpath}: per_prompt_ms off and on must both be [prompts, "
-                                 f"{len(n)}]")
+                raise InputError(
+                    f"{vpath}: per_prompt_ms off and on must both be [prompts, {len(n)}]"
+                )
         ks = t.get("k")
-        if (not isinstance(ks, list) or len(ks) < 2 or ks != list(range(len(ks)))):
+        if not isinstance(ks, list) or len(ks) < 2 or ks != list(range(len(ks))):
             raise InputError(f"{tpath}: k must be the draft lengths 0, 1, ..., k_max")
         acc = t.get("acceptance")
-        if (not isinstance(acc, list) or not acc
-                or any(isinstance(a, bool) or not isinstance(a, int | float)
-                       or not math.isfinite(a) or not 0 <= a < 1 for a in acc)):
+        if (
+            not isinstance(acc, list)
+            or not acc
+            or any(
+                isinstance(a, bool)
+                or not isinstance(a, int | float)
+                or not math.isfinite(a)
+                or not 0 <= a < 1
+                for a in acc
+            )
+        ):
             raise InputError(f"{tpath}: acceptance must be a list of values in [0, 1)")
         T = _array(tpath, "tokens_per_s", t.get("tokens_per_s"), 2)
         if T.shape != (len(acc), len(ks)):
-            raise InputError(f"{tpath}: tokens_per_s must be [{len(acc)} acceptance values, "
-                             f"{len(ks)} draft lengths], got {list(T.shape)}")
+            raise InputError(
+                f"{tpath}: tokens_per_s must be [{len(acc)} acceptance values, "
+                f"{len(ks)} draft lengths], got {list(T.shape)}"
+            )
         h = c.get("draft_ms", t.get("draft_ms"))
         if h is not None:
             h = _array(vpath, "draft_ms", h, 1, positive=False)
             if h.size < len(ks):
                 raise InputError(f"{vpath}: draft_ms needs h(k) for k = 0..{len(ks) - 1}")
-            h = h[:len(ks)]
+            h = h[: len(ks)]
         model = str(c.get("model") or vm or tm or "")
         device = str(c.get("device") or vtop.get("device") or "")
         engine = str(c.get("engine") or vtop.get("engine") or "")
         label = name or " ".join(x for x in (model, engine, device, f"d={depth}") if x)
-        out.append(Measured(
-            name=label, model=model, depth=depth, device=device, engine=engine, n=list(n),
-            verify_off_ms=off, verify_on_ms=on, per_prompt_off_ms=pp_off,
-            per_prompt_on_ms=pp_on, draft_ms=h, acceptance=[float(a) for a in acc],
-            k=list(ks), throughput=T, throughput_dedup=bool(t.get("dedup", True)),
-            sources={"verify": str(vpath), "throughput": str(tpath)}))
+        out.append(
+            Measured(
+                name=label,
+                model=model,
+                depth=depth,
+                device=device,
+                engine=engine,
+                n=list(n),
+                verify_off_ms=off,
+                verify_on_ms=on,
+                per_prompt_off_ms=pp_off,
+                per_prompt_on_ms=pp_on,
+                draft_ms=h,
+                acceptance=[float(a) for a in acc],
+                k=list(ks),
+                throughput=T,
+                throughput_dedup=bool(t.get("dedup", True)),
+                sources={"verify": str(vpath), "throughput": str(tpath)},
+            )
+        )
     names = [m.name for m in out]
     if len(set(names)) != len(names):
         raise InputError(f"--runs {folder}: two configurations share a name")

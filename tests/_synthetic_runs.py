@@ -22,14 +22,21 @@ from specmoe.spec import ModelSpec
 
 L = 4
 N_MAX = 9
-TAU1 = 5.0                       # ms
+TAU1 = 5.0  # ms
 ACC = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98]
 K = list(range(9))
 
 
 def spec() -> ModelSpec:
-    return ModelSpec(name="tiny-moe", num_experts=8, top_k=2, num_moe_layers=L, hidden_size=64,
-                     expert_intermediate=32, bytes_per_weight=4.0)
+    return ModelSpec(
+        name="tiny-moe",
+        num_experts=8,
+        top_k=2,
+        num_moe_layers=L,
+        hidden_size=64,
+        expert_intermediate=32,
+        bytes_per_weight=4.0,
+    )
 
 
 def op_times_ms() -> tuple[np.ndarray, np.ndarray]:
@@ -49,25 +56,50 @@ def write_profile(path: Path, *, eps: float = 0.05, measured_scale: float = 1.0)
     slot, dedup = op_times_ms()
     n = list(range(1, N_MAX + 1))
     prof = BandwidthProfile(
-        model=spec().to_dict(), device="cpu", dtype="float32", ceiling_gbps=20.0, n=n,
-        beta_slot=[10.0] * N_MAX, beta_dedup=[6.0] * N_MAX, r=[0.6] * N_MAX,
-        u_bar=[1.0 - 0.05 * (i - 1) for i in n], reread_cost=0.5,
-        epsilon={"per_slot": eps / 2, "dedup": eps}, crossover=3,
-        fits={"per_slot": {"t_op": 1e-5, "c_u": 1e-9, "c_re": 5e-10},
-              "dedup": {"t_op": 1e-5, "c_g": 1e-9, "c_t": 1e-6}},
-        op_time={"per_slot": {"predicted": (slot / 1e3).tolist(),
-                              "measured": (slot * measured_scale / 1e3).tolist()},
-                 "dedup": {"predicted": (dedup / 1e3).tolist(),
-                           "measured": (dedup * measured_scale / 1e3).tolist()}},
-        layers=list(range(L)), device_name="synthetic")
+        model=spec().to_dict(),
+        device="cpu",
+        dtype="float32",
+        ceiling_gbps=20.0,
+        n=n,
+        beta_slot=[10.0] * N_MAX,
+        beta_dedup=[6.0] * N_MAX,
+        r=[0.6] * N_MAX,
+        u_bar=[1.0 - 0.05 * (i - 1) for i in n],
+        reread_cost=0.5,
+        epsilon={"per_slot": eps / 2, "dedup": eps},
+        crossover=3,
+        fits={
+            "per_slot": {"t_op": 1e-5, "c_u": 1e-9, "c_re": 5e-10},
+            "dedup": {"t_op": 1e-5, "c_g": 1e-9, "c_t": 1e-6},
+        },
+        op_time={
+            "per_slot": {
+                "predicted": (slot / 1e3).tolist(),
+                "measured": (slot * measured_scale / 1e3).tolist(),
+            },
+            "dedup": {
+                "predicted": (dedup / 1e3).tolist(),
+                "measured": (dedup * measured_scale / 1e3).tolist(),
+            },
+        },
+        layers=list(range(L)),
+        device_name="synthetic",
+    )
     prof.save(path)
     return path
 
 
 def write_plan(path: Path, profile: Path, *, model: ModelSpec | None = None) -> Path:
-    plan = {"schema": "specmoe.plan/1", "model": (model or spec()).to_dict(), "k_max": 8,
-            "context": 512, "n": list(range(1, N_MAX + 1)), "crossover": 3,
-            "sources": {"bandwidth": {"path": str(profile)}}, "epsilon": {"used": 0.05}}
+    plan = {
+        "schema": "specmoe.plan/1",
+        "model": (model or spec()).to_dict(),
+        "k_max": 8,
+        "context": 512,
+        "n": list(range(1, N_MAX + 1)),
+        "crossover": 3,
+        "sources": {"bandwidth": {"path": str(profile)}},
+        "epsilon": {"used": 0.05},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan))
     return path
@@ -77,8 +109,9 @@ def growth_ms(scale: float = 0.02) -> np.ndarray:
     return scale * np.arange(N_MAX) ** 1.5
 
 
-def measured_verify_ms(growth: np.ndarray | None = None,
-                       saving_shift: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def measured_verify_ms(
+    growth: np.ndarray | None = None, saving_shift: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """tau_off(n), tau_on(n): Eq. (22) exactly plus ``growth`` on both kernels; ``saving_shift``
     [n] is added to tau_on (it lowers the measured saving by that much)."""
     slot, dedup = op_times_ms()
@@ -98,34 +131,51 @@ def draft_ms() -> np.ndarray:
 
 def throughput_from_steps(V: np.ndarray) -> np.ndarray:
     """[A, K] tokens/s = G_a(k) / V(k) (V in ms)."""
-    return np.array([[float(theory.expected_tokens(a, k)) / (V[k] / 1e3) for k in K]
-                     for a in ACC])
+    return np.array([[float(theory.expected_tokens(a, k)) / (V[k] / 1e3) for k in K] for a in ACC])
 
 
-def write_runs(folder: Path, *, off: np.ndarray | None = None, on: np.ndarray | None = None,
-               throughput: np.ndarray | None = None, per_prompt: bool = True,
-               depths: tuple[int, ...] = (512,), model: str = "tiny-moe") -> Path:
+def write_runs(
+    folder: Path,
+    *,
+    off: np.ndarray | None = None,
+    on: np.ndarray | None = None,
+    throughput: np.ndarray | None = None,
+    per_prompt: bool = True,
+    depths: tuple[int, ...] = (512,),
+    model: str = "tiny-moe",
+) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     if off is None or on is None:
         off, on = measured_verify_ms()
     h = draft_ms()
     if throughput is None:
-        throughput = throughput_from_steps(on[:len(K)] + h)
+        throughput = throughput_from_steps(on[: len(K)] + h)
     vcfg, tcfg = [], []
     rng = np.random.default_rng(1)
     for d in depths:
-        c = {"depth": d, "n": list(range(1, len(off) + 1)),
-             "verify_ms": {"off": off.tolist(), "on": on.tolist()}, "draft_ms": h.tolist()}
+        c = {
+            "depth": d,
+            "n": list(range(1, len(off) + 1)),
+            "verify_ms": {"off": off.tolist(), "on": on.tolist()},
+            "draft_ms": h.tolist(),
+        }
         if per_prompt:
             noise = rng.normal(0, 0.002, size=(6, len(off)))
             c["per_prompt_ms"] = {"off": (off + noise).tolist(), "on": (on + noise).tolist()}
         vcfg.append(c)
-        tcfg.append({"depth": d, "k": K, "acceptance": ACC,
-                     "tokens_per_s": np.asarray(throughput).tolist(), "dedup": True})
-    (folder / "verify.json").write_text(json.dumps(
-        {"model": model, "device": "cpu", "engine": "specmoe", "configurations": vcfg}))
-    (folder / "throughput.json").write_text(json.dumps(
-        {"model": model, "configurations": tcfg}))
+        tcfg.append(
+            {
+                "depth": d,
+                "k": K,
+                "acceptance": ACC,
+                "tokens_per_s": np.asarray(throughput).tolist(),
+                "dedup": True,
+            }
+        )
+    (folder / "verify.json").write_text(
+        json.dumps({"model": model, "device": "cpu", "engine": "specmoe", "configurations": vcfg})
+    )
+    (folder / "throughput.json").write_text(json.dumps({"model": model, "configurations": tcfg}))
     return folder
 
 

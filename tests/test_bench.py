@@ -32,8 +32,9 @@ from specmoe.spec import ModelSpec
 # ------------------------------------------------------------------------------------ passes
 
 
-@pytest.mark.parametrize("n,m,num", [(1, 8, 64), (2, 3, 7), (9, 8, 64), (5, 4, 10), (9, 8, 20),
-                                     (3, 1, 4)])
+@pytest.mark.parametrize(
+    "n,m,num", [(1, 8, 64), (2, 3, 7), (9, 8, 64), (5, 4, 10), (9, 8, 20), (3, 1, 4)]
+)
 def test_chosen_pass_names_exactly_u_distinct_experts(n, m, num):
     rng = np.random.default_rng(0)
     for u in range(m, min(n * m, num) + 1):
@@ -70,12 +71,13 @@ def test_recorded_windows_stay_inside_documents():
     tr = _sticky_trace()
     rng = np.random.default_rng(1)
     for n in (1, 3, 4, 9):
-        valid = {s for a, b in itertools.pairwise(tr.doc_offsets.tolist())
-                 for s in range(a, b - n + 1)}
+        valid = {
+            s for a, b in itertools.pairwise(tr.doc_offsets.tolist()) for s in range(a, b - n + 1)
+        }
         wins = recorded_windows(tr.experts, tr.doc_offsets, n, 2, 10_000, rng)
         assert {w.start for w in wins} == valid  # all of them, each once
         for w in wins:
-            assert np.array_equal(w.ids, tr.experts[w.start:w.start + n, 2])
+            assert np.array_equal(w.ids, tr.experts[w.start : w.start + n, 2])
         few = recorded_windows(tr.experts, tr.doc_offsets, n, 0, 5, rng)
         assert len(few) == 5 and {w.start for w in few} <= valid
     assert recorded_windows(tr.experts, tr.doc_offsets, 500, 0, 5, rng) == []
@@ -175,11 +177,23 @@ def _fake_sysfs(root, caches):
 
 def test_llc_from_sysfs_counts_each_instance_once(tmp_path):
     l2 = (2, "Unified", "512K", "0")
-    _fake_sysfs(tmp_path, {
-        0: [(1, "Data", "32K", "0"), (1, "Instruction", "32K", "0"), l2, (3, "Unified", "32768K", "0-1")],
-        1: [(1, "Data", "32K", "1"), (2, "Unified", "512K", "1"), (3, "Unified", "32768K", "0-1")],
-        2: [(3, "Unified", "32768K", "2-3")],
-    })
+    _fake_sysfs(
+        tmp_path,
+        {
+            0: [
+                (1, "Data", "32K", "0"),
+                (1, "Instruction", "32K", "0"),
+                l2,
+                (3, "Unified", "32768K", "0-1"),
+            ],
+            1: [
+                (1, "Data", "32K", "1"),
+                (2, "Unified", "512K", "1"),
+                (3, "Unified", "32768K", "0-1"),
+            ],
+            2: [(3, "Unified", "32768K", "2-3")],
+        },
+    )
     assert machine.cpu_last_level_cache_bytes(str(tmp_path)) == 64 << 20
     assert machine.cpu_last_level_cache_bytes(str(tmp_path / "none")) is None
     assert machine._parse_size("1G") == 1 << 30 and machine._parse_size("x") is None
@@ -196,8 +210,15 @@ def test_ceiling_and_peak_are_measured():
 
 # ------------------------------------------------------- the pipeline, with a known cost model
 
-SPEC = ModelSpec(name="tiny-bench", num_experts=16, top_k=4, num_moe_layers=3, hidden_size=64,
-                 expert_intermediate=32, bytes_per_weight=4.0)
+SPEC = ModelSpec(
+    name="tiny-bench",
+    num_experts=16,
+    top_k=4,
+    num_moe_layers=3,
+    hidden_size=64,
+    expert_intermediate=32,
+    bytes_per_weight=4.0,
+)
 C_SLOT = {"t_op": 3e-4, "c_u": 2e-9, "c_re": 0.5e-9}
 C_DEDUP = {"t_op": 5e-4, "c_g": 2.2e-9, "c_t": 1e-5}
 
@@ -219,6 +240,7 @@ def modelled(monkeypatch):
         def f(x, wgu, wd, ids, w, **kw):
             calls.append((kind, ids.clone()))
             return torch.zeros_like(x)
+
         return f
 
     b = SPEC.expert_bytes
@@ -228,20 +250,29 @@ def modelled(monkeypatch):
             call()
             kind, ids = calls[-1]
             return _model_time(kind, ids, b)
+
         return t
 
     monkeypatch.setattr(run, "get_kernel", lambda name, device: fake_kernel(name))
     monkeypatch.setattr(timing, "_timer", fake_timer)
-    monkeypatch.setattr(run, "measure_ceiling", lambda *a, **k: machine.Ceiling(
-        gbps=10.0, iqr_gbps=(9.0, 11.0), buffer_bytes=1 << 30, llc_bytes=1 << 20, threads=1,
-        method="modelled"))
+    monkeypatch.setattr(
+        run,
+        "measure_ceiling",
+        lambda *a, **k: machine.Ceiling(
+            gbps=10.0,
+            iqr_gbps=(9.0, 11.0),
+            buffer_bytes=1 << 30,
+            llc_bytes=1 << 20,
+            threads=1,
+            method="modelled",
+        ),
+    )
     monkeypatch.setattr(run, "measure_peak_flops", lambda *a, **k: 1e11)
     return calls
 
 
 def _settings(**kw):
-    base = dict(n_max=5, reps=2, u_points=4, passes_per_u=1, windows=3, max_layers=None,
-                warmup=1)
+    base = dict(n_max=5, reps=2, u_points=4, passes_per_u=1, windows=3, max_layers=None, warmup=1)
     return run.Settings(**{**base, **kw})
 
 
@@ -260,9 +291,11 @@ def test_pipeline_recovers_the_cost_model(modelled, tmp_path):
     rec = [r for r in res.records if r.source == "recorded"]
     assert {r.layer for r in rec} == {0, 1, 2}
     for r in rec:  # recorded ids are the trace's, inside one document
-        assert np.array_equal(r.ids, tr.experts[r.start:r.start + r.n, r.layer])
-        assert any(a <= r.start and r.start + r.n <= c
-                   for a, c in itertools.pairwise(tr.doc_offsets.tolist()))
+        assert np.array_equal(r.ids, tr.experts[r.start : r.start + r.n, r.layer])
+        assert any(
+            a <= r.start and r.start + r.n <= c
+            for a, c in itertools.pairwise(tr.doc_offsets.tolist())
+        )
     saving = []
     for i, n in enumerate(p.n):
         rs = [r for r in rec if r.n == n]
@@ -274,7 +307,7 @@ def test_pipeline_recovers_the_cost_model(modelled, tmp_path):
         assert p.u_bar[i] == pytest.approx(us / (len(rs) * n * 4))
         assert p.r[i] == pytest.approx(p.beta_dedup[i] / p.beta_slot[i])
         saving.append(ts - td)
-    want_cross = next((n for n in p.n if n >= 2 and all(s > 0 for s in saving[n - 1:])), None)
+    want_cross = next((n for n in p.n if n >= 2 and all(s > 0 for s in saving[n - 1 :])), None)
     assert p.crossover == want_cross
     # op_time: [L][n_max]; predicted equals measured under an exact model.
     assert np.array(p.op_time["dedup"]["predicted"]).shape == (3, 5)
@@ -283,8 +316,9 @@ def test_pipeline_recovers_the_cost_model(modelled, tmp_path):
     ratio = p.extra["kernels"]["per_slot"]["roofline_ratio"][0]
     r1 = [r for r in rec if r.n == 1]
     bound = sum(max(4 * b / 10e9, 4 * 6 * 64 * 32 / 1e11) for _ in r1)
-    assert ratio == pytest.approx(sum(_model_time("per_slot", torch.as_tensor(r.ids), b)
-                                      for r in r1) / bound)
+    assert ratio == pytest.approx(
+        sum(_model_time("per_slot", torch.as_tensor(r.ids), b) for r in r1) / bound
+    )
     # The profile survives its own validation through JSON.
     d = json.loads(json.dumps(p.to_dict()))
     assert profile_from_dict(d).crossover == p.crossover
@@ -309,8 +343,13 @@ def test_every_timed_call_reads_from_a_flushed_pool(modelled):
 
 def test_kernels_alternate_and_every_kernel_sees_every_pass(modelled):
     tr = _sticky_trace()
-    res = run.benchmark(SPEC, trace=tr, progress=False, settings=_settings(reps=3),
-                        kernels=["dedup", "per_slot", "grouped_mm"])
+    res = run.benchmark(
+        SPEC,
+        trace=tr,
+        progress=False,
+        settings=_settings(reps=3),
+        kernels=["dedup", "per_slot", "grouped_mm"],
+    )
     kinds = [k for k, _ in modelled]
     assert kinds.count("per_slot") == kinds.count("dedup") == kinds.count("grouped_mm")
     assert all(set(r.timed) == {"dedup", "per_slot", "grouped_mm"} for r in res.records)
@@ -323,9 +362,19 @@ def test_kernels_alternate_and_every_kernel_sees_every_pass(modelled):
 def test_bad_inputs_are_one_line_errors(modelled, tmp_path):
     tr = _sticky_trace()
     with pytest.raises(InputError, match=r"routing has N=16, m=4 but model .* N=64, m=8"):
-        run.benchmark(ModelSpec(name="other", num_experts=64, top_k=8, num_moe_layers=2,
-                                hidden_size=64, expert_intermediate=32), trace=tr,
-                      progress=False, settings=_settings())
+        run.benchmark(
+            ModelSpec(
+                name="other",
+                num_experts=64,
+                top_k=8,
+                num_moe_layers=2,
+                hidden_size=64,
+                expert_intermediate=32,
+            ),
+            trace=tr,
+            progress=False,
+            settings=_settings(),
+        )
     with pytest.raises(InputError, match="per-slot and one dedup"):
         run.benchmark(SPEC, trace=tr, progress=False, kernels=["dedup"], settings=_settings())
     with pytest.raises(InputError, match="--kernels: unknown"):
@@ -334,8 +383,7 @@ def test_bad_inputs_are_one_line_errors(modelled, tmp_path):
         short = _sticky_trace(T=18, offsets=(0, 9, 18))
         run.benchmark(SPEC, trace=short, progress=False, settings=_settings(n_max=10))
     with pytest.raises(InputError, match="--clock cpu"):
-        run.benchmark(SPEC, trace=tr, progress=False, threads=2, clock="cpu",
-                      settings=_settings())
+        run.benchmark(SPEC, trace=tr, progress=False, threads=2, clock="cpu", settings=_settings())
     with pytest.raises(InputError, match="dtype"):
         run.benchmark(SPEC, trace=tr, progress=False, dtype="int3", settings=_settings())
     with pytest.raises(InputError, match="--reps"):
@@ -359,42 +407,82 @@ def spec_file(tmp_path):
     return path
 
 
-def test_cli_json_is_clean_and_files_are_written(modelled, monkeypatch, capsys, tmp_path,
-                                                 trace_file, spec_file):
+def test_cli_json_is_clean_and_files_are_written(
+    modelled, monkeypatch, capsys, tmp_path, trace_file, spec_file
+):
     from specmoe.cli import main
 
     monkeypatch.setattr(run.Settings, "for_run", classmethod(lambda cls, **kw: _settings()))
     out = tmp_path / "out"
-    rc = main(["bench", "--model", str(spec_file), "--trace", str(trace_file), "--json",
-               "--out", str(out), "--kernels", "per_slot,dedup,hf_eager"])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(spec_file),
+            "--trace",
+            str(trace_file),
+            "--json",
+            "--out",
+            str(out),
+            "--kernels",
+            "per_slot,dedup,hf_eager",
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0
     d = json.loads(cap.out)  # stdout holds the JSON and nothing else
-    for key in ("ceiling_gbps", "n", "beta_slot", "beta_dedup", "r", "u_bar", "reread_cost",
-                "epsilon", "crossover"):
+    for key in (
+        "ceiling_gbps",
+        "n",
+        "beta_slot",
+        "beta_dedup",
+        "r",
+        "u_bar",
+        "reread_cost",
+        "epsilon",
+        "crossover",
+    ):
         assert key in d
     assert set(d["epsilon"]) >= {"per_slot", "dedup", "hf_eager"}
     names = {p.name for p in out.iterdir()}
-    assert {"profile.json", "timings.json", "bandwidth.png", "bench_time_vs_u.png",
-            "roofline.png"} <= names
+    assert {
+        "profile.json",
+        "timings.json",
+        "bandwidth.png",
+        "bench_time_vs_u.png",
+        "roofline.png",
+    } <= names
     assert (out / "bandwidth.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     prof = load_profile(out / "profile.json", spec=SPEC)
     timings = json.loads((out / "timings.json").read_text())
     assert len(timings["records"]) > 0 and "ids" in timings["records"][0]
     # --from re-reads the saved profile without measuring.
-    rc = main(["bench", "--model", str(spec_file), "--from", str(out / "profile.json"),
-               "--json"])
+    rc = main(["bench", "--model", str(spec_file), "--from", str(out / "profile.json"), "--json"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["crossover"] == prof.crossover
 
 
-def test_cli_bad_profiles_and_traces_exit_2(modelled, capsys, tmp_path, trace_file,
-                                            spec_file, monkeypatch):
+def test_cli_bad_profiles_and_traces_exit_2(
+    modelled, capsys, tmp_path, trace_file, spec_file, monkeypatch
+):
     from specmoe.cli import main
 
     monkeypatch.setattr(run.Settings, "for_run", classmethod(lambda cls, **kw: _settings()))
     out = tmp_path / "out"
-    assert main(["bench", "--model", str(spec_file), "--trace", str(trace_file), "--out",
-                 str(out), "--no-figures"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model",
+                str(spec_file),
+                "--trace",
+                str(trace_file),
+                "--out",
+                str(out),
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     d = json.loads((out / "profile.json").read_text())
     d["op_time"]["dedup"]["measured"][1][2] = float("nan")
@@ -408,8 +496,10 @@ def test_cli_bad_profiles_and_traces_exit_2(modelled, capsys, tmp_path, trace_fi
     assert "profile is for model 'tiny-bench'" in err and err.count("\n") == 1
     assert main(["bench", "--model", "OLMoE-1B-7B-0125", "--trace", str(trace_file)]) == 2
     assert "routing has N=16" in capsys.readouterr().err
-    assert main(["bench", "--model", str(spec_file), "--trace", str(trace_file), "--kernels",
-                 "warp"]) == 2
+    assert (
+        main(["bench", "--model", str(spec_file), "--trace", str(trace_file), "--kernels", "warp"])
+        == 2
+    )
     assert "--kernels: unknown 'warp'" in capsys.readouterr().err
 
 
@@ -426,12 +516,21 @@ def test_missing_bundled_trace_asks_for_trace(monkeypatch, tmp_path):
 
 def test_real_kernels_small_run(monkeypatch):
     """Real kernels and clocks on tiny shapes: every number finite and positive."""
-    monkeypatch.setattr(run, "measure_ceiling", lambda device, **k: machine.measure_ceiling(
-        device, reps=2, buffer_bytes=16 << 20, threads=[1]))
+    monkeypatch.setattr(
+        run,
+        "measure_ceiling",
+        lambda device, **k: machine.measure_ceiling(
+            device, reps=2, buffer_bytes=16 << 20, threads=[1]
+        ),
+    )
     tr = _sticky_trace()
-    res = run.benchmark(SPEC, trace=tr, progress=False,
-                        settings=_settings(n_max=3, reps=2, windows=2, u_points=3),
-                        kernels=["per_slot", "dedup", "per_slot_torch", "dedup_torch"])
+    res = run.benchmark(
+        SPEC,
+        trace=tr,
+        progress=False,
+        settings=_settings(n_max=3, reps=2, windows=2, u_points=3),
+        kernels=["per_slot", "dedup", "per_slot_torch", "dedup_torch"],
+    )
     p = res.profile
     assert p.n == [1, 2, 3] and p.extra["threads"] == 1
     for v in (*p.beta_slot, *p.beta_dedup, p.ceiling_gbps, p.peak_gflops):
@@ -445,15 +544,25 @@ def test_a_failing_kernel_is_left_out_and_said(modelled, monkeypatch):
         raise RuntimeError("grouped_mm: dtype not supported on this device")
 
     real = run.get_kernel
-    monkeypatch.setattr(run, "get_kernel",
-                        lambda name, device: broken if name == "grouped_mm" else real(name, device))
+    monkeypatch.setattr(
+        run,
+        "get_kernel",
+        lambda name, device: broken if name == "grouped_mm" else real(name, device),
+    )
     tr = _sticky_trace()
-    res = run.benchmark(SPEC, trace=tr, progress=False, settings=_settings(),
-                        kernels=["grouped_mm", "per_slot", "dedup"])
+    res = run.benchmark(
+        SPEC,
+        trace=tr,
+        progress=False,
+        settings=_settings(),
+        kernels=["grouped_mm", "per_slot", "dedup"],
+    )
     assert res.profile.extra["failed_kernels"] == {
-        "grouped_mm": "RuntimeError: grouped_mm: dtype not supported on this device"}
+        "grouped_mm": "RuntimeError: grouped_mm: dtype not supported on this device"
+    }
     assert res.profile.extra["roles"] == {"per_slot": "per_slot", "dedup": "dedup"}
     assert set(res.profile.extra["kernels"]) == {"per_slot", "dedup"}
     with pytest.raises(RuntimeError, match="no per-slot or no dedup kernel ran"):
-        run.benchmark(SPEC, trace=tr, progress=False, settings=_settings(),
-                      kernels=["grouped_mm", "per_slot"])
+        run.benchmark(
+            SPEC, trace=tr, progress=False, settings=_settings(), kernels=["grouped_mm", "per_slot"]
+        )

@@ -14,8 +14,7 @@ from specmoe.cost import step
 from specmoe.errors import InputError
 from specmoe.spec import get_preset
 
-SETTINGS = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -35,14 +34,14 @@ def test_uniform_routing_gives_moesd_union():
     q = 1 - F(m, N)
     rho = [[1 - q ** (n - 1) for n in range(1, n_max + 1)]]
     U = cb.union_from_reuse(rho, m)
-    assert list(U[0]) == [N * (1 - q ** n) for n in range(1, n_max + 1)]   # Huang et al. (2025)
+    assert list(U[0]) == [N * (1 - q**n) for n in range(1, n_max + 1)]  # Huang et al. (2025)
 
 
 @SETTINGS
 @given(r=routing())
 def test_identities_exact(r):
     rho, w, m = r
-    U = cb.union_from_reuse(rho, m)                                # Eq. (2)
+    U = cb.union_from_reuse(rho, m)  # Eq. (2)
     assert (cb.reuse_from_union(U, m) == np.asarray(rho, dtype=object)).all()
     n = np.arange(1, len(rho[0]) + 1)
     W = sum(w)
@@ -50,11 +49,11 @@ def test_identities_exact(r):
     E_dedup = cb.union_bytes(w, U)
     ref = [sum(wl * Ul[j] for wl, Ul in zip(w, U)) for j in range(len(n))]
     assert list(E_dedup) == ref
-    gap = cb.reuse_gap(w, rho, m)                                  # Eq. (3)
+    gap = cb.reuse_gap(w, rho, m)  # Eq. (3)
     assert [s - d for s, d in zip(E_slot, E_dedup)] == list(gap)
     assert all(g >= 0 for g in gap)
     assert list(cb.byte_share(w, U, m)) == [d / s for d, s in zip(E_dedup, E_slot)]
-    for k in range(1, len(n)):                                     # Eqs. (11), (12)
+    for k in range(1, len(n)):  # Eqs. (11), (12)
         rb = cb.mean_reuse(w, rho, k)
         ref_rb = sum(wl * rl[j - 1] for wl, rl in zip(w, rho) for j in range(2, k + 2)) / (k * W)
         assert rb == ref_rb
@@ -65,7 +64,8 @@ def test_byte_factor_table6():
     U = [[F(8), F(12)], [F(8), F(14)]]
     w = [F(3), F(5)]
     assert list(cb.dedup_request_bytes(w, U, F(10, 9))) == [
-        F(10, 9) * x for x in cb.union_bytes(w, U)]
+        F(10, 9) * x for x in cb.union_bytes(w, U)
+    ]
     assert list(cb.dedup_request_bytes(w, U, [1, 2])) == [3 * 8 + 2 * 5 * 8, 3 * 12 + 2 * 5 * 14]
     assert cb.BYTE_FACTORS[("llama.cpp CUDA", "gpt-oss MXFP4")] == F(500, 459)
     with pytest.raises(InputError, match="byte_factor"):
@@ -103,8 +103,10 @@ def test_layer_mean():
     assert mapped.shape == (5, 2) and np.all(mapped == [8.0, 13.0]) and "layer-mean" in note
 
 
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("specmoe.routing.stats"),
-                    reason="routing statistics module not available")
+@pytest.mark.skipif(
+    not __import__("importlib").util.find_spec("specmoe.routing.stats"),
+    reason="routing statistics module not available",
+)
 def test_identity_and_eq12_on_a_trace():
     from specmoe.routing.stats import compute_stats
     from specmoe.routing.trace import RoutingTrace
@@ -117,7 +119,7 @@ def test_identity_and_eq12_on_a_trace():
         cur = rng.choice(N, m, replace=False)
         for t in range(T):
             keep = cur[rng.random(m) < 0.5]
-            rest = rng.permutation(np.setdiff1d(np.arange(N), keep))[:m - keep.size]
+            rest = rng.permutation(np.setdiff1d(np.arange(N), keep))[: m - keep.size]
             cur = np.concatenate([keep, rest])
             experts[t, layer] = cur
     trace = RoutingTrace(experts=experts, doc_offsets=np.array([0, 150, T]), num_experts=N)
@@ -135,11 +137,11 @@ def test_identity_and_eq12_on_a_trace():
                     X[layer, n] += len(seen)
     X /= count
     assert np.allclose(stats.union, X, rtol=0, atol=1e-12)
-    assert np.allclose(cb.union_from_reuse(stats.rho, m), stats.union, atol=1e-12)   # Eq. (2)
+    assert np.allclose(cb.union_from_reuse(stats.rho, m), stats.union, atol=1e-12)  # Eq. (2)
     w = np.array([1.0, 2.0, 3.0])
     W = w.sum()
     E = cb.union_bytes(w, stats.union)
-    for k in range(1, n_max):                                                        # Eq. (12)
+    for k in range(1, n_max):  # Eq. (12)
         rb = cb.mean_reuse(w, stats.rho, k)
         assert cb.dedup_bytes_from_mean_reuse(m, W, k, rb) == pytest.approx(E[k], rel=1e-12)
 
@@ -149,9 +151,14 @@ def test_identity_and_eq12_on_a_trace():
 
 
 def test_verify_time_eq5():
-    tau = step.verify_time(dense_bytes=np.array([100.0, 110.0]), dense_bandwidth=10.0,
-                           expert_bytes=np.array([40.0, 60.0]), expert_bandwidth=[20.0, 30.0],
-                           t0=1.0, fixed_work=[0.5, 0.25])
+    tau = step.verify_time(
+        dense_bytes=np.array([100.0, 110.0]),
+        dense_bandwidth=10.0,
+        expert_bytes=np.array([40.0, 60.0]),
+        expert_bandwidth=[20.0, 30.0],
+        t0=1.0,
+        fixed_work=[0.5, 0.25],
+    )
     assert tau.tolist() == [1 + 10 + 2 + 0.5, 1 + 11 + 2 + 0.25]
     with pytest.raises(InputError, match="expert_bandwidth"):
         step.verify_time(dense_bytes=1, dense_bandwidth=1, expert_bytes=1, expert_bandwidth=0)
@@ -161,14 +168,35 @@ pos = st.floats(0.1, 100.0)
 
 
 @SETTINGS
-@given(E=pos, bs=pos, bd=pos, share=st.floats(0.2, 1.0), D=pos, bD=pos, t0=st.floats(0, 5),
-       phs=st.floats(0, 2), phd=st.floats(0, 2))
+@given(
+    E=pos,
+    bs=pos,
+    bd=pos,
+    share=st.floats(0.2, 1.0),
+    D=pos,
+    bD=pos,
+    t0=st.floats(0, 5),
+    phs=st.floats(0, 2),
+    phd=st.floats(0, 2),
+)
 def test_saving_eq6_and_rule_eq7(E, bs, bd, share, D, bD, t0, phs, phd):
     Ed = share * E
-    tau_s = step.verify_time(dense_bytes=D, dense_bandwidth=bD, expert_bytes=E,
-                             expert_bandwidth=bs, t0=t0, fixed_work=phs)
-    tau_d = step.verify_time(dense_bytes=D, dense_bandwidth=bD, expert_bytes=Ed,
-                             expert_bandwidth=bd, t0=t0, fixed_work=phd)
+    tau_s = step.verify_time(
+        dense_bytes=D,
+        dense_bandwidth=bD,
+        expert_bytes=E,
+        expert_bandwidth=bs,
+        t0=t0,
+        fixed_work=phs,
+    )
+    tau_d = step.verify_time(
+        dense_bytes=D,
+        dense_bandwidth=bD,
+        expert_bytes=Ed,
+        expert_bandwidth=bd,
+        t0=t0,
+        fixed_work=phd,
+    )
     S = step.saving_from_shares(E, bs, share, bd / bs, fixed_work_slot=phs, fixed_work_dedup=phd)
     assert S == pytest.approx(tau_s - tau_d, rel=1e-9, abs=1e-9)
     S_eq = step.saving_from_shares(E, bs, share, bd / bs)
@@ -180,7 +208,7 @@ def test_saving_eq6_and_rule_eq7(E, bs, bd, share, D, bD, t0, phs, phd):
 @given(s=st.lists(st.floats(-3, 3), min_size=1, max_size=10))
 def test_crossover_brute_force(s):
     n = len(s)
-    ref = next((k for k in range(2, n + 1) if all(x > 0 for x in s[k - 1:])), None)
+    ref = next((k for k in range(2, n + 1) if all(x > 0 for x in s[k - 1 :])), None)
     assert step.crossover(s) == ref
 
 
@@ -194,8 +222,10 @@ def test_crossover_examples():
 def test_draft_and_step_times():
     h = step.linear_draft_time(0.459, 0.073, 3)
     assert h.tolist() == [0.0, 0.459 + 0.073, 2 * 0.459 + 0.073, 3 * 0.459 + 0.073]
-    assert step.step_times([1.0, 2.0, 3.0, 4.0], h).tolist() == (
-        np.array([1.0, 2.0, 3.0, 4.0]) + h).tolist()
+    assert (
+        step.step_times([1.0, 2.0, 3.0, 4.0], h).tolist()
+        == (np.array([1.0, 2.0, 3.0, 4.0]) + h).tolist()
+    )
     with pytest.raises(InputError, match="h"):
         step.step_times([1.0, 2.0], [0.0, -1.0])
     with pytest.raises(InputError, match="draft time"):
@@ -209,13 +239,25 @@ def _profile(L=2, n_max=4, model=None):
     op_s = rng.uniform(1e-3, 2e-3, (L, n_max)).cumsum(axis=1)
     op_d = op_s * rng.uniform(0.8, 1.3, (L, n_max))
     return BandwidthProfile(
-        model=model or {"name": "x"}, device="cpu", dtype="float32", ceiling_gbps=10.0,
-        n=list(range(1, n_max + 1)), beta_slot=[5.0] * n_max, beta_dedup=[4.0] * n_max,
-        r=[0.8] * n_max, u_bar=[1.0] * n_max, reread_cost=None,
-        epsilon={"per_slot": 0.05, "dedup": 0.1}, crossover=None, fits={},
-        op_time={"per_slot": {"predicted": op_s.tolist(), "measured": (op_s * 1.1).tolist()},
-                 "dedup": {"predicted": op_d.tolist(), "measured": (op_d * 0.9).tolist()}},
-        layers=list(range(L)))
+        model=model or {"name": "x"},
+        device="cpu",
+        dtype="float32",
+        ceiling_gbps=10.0,
+        n=list(range(1, n_max + 1)),
+        beta_slot=[5.0] * n_max,
+        beta_dedup=[4.0] * n_max,
+        r=[0.8] * n_max,
+        u_bar=[1.0] * n_max,
+        reread_cost=None,
+        epsilon={"per_slot": 0.05, "dedup": 0.1},
+        crossover=None,
+        fits={},
+        op_time={
+            "per_slot": {"predicted": op_s.tolist(), "measured": (op_s * 1.1).tolist()},
+            "dedup": {"predicted": op_d.tolist(), "measured": (op_d * 0.9).tolist()},
+        },
+        layers=list(range(L)),
+    )
 
 
 def test_whole_model_verify_time_eq22():
@@ -225,7 +267,7 @@ def test_whole_model_verify_time_eq22():
     tau1 = 0.02
     got = step.whole_model_verify_time(prof, "dedup", tau1)
     ref = [tau1 + sum(op_d[layer, n] - op_s[layer, 0] for layer in range(2)) for n in range(4)]
-    ref[0] = tau1                       # one-token passes run the per-slot kernel either way
+    ref[0] = tau1  # one-token passes run the per-slot kernel either way
     assert got == pytest.approx(ref, rel=1e-14)
     slot = step.whole_model_verify_time(prof, "per_slot", tau1)
     assert slot[0] == tau1
@@ -242,14 +284,18 @@ def test_verify_model_policies():
     U = np.tile(np.array([8.0, 12.0, 15.0, 17.0]), (spec.num_moe_layers, 1))
     pb = cb.pass_bytes(spec, U)
     bw = step.profile_bandwidths(_profile(), 4)
-    vm = step.verify_model(pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"],
-                           beta_dense=bw["beta_dense"])
+    vm = step.verify_model(
+        pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"], beta_dense=bw["beta_dense"]
+    )
     assert vm.tau["dedup"][0] == vm.tau["per_slot"][0] and vm.saving[0] == 0
     assert np.array_equal(vm.tau["best"], np.minimum(vm.tau["per_slot"], vm.tau["dedup"]))
     for p in step.POLICIES:
         assert np.allclose(vm.memory[p], vm.dense_time + vm.expert[p], rtol=1e-15)
-    assert np.allclose(vm.saving[1:], step.saving_from_shares(
-        pb.slot[1:], bw["beta_slot"][1:], pb.u_bar[1:], vm.r[1:]), rtol=1e-12)
+    assert np.allclose(
+        vm.saving[1:],
+        step.saving_from_shares(pb.slot[1:], bw["beta_slot"][1:], pb.u_bar[1:], vm.r[1:]),
+        rtol=1e-12,
+    )
     assert vm.crossover == step.crossover(vm.saving)
     with pytest.raises(InputError, match="--k-max"):
         step.profile_bandwidths(_profile(), 5)

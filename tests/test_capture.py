@@ -31,13 +31,16 @@ from specmoe.engine.models import (  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 from specmoe.routing.trace import load_trace, open_trace  # noqa: E402
 
-TEXT = ("def route(tokens):\n    # every token picks m of N experts\n    return [t for t in "
-        "tokens if t]\n") * 2
+TEXT = (
+    "def route(tokens):\n    # every token picks m of N experts\n    return [t for t in "
+    "tokens if t]\n"
+) * 2
 TIE = 1e-4  # a selection this close to its boundary may flip between float32 and float64
 
 
 # ------------------------------------------------------------------------------------------
 # An independent reference: each family's rule in float64 numpy, from the router's input
+
 
 def _softmax(z):
     e = np.exp(z - z.max(-1, keepdims=True))
@@ -103,8 +106,10 @@ def _router_inputs(model, ids):
     """Run the model once, keeping what each router received: {layer: h [n, H] float64}."""
     seen, handles = {}, []
     for layer, router in moe_layers(model):
+
         def pre(module, args, layer=layer):
             seen[layer] = args[0].detach().reshape(-1, args[0].shape[-1]).double().numpy()
+
         handles.append(router.register_forward_pre_hook(pre))
     try:
         with torch.no_grad():
@@ -124,6 +129,7 @@ def _assert_same_sets(got, ref, margin, what):
 
 
 # ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_capture_matches_independent_recomputation(model_type, tiny_moe, byte_tok):
@@ -162,8 +168,9 @@ def test_route_logits_agrees_with_each_router(model_type, tiny_moe):
         h = torch.randn(64, model.config.hidden_size, generator=gen)
         with torch.no_grad():
             logits, w_model, ids_model = router(h)
-            ids, w = route_logits(logits, rule,
-                                  correction_bias=getattr(router, "e_score_correction_bias", None))
+            ids, w = route_logits(
+                logits, rule, correction_bias=getattr(router, "e_score_correction_bias", None)
+            )
         assert torch.equal(ids.sort(-1).values, ids_model.sort(-1).values)
         order, order_model = ids.argsort(-1), ids_model.argsort(-1)
         torch.testing.assert_close(w.gather(1, order), w_model.float().gather(1, order_model))
@@ -192,9 +199,16 @@ class _OldStyle(torch.nn.Module):
 def test_logits_only_router_goes_through_the_family_rule(model_type):
     from types import SimpleNamespace
 
-    config = SimpleNamespace(model_type=model_type, num_experts_per_tok=3, num_local_experts=8,
-                             norm_topk_prob=True, n_group=4, topk_group=2,
-                             topk_method="group_limited_greedy", routed_scaling_factor=2.0)
+    config = SimpleNamespace(
+        model_type=model_type,
+        num_experts_per_tok=3,
+        num_local_experts=8,
+        norm_topk_prob=True,
+        n_group=4,
+        topk_group=2,
+        topk_method="group_limited_greedy",
+        routed_scaling_factor=2.0,
+    )
     torch.manual_seed(0)
     model = _OldStyle(config)
     h = torch.randn(50, 16)
@@ -219,20 +233,35 @@ def test_routing_is_causal_and_windows_are_bookkept(tiny_moe, byte_tok):
     win, _ = capture_tokens(model, ids, max_context=ctx, overlap=ov)
     assert win.shape == full.shape
     assert np.array_equal(np.sort(win[:ctx], -1), np.sort(full[:ctx], -1))
-    second, _ = capture_tokens(model, ids[ctx - ov:2 * ctx - ov])
-    assert np.array_equal(np.sort(win[ctx:2 * ctx - ov], -1), np.sort(second[ov:], -1))
+    second, _ = capture_tokens(model, ids[ctx - ov : 2 * ctx - ov])
+    assert np.array_equal(np.sort(win[ctx : 2 * ctx - ov], -1), np.sort(second[ov:], -1))
     assert not np.array_equal(win, full)  # the windows' shorter context does change routing
 
 
 def _docs():
-    return [("a.py", TEXT), ("b.py", "x = 1\n"), ("empty.py", ""), ("c.py", TEXT[::-1] * 2),
-            ("d.py", "print('moe')\n" * 5), ("e.py", TEXT[:50])]
+    return [
+        ("a.py", TEXT),
+        ("b.py", "x = 1\n"),
+        ("empty.py", ""),
+        ("c.py", TEXT[::-1] * 2),
+        ("d.py", "print('moe')\n" * 5),
+        ("e.py", TEXT[:50]),
+    ]
 
 
 def test_documents_boundaries_counts_and_shards(tiny_moe, byte_tok, tmp_path):
     model = tiny_moe("olmoe")
-    out = capture_documents(model, byte_tok, _docs(), tmp_path / "cap", shard_tokens=150,
-                            max_context=128, overlap=32, progress=False, source="test")
+    out = capture_documents(
+        model,
+        byte_tok,
+        _docs(),
+        tmp_path / "cap",
+        shard_tokens=150,
+        max_context=128,
+        overlap=32,
+        progress=False,
+        source="test",
+    )
     tr = load_trace(out)
     kept = [(n, t) for n, t in _docs() if t]
     assert tr.meta["documents"] == [n for n, _ in kept]
@@ -251,8 +280,9 @@ def test_documents_boundaries_counts_and_shards(tiny_moe, byte_tok, tmp_path):
 
 def test_max_tokens_cuts_the_last_document(tiny_moe, byte_tok, tmp_path):
     model = tiny_moe("olmoe")
-    out = capture_documents(model, byte_tok, _docs(), tmp_path / "cap", max_tokens=200,
-                            progress=False)
+    out = capture_documents(
+        model, byte_tok, _docs(), tmp_path / "cap", max_tokens=200, progress=False
+    )
     tr = load_trace(out)
     assert tr.num_tokens == 200
     assert tr.meta["truncated"] == [tr.meta["documents"][-1]]
@@ -292,8 +322,9 @@ def test_resume_after_interruption_loses_and_repeats_nothing(tiny_moe, byte_tok,
     assert again.num_tokens == clean.num_tokens
     # another model cannot resume into this directory
     with pytest.raises(InputError, match="another --out"):
-        capture_documents(tiny_moe("olmoe", num_experts=16), byte_tok, _docs(), tmp_path / "cap",
-                          **kw)
+        capture_documents(
+            tiny_moe("olmoe", num_experts=16), byte_tok, _docs(), tmp_path / "cap", **kw
+        )
 
 
 @pytest.mark.parametrize("model_type", ["olmoe", "gpt_oss", "deepseek_v2"])
@@ -301,30 +332,45 @@ def test_generation_matches_teacher_forcing(model_type, tiny_moe, byte_tok):
     model = tiny_moe(model_type)
     prompts = ["def f(x):", "import numpy as np\n"]
     n_new = 12
-    tr = capture_generation(model, byte_tok, prompts, max_new_tokens=n_new, include_prompt=True,
-                            stop_at_eos=False, progress=False)
+    tr = capture_generation(
+        model,
+        byte_tok,
+        prompts,
+        max_new_tokens=n_new,
+        include_prompt=True,
+        stop_at_eos=False,
+        progress=False,
+    )
     lens = [len(byte_tok(p)["input_ids"]) + n_new for p in prompts]
     assert np.diff(tr.doc_offsets).tolist() == lens
-    for seq, doc, (a, b) in zip(tr.meta["token_ids"], tr.documents(),
-                                zip(tr.doc_offsets[:-1], tr.doc_offsets[1:])):
+    for seq, doc, (a, b) in zip(
+        tr.meta["token_ids"], tr.documents(), zip(tr.doc_offsets[:-1], tr.doc_offsets[1:])
+    ):
         forced, fw = capture_tokens(model, seq)
         assert np.array_equal(np.sort(doc, -1), np.sort(forced, -1))
         np.testing.assert_allclose(np.sort(tr.weights[a:b], -1), np.sort(fw, -1), atol=1e-5)
-    gen_only = capture_generation(model, byte_tok, prompts, max_new_tokens=n_new,
-                                  stop_at_eos=False, progress=False)
+    gen_only = capture_generation(
+        model, byte_tok, prompts, max_new_tokens=n_new, stop_at_eos=False, progress=False
+    )
     assert np.diff(gen_only.doc_offsets).tolist() == [n_new, n_new]
-    assert np.array_equal(gen_only.experts[:n_new], tr.experts[lens[0] - n_new:lens[0]])
+    assert np.array_equal(gen_only.experts[:n_new], tr.experts[lens[0] - n_new : lens[0]])
 
 
 def test_greedy_tokens_match_transformers_generate(tiny_moe, byte_tok):
     model = tiny_moe("qwen2_moe")
     prompt = byte_tok("class Router:")["input_ids"]
-    tr = capture_generation(model, byte_tok, ["class Router:"], max_new_tokens=10,
-                            stop_at_eos=False, progress=False)
+    tr = capture_generation(
+        model, byte_tok, ["class Router:"], max_new_tokens=10, stop_at_eos=False, progress=False
+    )
     with torch.no_grad():
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
-                             min_new_tokens=10, pad_token_id=byte_tok.eos_token_id)
-    assert tr.meta["token_ids"][0] == ref[0, len(prompt):].tolist()
+        ref = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=10,
+            do_sample=False,
+            min_new_tokens=10,
+            pad_token_id=byte_tok.eos_token_id,
+        )
+    assert tr.meta["token_ids"][0] == ref[0, len(prompt) :].tolist()
 
 
 def test_load_model_round_trip_and_errors(tiny_moe, byte_tok, tmp_path):
@@ -349,6 +395,7 @@ def test_load_model_round_trip_and_errors(tiny_moe, byte_tok, tmp_path):
 # ------------------------------------------------------------------------------------------
 # CLI
 
+
 def _one_line_error(capsys, argv):
     assert main(argv) == 2
     cap = capsys.readouterr()
@@ -365,32 +412,71 @@ def test_cli_bad_input_exit_2_one_line(capsys, tmp_path):
     assert "supported" in _one_line_error(capsys, ["capture", "--model", str(tmp_path / "dense")])
     assert "llama" in _one_line_error(capsys, ["capture", "--model", "random:llama", "--quiet"])
     missing = str(tmp_path / "missing.txt")
-    assert missing in _one_line_error(capsys, ["capture", "--model", "random:olmoe", "--text",
-                                               missing])
-    assert "--prompts" in _one_line_error(capsys, ["capture", "--model", "random:olmoe",
-                                                   "--generate", "4"])
-    assert "--tokens" in _one_line_error(capsys, ["capture", "--model", "random:olmoe",
-                                                  "--tokens", "0"])
+    assert missing in _one_line_error(
+        capsys, ["capture", "--model", "random:olmoe", "--text", missing]
+    )
+    assert "--prompts" in _one_line_error(
+        capsys, ["capture", "--model", "random:olmoe", "--generate", "4"]
+    )
+    assert "--tokens" in _one_line_error(
+        capsys, ["capture", "--model", "random:olmoe", "--tokens", "0"]
+    )
     bad = tmp_path / "latin1.txt"
     bad.write_bytes(b"caf\xe9")
-    assert "UTF-8" in _one_line_error(capsys, ["capture", "--model", "random:olmoe",
-                                               "--text", str(bad)])
+    assert "UTF-8" in _one_line_error(
+        capsys, ["capture", "--model", "random:olmoe", "--text", str(bad)]
+    )
 
 
 def test_cli_json_summary_matches_trace(capsys, tmp_path):
     text = tmp_path / "doc.txt"
     text.write_text(TEXT)
     out = tmp_path / "cap"
-    assert main(["capture", "--model", "random:olmoe", "--text", str(text), "--json",
-                 "--quiet", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "capture",
+                "--model",
+                "random:olmoe",
+                "--text",
+                str(text),
+                "--json",
+                "--quiet",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     tr = load_trace(out)
-    assert (summary["tokens"], summary["documents"], summary["num_experts"], summary["top_k"],
-            summary["layers"]) == (tr.num_tokens, 1, tr.num_experts, tr.top_k, tr.layers)
+    assert (
+        summary["tokens"],
+        summary["documents"],
+        summary["num_experts"],
+        summary["top_k"],
+        summary["layers"],
+    ) == (tr.num_tokens, 1, tr.num_experts, tr.top_k, tr.layers)
     prompts = tmp_path / "p.txt"
     prompts.write_text("def f():\n\nclass A:\n")
-    assert main(["capture", "--model", "random:mixtral", "--generate", "5", "--prompts",
-                 str(prompts), "--json", "--quiet", "--out", str(tmp_path / "g.npz")]) == 0
+    assert (
+        main(
+            [
+                "capture",
+                "--model",
+                "random:mixtral",
+                "--generate",
+                "5",
+                "--prompts",
+                str(prompts),
+                "--json",
+                "--quiet",
+                "--out",
+                str(tmp_path / "g.npz"),
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     tr = load_trace(tmp_path / "g.npz")
     assert summary["documents"] == 2 == tr.num_documents
@@ -412,8 +498,11 @@ def test_capture_on_bundled_model(tmp_path):
     out = capture_documents(model, tok, [("doc", TEXT)], tmp_path / "cap", progress=False)
     tr = load_trace(out)
     spec = spec_for(model)
-    assert (tr.num_experts, tr.top_k, tr.num_layers) == (spec.num_experts, spec.top_k,
-                                                         spec.num_moe_layers)
+    assert (tr.num_experts, tr.top_k, tr.num_layers) == (
+        spec.num_experts,
+        spec.top_k,
+        spec.num_moe_layers,
+    )
     assert tr.num_tokens == len(tok(TEXT)["input_ids"])
     seen = _router_inputs(model, tok(TEXT)["input_ids"])
     for pos, (layer, router) in enumerate(moe_layers(model)):

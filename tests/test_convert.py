@@ -30,9 +30,11 @@ def make_trace(rng, lengths=(3, 4, 2), n_layers=3, m=2, n=8, *, weights=None, **
     t = sum(lengths)
     return RoutingTrace(
         experts=ids(rng, t, n_layers, m, n),
-        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]), num_experts=n,
+        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        num_experts=n,
         weights=None if weights is None else rng.random((t, n_layers, m)).astype(weights),
-        meta=meta)
+        meta=meta,
+    )
 
 
 def b64_npy(arr):
@@ -73,8 +75,16 @@ def rng():
 @pytest.fixture
 def tiny_spec(tmp_path):
     """4 decoder layers, MoE in layers 1 and 3, N=8, m=2, saved as a spec JSON."""
-    spec = ModelSpec(name="tiny", num_experts=8, top_k=2, num_moe_layers=2, hidden_size=4,
-                     expert_intermediate=4, num_hidden_layers=4, moe_layer_indices=(1, 3))
+    spec = ModelSpec(
+        name="tiny",
+        num_experts=8,
+        top_k=2,
+        num_moe_layers=2,
+        hidden_size=4,
+        expert_intermediate=4,
+        num_hidden_layers=4,
+        moe_layer_indices=(1, 3),
+    )
     path = tmp_path / "tiny-spec.json"
     path.write_text(json.dumps(spec.to_dict()))
     return str(path)
@@ -82,6 +92,7 @@ def tiny_spec(tmp_path):
 
 # ------------------------------------------------------------------------------------------
 # vLLM
+
 
 def test_vllm_one_npy_file(tmp_path, rng):
     rec = ids(rng, 7, 3, 2, 8).astype(np.int16)
@@ -114,8 +125,9 @@ def test_vllm_json_layouts(tmp_path, rng, layout):
         path.write_text(json.dumps([r.tolist() for r in recs]))
         names = ["0", "1", "2"]
     elif layout == "dict":
-        path.write_text(json.dumps({"b": recs[0].tolist(), "a": recs[1].tolist(),
-                                    "c": recs[2].tolist()}))
+        path.write_text(
+            json.dumps({"b": recs[0].tolist(), "a": recs[1].tolist(), "c": recs[2].tolist()})
+        )
         names = ["b", "a", "c"]
     elif layout == "single":
         recs = recs[:1]
@@ -132,9 +144,14 @@ def test_vllm_json_layouts(tmp_path, rng, layout):
 
 def test_vllm_openai_response_joins_prompt_and_each_choice(tmp_path, rng):
     prompt, g0, g1 = ids(rng, 5, 2, 2, 8), ids(rng, 3, 2, 2, 8), ids(rng, 2, 2, 2, 8)
-    resp = {"id": "cmpl-7", "prompt_routed_experts": prompt.tolist(),
-            "choices": [{"index": 0, "text": "x", "routed_experts": g0.tolist()},
-                        {"index": 1, "text": "y", "routed_experts": b64_npy(g1)}]}
+    resp = {
+        "id": "cmpl-7",
+        "prompt_routed_experts": prompt.tolist(),
+        "choices": [
+            {"index": 0, "text": "x", "routed_experts": g0.tolist()},
+            {"index": 1, "text": "y", "routed_experts": b64_npy(g1)},
+        ],
+    }
     path = tmp_path / "resp.json"
     path.write_text(json.dumps(resp))
     tr = import_routed_experts(path, engine="vllm", num_experts=8)
@@ -146,11 +163,20 @@ def test_vllm_openai_response_joins_prompt_and_each_choice(tmp_path, rng):
 # ------------------------------------------------------------------------------------------
 # SGLang
 
+
 def test_sglang_generate_responses_base64_flattened(tmp_path, rng):
     recs = [ids(rng, t, 3, 2, 16) for t in (4, 6)]
-    resps = [{"text": "a", "meta_info": {"id": "q0", "routed_experts": b64_raw(recs[0])}},
-             {"text": "b", "meta_info": {"id": "q1", "routed_experts_dtype": "uint8",
-                                         "routed_experts": b64_raw(recs[1], "uint8")}}]
+    resps = [
+        {"text": "a", "meta_info": {"id": "q0", "routed_experts": b64_raw(recs[0])}},
+        {
+            "text": "b",
+            "meta_info": {
+                "id": "q1",
+                "routed_experts_dtype": "uint8",
+                "routed_experts": b64_raw(recs[1], "uint8"),
+            },
+        },
+    ]
     path = tmp_path / "gen.json"
     path.write_text(json.dumps(resps))
     tr = import_routed_experts(path, engine="sglang", num_experts=16, layers=3, top_k=2)
@@ -166,8 +192,7 @@ def test_sglang_generate_responses_base64_flattened(tmp_path, rng):
 
 def test_sglang_openai_choices_sgl_ext(tmp_path, rng):
     rec = ids(rng, 5, 2, 4, 32)
-    resp = {"id": "chat-1", "choices": [{"index": 0, "sgl_ext": {"routed_experts":
-                                                                 b64_raw(rec)}}]}
+    resp = {"id": "chat-1", "choices": [{"index": 0, "sgl_ext": {"routed_experts": b64_raw(rec)}}]}
     path = tmp_path / "chat.json"
     path.write_text(json.dumps(resp))
     tr = import_routed_experts(path, engine="sglang", num_experts=32, layers=2, top_k=4)
@@ -187,6 +212,7 @@ def test_sglang_flattened_npy(tmp_path, rng, shape):
 
 # ------------------------------------------------------------------------------------------
 # layers, model specs, N
+
 
 def test_model_spec_keeps_moe_layers_of_a_full_record(tmp_path, rng, tiny_spec):
     moe = ids(rng, 5, 2, 2, 8)
@@ -208,16 +234,15 @@ def test_model_spec_keeps_moe_layers_of_a_full_record(tmp_path, rng, tiny_spec):
         import_routed_experts(tmp_path / "m3.npy", engine="vllm", model=tiny_spec)
     one_line(ei, tmp_path / "m3.npy", "routes 2")
     with pytest.raises(InputError) as ei:
-        import_routed_experts(tmp_path / "moe.npy", engine="vllm", model=tiny_spec,
-                              num_experts=9)
+        import_routed_experts(tmp_path / "moe.npy", engine="vllm", model=tiny_spec, num_experts=9)
     one_line(ei, tmp_path / "moe.npy", "disagrees")
 
 
 def test_placeholder_layers_dropped_without_a_spec(tmp_path, rng):
     moe = ids(rng, 6, 2, 2, 8)
     rec = np.empty((6, 4, 2), dtype=np.int32)
-    rec[:, 0] = -1          # SGLang-style placeholder
-    rec[:, 2] = 0           # a zero-filled dense layer (ids repeat: cannot be routing)
+    rec[:, 0] = -1  # SGLang-style placeholder
+    rec[:, 2] = 0  # a zero-filled dense layer (ids repeat: cannot be routing)
     rec[:, [1, 3]] = moe
     np.save(tmp_path / "r.npy", rec)
     tr = import_routed_experts(tmp_path / "r.npy", engine="sglang", num_experts=8)
@@ -257,12 +282,32 @@ def _bad_inputs(rng):
         "strings.json": (json.dumps({"a": 5}), "expected nested lists"),
         "base64.json": (json.dumps(["not base64!"]), "not base64"),
         "bytes.json": (json.dumps([base64.b64encode(b"abc").decode()]), "whole number"),
-        "dtype.json": (json.dumps([{"meta_info": {"routed_experts": b64_raw(good),
-                                                  "routed_experts_dtype": "float32"}}]),
-                       "not an integer type"),
-        "dtype2.json": (json.dumps([{"meta_info": {"routed_experts": b64_raw(good),
-                                                   "routed_experts_dtype": "nonsense"}}]),
-                        "not an integer type"),
+        "dtype.json": (
+            json.dumps(
+                [
+                    {
+                        "meta_info": {
+                            "routed_experts": b64_raw(good),
+                            "routed_experts_dtype": "float32",
+                        }
+                    }
+                ]
+            ),
+            "not an integer type",
+        ),
+        "dtype2.json": (
+            json.dumps(
+                [
+                    {
+                        "meta_info": {
+                            "routed_experts": b64_raw(good),
+                            "routed_experts_dtype": "nonsense",
+                        }
+                    }
+                ]
+            ),
+            "not an integer type",
+        ),
         "shapes.json": (json.dumps([good.tolist(), good[:, :1].tolist()]), "disagrees"),
         "missing.json": (json.dumps([{"meta_info": {"id": "x"}}]), "no 'routed_experts'"),
         "nochoice.json": (json.dumps({"choices": [{"text": "x"}]}), "no 'routed_experts'"),
@@ -304,6 +349,7 @@ def test_bad_npy_inputs(tmp_path):
 # ------------------------------------------------------------------------------------------
 # Parquet
 
+
 @pytest.mark.parametrize("weights", [None, "float16", "float32", "float64"])
 @pytest.mark.parametrize("names", [True, False])
 @pytest.mark.parametrize("n", [8, 40_000])
@@ -319,11 +365,21 @@ def test_parquet_round_trip_is_exact(tmp_path, rng, weights, names, n):
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
-@given(lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
-       n_layers=st.integers(1, 3), m=st.integers(1, 3), seed=st.integers(0, 99))
+@given(
+    lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    n_layers=st.integers(1, 3),
+    m=st.integers(1, 3),
+    seed=st.integers(0, 99),
+)
 def test_parquet_round_trip_property(tmp_path_factory, lengths, n_layers, m, seed):
-    tr = make_trace(np.random.default_rng(seed), lengths=lengths, n_layers=n_layers, m=m,
-                    weights="float32", documents=[f"d{i}" for i in range(len(lengths))])
+    tr = make_trace(
+        np.random.default_rng(seed),
+        lengths=lengths,
+        n_layers=n_layers,
+        m=m,
+        weights="float32",
+        documents=[f"d{i}" for i in range(len(lengths))],
+    )
     path = tmp_path_factory.mktemp("pq") / "t.parquet"
     assert_same_trace(tr, load_parquet(save_parquet(tr, path)))
 
@@ -332,8 +388,17 @@ def test_parquet_schema_is_one_row_per_token(tmp_path, rng):
     tr = make_trace(rng, weights="float32", layers=[2, 4, 6], documents=["a", "b", "c"])
     path = save_parquet(tr, tmp_path / "t.parquet")
     table = pq.read_table(path)
-    assert table.column_names == ["doc", "doc_name", "pos", "layer_2", "layer_4", "layer_6",
-                                  "weights_2", "weights_4", "weights_6"]
+    assert table.column_names == [
+        "doc",
+        "doc_name",
+        "pos",
+        "layer_2",
+        "layer_4",
+        "layer_6",
+        "weights_2",
+        "weights_4",
+        "weights_6",
+    ]
     assert table.schema.field("doc").type == pa.int32()
     assert table.schema.field("pos").type == pa.int32()
     assert table.schema.field("layer_4").type == pa.list_(pa.int16())
@@ -361,11 +426,14 @@ def test_parquet_rows_in_any_order(tmp_path, rng):
 def test_parquet_written_elsewhere_needs_n(tmp_path, rng):
     """A file made by another tool: fixed-size lists of int32, no specmoe metadata."""
     e = ids(rng, 5, 2, 3, 12)
-    table = pa.table({
-        "doc": pa.array([7, 7, 9, 9, 9], pa.int64()), "pos": pa.array([0, 1, 0, 1, 2]),
-        "layer_0": pa.FixedSizeListArray.from_arrays(pa.array(e[:, 0].ravel(), pa.int32()), 3),
-        "layer_1": pa.FixedSizeListArray.from_arrays(pa.array(e[:, 1].ravel(), pa.int32()), 3),
-    })
+    table = pa.table(
+        {
+            "doc": pa.array([7, 7, 9, 9, 9], pa.int64()),
+            "pos": pa.array([0, 1, 0, 1, 2]),
+            "layer_0": pa.FixedSizeListArray.from_arrays(pa.array(e[:, 0].ravel(), pa.int32()), 3),
+            "layer_1": pa.FixedSizeListArray.from_arrays(pa.array(e[:, 1].ravel(), pa.int32()), 3),
+        }
+    )
     pq.write_table(table, tmp_path / "o.parquet")
     with pytest.raises(InputError) as ei:
         load_parquet(tmp_path / "o.parquet")
@@ -390,29 +458,47 @@ def _parquet_variants(rng, tmp_path):
     return {
         "no doc": (base.drop_columns(["doc"]), "missing column 'doc'"),
         "no layers": (base.select(["doc", "pos"]), "no layer_<i>"),
-        "pos gap": (with_col("pos", pa.array([p + (p > 1) for p in pos], pa.int32())),
-                    "each position"),
+        "pos gap": (
+            with_col("pos", pa.array([p + (p > 1) for p in pos], pa.int32())),
+            "each position",
+        ),
         "pos repeat": (with_col("pos", pa.array([0] * len(pos), pa.int32())), "each position"),
-        "null list": (with_col("layer_1", pa.array(null_row, pa.list_(pa.int16()))),
-                      "non-null"),
-        "short list": (with_col("layer_1", pa.array(short_row, pa.list_(pa.int16()))),
-                       "non-null"),
-        "float ids": (with_col("layer_1", pa.array(lists, pa.list_(pa.float32()))),
-                      "not integers"),
-        "flat ids": (with_col("layer_1", pa.array([v[0] for v in lists], pa.int16())),
-                     "list column"),
+        "null list": (with_col("layer_1", pa.array(null_row, pa.list_(pa.int16()))), "non-null"),
+        "short list": (with_col("layer_1", pa.array(short_row, pa.list_(pa.int16()))), "non-null"),
+        "float ids": (with_col("layer_1", pa.array(lists, pa.list_(pa.float32()))), "not integers"),
+        "flat ids": (
+            with_col("layer_1", pa.array([v[0] for v in lists], pa.int16())),
+            "list column",
+        ),
         "float doc": (with_col("doc", pa.array([0.0] * len(pos))), "integers"),
         "weights": (base.drop_columns(["weights_2"]), "weights_<i>"),
         "bad meta": (base.replace_schema_metadata({b"specmoe.meta": b"{oops"}), "JSON object"),
-        "big id": (with_col("layer_0", pa.array([[9, 1]] * len(pos), pa.list_(pa.int16()))),
-                   "outside [0, 8)"),
+        "big id": (
+            with_col("layer_0", pa.array([[9, 1]] * len(pos), pa.list_(pa.int16()))),
+            "outside [0, 8)",
+        ),
         "empty": (base.slice(0, 0), "empty"),
     }
 
 
-@pytest.mark.parametrize("case", ["no doc", "no layers", "pos gap", "pos repeat", "null list",
-                                  "short list", "float ids", "flat ids", "float doc",
-                                  "weights", "bad meta", "big id", "empty"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no doc",
+        "no layers",
+        "pos gap",
+        "pos repeat",
+        "null list",
+        "short list",
+        "float ids",
+        "flat ids",
+        "float doc",
+        "weights",
+        "bad meta",
+        "big id",
+        "empty",
+    ],
+)
 def test_bad_parquet_gives_one_line_errors(tmp_path, rng, case):
     table, needle = _parquet_variants(rng, tmp_path)[case]
     path = tmp_path / "bad.parquet"
@@ -433,8 +519,9 @@ def test_not_a_parquet_file(tmp_path):
 def test_shard_directory_streams_to_parquet(tmp_path, rng):
     d = tmp_path / "shards"
     for i in range(3):
-        save_trace(make_trace(rng, lengths=(2, i + 1), documents=[f"{i}a", f"{i}b"]),
-                   d / f"p{i}.npz")
+        save_trace(
+            make_trace(rng, lengths=(2, i + 1), documents=[f"{i}a", f"{i}b"]), d / f"p{i}.npz"
+        )
     path = save_parquet(open_trace(d), tmp_path / "all.parquet")
     assert pq.ParquetFile(path).num_row_groups == 3  # one shard at a time
     assert_same_trace(load_trace(d), load_parquet(path))
@@ -456,17 +543,22 @@ def test_interrupted_parquet_write_leaves_no_file(tmp_path, rng, monkeypatch):
 # ------------------------------------------------------------------------------------------
 # the `specmoe convert` command
 
+
 def test_cli_npz_parquet_npz_round_trip(tmp_path, rng, capsys):
     tr = make_trace(rng, weights="float32", documents=["a", "b", "c"], layers=[0, 2, 4])
     save_trace(tr, tmp_path / "t.npz")
-    assert main(["convert", str(tmp_path / "t.npz"), str(tmp_path / "t.parquet"),
-                 "--json"]) == 0
+    assert main(["convert", str(tmp_path / "t.npz"), str(tmp_path / "t.parquet"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # stdout is the JSON and nothing else
     assert out["from"] == "npz" and out["to"] == "parquet"
-    assert (out["num_tokens"], out["num_documents"], out["num_layers"], out["top_k"],
-            out["num_experts"], out["layers"]) == (9, 3, 3, 2, 8, [0, 2, 4])
-    assert main(["convert", str(tmp_path / "t.parquet"), str(tmp_path / "u.npz"),
-                 "--json"]) == 0
+    assert (
+        out["num_tokens"],
+        out["num_documents"],
+        out["num_layers"],
+        out["top_k"],
+        out["num_experts"],
+        out["layers"],
+    ) == (9, 3, 3, 2, 8, [0, 2, 4])
+    assert main(["convert", str(tmp_path / "t.parquet"), str(tmp_path / "u.npz"), "--json"]) == 0
     json.loads(capsys.readouterr().out)
     assert_same_trace(tr, load_trace(tmp_path / "u.npz"))
 
@@ -478,25 +570,33 @@ def test_cli_engine_import(tmp_path, rng, capsys, tiny_spec):
     rec[:, [1, 3]] = ids(rng, 4, 2, 2, 8)
     np.save(d / "0.npy", rec)
     out = tmp_path / "t.npz"
-    assert main(["convert", str(d), str(out), "--from", "vllm", "--num-experts", "8",
-                 "--json"]) == 0
+    assert (
+        main(["convert", str(d), str(out), "--from", "vllm", "--num-experts", "8", "--json"]) == 0
+    )
     res = json.loads(capsys.readouterr().out)
     assert res["dropped_layers"] == [0, 2] and res["layers"] == [1, 3]
     np.testing.assert_array_equal(load_trace(out).experts, rec[:, [1, 3]])
-    assert main(["convert", str(d), str(tmp_path / "m.parquet"), "--from", "vllm",
-                 "--model", tiny_spec]) == 0
+    assert (
+        main(
+            ["convert", str(d), str(tmp_path / "m.parquet"), "--from", "vllm", "--model", tiny_spec]
+        )
+        == 0
+    )
     assert "tokens" in capsys.readouterr().out
     assert load_parquet(tmp_path / "m.parquet").meta["model"] == "tiny"
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["IN.json", "OUT.npz"], "--from"),
-    (["IN.npz", "OUT.csv"], "--to"),
-    (["DIR", "OUT.npz"], "--from vllm"),
-    (["IN.npy", "OUT.npz", "--from", "vllm"], "--num-experts"),
-    (["IN.npz", "IN.npz"], "input itself"),
-    (["IN.npy", "OUT.npz", "--from", "vllm", "--num-experts", "0"], "positive"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["IN.json", "OUT.npz"], "--from"),
+        (["IN.npz", "OUT.csv"], "--to"),
+        (["DIR", "OUT.npz"], "--from vllm"),
+        (["IN.npy", "OUT.npz", "--from", "vllm"], "--num-experts"),
+        (["IN.npz", "IN.npz"], "input itself"),
+        (["IN.npy", "OUT.npz", "--from", "vllm", "--num-experts", "0"], "positive"),
+    ],
+)
 def test_cli_errors_exit_2_with_one_line(tmp_path, rng, capsys, argv, needle):
     save_trace(make_trace(rng), tmp_path / "IN.npz")
     np.save(tmp_path / "IN.npy", ids(rng, 3, 2, 2, 8))
@@ -520,30 +620,52 @@ def test_module_registers_the_verb():
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2, 9) | st.floats(allow_nan=False)
-    | st.text(max_size=6) | st.sampled_from(["AAEAAg==", "k05VTVBZ", "////"]),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["id", "choices", "meta_info", "routed_experts", "sgl_ext",
-                         "prompt_routed_experts", "routed_experts_dtype", "x"]), inner,
-        max_size=4),
-    max_leaves=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 9)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=6)
+    | st.sampled_from(["AAEAAg==", "k05VTVBZ", "////"]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "id",
+                    "choices",
+                    "meta_info",
+                    "routed_experts",
+                    "sgl_ext",
+                    "prompt_routed_experts",
+                    "routed_experts_dtype",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(value=json_values, engine=st.sampled_from(["vllm", "sglang"]),
-       shape=st.sampled_from([(None, None), (2, 1), (1, 2)]))
-def test_random_json_never_escapes_as_another_exception(tmp_path_factory, value, engine,
-                                                         shape):
+@given(
+    value=json_values,
+    engine=st.sampled_from(["vllm", "sglang"]),
+    shape=st.sampled_from([(None, None), (2, 1), (1, 2)]),
+)
+def test_random_json_never_escapes_as_another_exception(tmp_path_factory, value, engine, shape):
     path = tmp_path_factory.mktemp("js") / "r.json"
     path.write_text(json.dumps(value))
     try:
-        tr = import_routed_experts(path, engine=engine, num_experts=10, layers=shape[0],
-                                   top_k=shape[1])
+        tr = import_routed_experts(
+            path, engine=engine, num_experts=10, layers=shape[0], top_k=shape[1]
+        )
     except InputError as exc:
         assert "\n" not in str(exc) and str(exc).startswith(str(path)), str(exc)
         return
     assert tr.num_tokens >= 1 and tr.num_experts == 10
-
 
 
 @pytest.fixture(scope="module")
@@ -556,8 +678,7 @@ def parquet_bytes(tmp_path_factory):
 
 @settings(max_examples=80, deadline=None, derandomize=True)
 @given(data=st.data(), damage=st.sampled_from(["flip", "truncate"]))
-def test_damaged_parquet_never_gives_a_wrong_answer(tmp_path_factory, parquet_bytes, data,
-                                                    damage):
+def test_damaged_parquet_never_gives_a_wrong_answer(tmp_path_factory, parquet_bytes, data, damage):
     """Page checksums guard the data: a damaged file is refused or loads unchanged."""
     tr, raw0 = parquet_bytes
     raw = bytearray(raw0)

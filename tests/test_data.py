@@ -48,8 +48,9 @@ def test_split_matches_the_hash_rule_and_is_disjoint():
         assert not seen.intersection(paths)
         seen.update(paths)
     assert all(p.endswith(".py") and not p.startswith("/") for p in seen)
-    assert not any({"test", "tests", "idle_test", "site-packages"}.intersection(p.split("/"))
-                   for p in seen)
+    assert not any(
+        {"test", "tests", "idle_test", "site-packages"}.intersection(p.split("/")) for p in seen
+    )
     # about 80/10/10 (binomial spread at n ~ 700 is ~ 1.5 points)
     n = len(seen)
     assert abs(len(splits["train"]) / n - 0.8) < 0.06
@@ -66,8 +67,13 @@ def test_split_is_reproduced_from_this_stdlib():
 
 def test_build_split_excludes_tests_site_packages_and_non_utf8(tmp_path):
     files = {
-        "a.py": "x = 1\n", "pkg/b.py": "y = 2\n", "test/t.py": "z\n", "pkg/tests/u.py": "z\n",
-        "site-packages/s.py": "z\n", "idlelib/idle_test/i.py": "z\n", "notes.txt": "z\n",
+        "a.py": "x = 1\n",
+        "pkg/b.py": "y = 2\n",
+        "test/t.py": "z\n",
+        "pkg/tests/u.py": "z\n",
+        "site-packages/s.py": "z\n",
+        "idlelib/idle_test/i.py": "z\n",
+        "notes.txt": "z\n",
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +155,7 @@ def test_tokenizer_round_trips_text(hf_tokenizer):
 def test_limit_tokens_cuts_at_the_limit(hf_tokenizer):
     docs = corpus.documents("fit", limit_tokens=3000)
     full = corpus.documents("fit")
-    assert [n for n, _ in docs] == [n for n, _ in full[:len(docs)]]
+    assert [n for n, _ in docs] == [n for n, _ in full[: len(docs)]]
     assert all(t == ft for (_, t), (_, ft) in zip(docs[:-1], full))
     assert full[len(docs) - 1][1].startswith(docs[-1][1])
     total = sum(len(hf_tokenizer(t, add_special_tokens=False)["input_ids"]) for _, t in docs)
@@ -169,8 +175,9 @@ def test_checkpoint_size_limit():
 def hf_model():
     from transformers import OlmoeForCausalLM
 
-    return OlmoeForCausalLM.from_pretrained(str(MODEL_DIR), local_files_only=True,
-                                            dtype="float32").eval()
+    return OlmoeForCausalLM.from_pretrained(
+        str(MODEL_DIR), local_files_only=True, dtype="float32"
+    ).eval()
 
 
 @needs_model
@@ -218,8 +225,9 @@ def test_bundled_model_beats_a_unigram_model_by_a_wide_margin(hf_model, hf_token
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("train_tiny_model",
-                                                  REPO / "scripts" / "train_tiny_model.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_tiny_model", REPO / "scripts" / "train_tiny_model.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -236,14 +244,18 @@ def test_exported_weights_reproduce_the_training_module(attn):
     mod = _train_module()
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
     # HF's own per-expert loop ("eager"), not the grouped product the training module also uses
-    hf = OlmoeForCausalLM.from_pretrained(str(MODEL_DIR), local_files_only=True,
-                                          dtype=torch.float32, attn_implementation=attn,
-                                          experts_implementation="eager").eval()
+    hf = OlmoeForCausalLM.from_pretrained(
+        str(MODEL_DIR),
+        local_files_only=True,
+        dtype=torch.float32,
+        attn_implementation=attn,
+        experts_implementation="eager",
+    ).eval()
     # the file keeps OLMoE's per-expert tensor names; HF fuses them on load, as the module does
     stored = load_file(str(MODEL_DIR / "model.safetensors"))
     w = stored["model.layers.1.mlp.experts.5.up_proj.weight"].float()  # [I, H]
     fused = hf.model.layers[1].mlp.experts.gate_up_proj[5]  # [2I, H]: gate rows, then up rows
-    assert torch.equal(fused[cfg["intermediate_size"]:], w)
+    assert torch.equal(fused[cfg["intermediate_size"] :], w)
     ours = mod.TinyOlmoe(cfg)
     missing, unexpected = ours.load_state_dict(hf.state_dict(), strict=False)
     assert not unexpected and not missing
@@ -260,8 +272,7 @@ def test_exported_weights_reproduce_the_training_module(attn):
     from transformers.models.olmoe.modeling_olmoe import load_balancing_loss_func
 
     want = load_balancing_loss_func(tuple(ref.router_logits), 64, 8)
-    assert torch.allclose(mod.load_balancing_loss(router_logits, router_ids, 64), want,
-                          atol=1e-5)
+    assert torch.allclose(mod.load_balancing_loss(router_logits, router_ids, 64), want, atol=1e-5)
 
 
 def test_training_module_matches_hf_from_random_init_with_renormalised_topk():
@@ -273,8 +284,9 @@ def test_training_module_matches_hf_from_random_init_with_renormalised_topk():
     from transformers import OlmoeConfig, OlmoeForCausalLM
 
     mod = _train_module()
-    a = argparse.Namespace(hidden=32, intermediate=16, layers=2, heads=4, max_positions=256,
-                           aux_coef=0.01)
+    a = argparse.Namespace(
+        hidden=32, intermediate=16, layers=2, heads=4, max_positions=256, aux_coef=0.01
+    )
     cfg = mod.make_config(a, 97, 0, 1)
     cfg["norm_topk_prob"] = True
     torch.manual_seed(1)
@@ -318,7 +330,7 @@ def test_bundled_traces_are_canonical_and_of_their_split(split):
     names = tr.meta["documents"]
     assert len(names) == tr.num_documents
     docs = [n for n, _ in corpus.documents(split)]  # non-empty files, in split order
-    assert names == docs[:len(names)]
+    assert names == docs[: len(names)]
 
 
 @pytest.mark.skipif(not (HAS_TRACES and HAS_MODEL), reason="bundled traces not recorded yet")
@@ -332,7 +344,7 @@ def test_bundled_fit_trace_is_the_routing_of_the_bundled_model(hf_model, hf_toke
     name, text = corpus.documents("fit")[0]
     assert name == tr.meta["documents"][0]
     ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
-    want = tr.experts[:tr.doc_offsets[1]]  # [t, L, m]
+    want = tr.experts[: tr.doc_offsets[1]]  # [t, L, m]
     assert len(ids) == len(want) <= hf_model.config.max_position_embeddings
     with torch.no_grad():
         out = hf_model(torch.tensor([ids]), output_router_logits=True)
@@ -345,8 +357,10 @@ def test_bundled_fit_trace_is_the_routing_of_the_bundled_model(hf_model, hf_toke
 # ---- the bundled draft model ---------------------------------------------------------------
 
 DRAFT_DIR = corpus.bundled_draft_dir()
-needs_draft = pytest.mark.skipif(not (DRAFT_DIR / "model.safetensors").exists() or not HAS_MODEL,
-                                 reason="bundled draft model not trained yet")
+needs_draft = pytest.mark.skipif(
+    not (DRAFT_DIR / "model.safetensors").exists() or not HAS_MODEL,
+    reason="bundled draft model not trained yet",
+)
 
 
 @needs_draft
@@ -354,7 +368,9 @@ def test_draft_is_small_dense_and_shares_the_target_tokenizer():
     assert (DRAFT_DIR / "model.safetensors").stat().st_size <= 5 * 10**6
     cfg = json.loads((DRAFT_DIR / "config.json").read_text())
     assert "num_experts" not in cfg and cfg["vocab_size"] == 4096
-    assert (DRAFT_DIR / "tokenizer.json").read_bytes() == (MODEL_DIR / "tokenizer.json").read_bytes()
+    assert (DRAFT_DIR / "tokenizer.json").read_bytes() == (
+        MODEL_DIR / "tokenizer.json"
+    ).read_bytes()
 
 
 @needs_draft
@@ -363,11 +379,13 @@ def test_draft_agrees_with_the_target_on_validation_text(hf_model, hf_tokenizer)
     import torch
     from transformers import AutoModelForCausalLM
 
-    draft = AutoModelForCausalLM.from_pretrained(str(DRAFT_DIR), local_files_only=True,
-                                                 dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(
+        str(DRAFT_DIR), local_files_only=True, dtype=torch.float32
+    ).eval()
     text = corpus.documents("validation")[3][1]
-    ids = torch.tensor([hf_tokenizer(text, add_special_tokens=False, verbose=False)
-                        ["input_ids"][:512]])
+    ids = torch.tensor(
+        [hf_tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"][:512]]
+    )
     with torch.no_grad():
         agree = (draft(ids).logits.argmax(-1) == hf_model(ids).logits.argmax(-1)).float().mean()
     assert agree.item() > 0.3

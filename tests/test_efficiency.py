@@ -39,8 +39,9 @@ def test_estimate_on_hand_computations():
     # One C_expert: (10 + 8·1) / (10 + 20·1) = 18 / 30.
     assert activated_bytes_efficiency(10.0, 1.0, 8, 20) == pytest.approx(0.6)
     # Per layer: (100 + 2·8 + 3·8) / (100 + 2·12 + 3·20) = 140 / 184.
-    assert activated_bytes_efficiency(100.0, [2.0, 3.0], [8, 8], [12, 20]) == \
-        pytest.approx(140 / 184)
+    assert activated_bytes_efficiency(100.0, [2.0, 3.0], [8, 8], [12, 20]) == pytest.approx(
+        140 / 184
+    )
     # No verification overhead in experts: efficiency 1; no dense bytes: k / unique.
     assert activated_bytes_efficiency(5.0, 2.0, [8, 8], [8, 8]) == 1.0
     assert activated_bytes_efficiency(0.0, 1.0, 8, 32) == pytest.approx(0.25)
@@ -54,13 +55,16 @@ def test_expected_tokens_and_speedup():
     # a = 0.5, K = 2: 1 + 0.5 + 0.25.
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     # Free verification and drafts: the speedup is G; a verification twice a step halves it.
-    assert speedup(10.0, 10.0, 3, acceptance=0.7, draft_cost=0.0) == \
-        pytest.approx(expected_tokens(0.7, 3))
-    assert speedup(10.0, 20.0, 3, acceptance=0.7, draft_cost=0.0) == \
-        pytest.approx(expected_tokens(0.7, 3) / 2)
+    assert speedup(10.0, 10.0, 3, acceptance=0.7, draft_cost=0.0) == pytest.approx(
+        expected_tokens(0.7, 3)
+    )
+    assert speedup(10.0, 20.0, 3, acceptance=0.7, draft_cost=0.0) == pytest.approx(
+        expected_tokens(0.7, 3) / 2
+    )
     # Draft tokens at 0.1 step each, K = 5: G · 10 / (12 + 5).
-    assert speedup(10.0, 12.0, 5, acceptance=0.6, draft_cost=0.1) == \
-        pytest.approx(expected_tokens(0.6, 5) * 10 / 17)
+    assert speedup(10.0, 12.0, 5, acceptance=0.6, draft_cost=0.1) == pytest.approx(
+        expected_tokens(0.6, 5) * 10 / 17
+    )
     with pytest.raises(InputError, match="acceptance"):
         expected_tokens(1.5, 3)
 
@@ -82,8 +86,12 @@ def _brute_union(table, starts, position, s):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 10_000), B=st.integers(1, 9), s=st.integers(1, 8),
-       position=st.integers(0, 50))
+@given(
+    seed=st.integers(0, 10_000),
+    B=st.integers(1, 9),
+    s=st.integers(1, 8),
+    position=st.integers(0, 50),
+)
 def test_batch_unique_is_the_set_union(seed, B, s, position):
     rng = np.random.default_rng(seed)
     T, L, N, m = 37, 3, 16, 3
@@ -100,8 +108,9 @@ def test_uniform_union_matches_its_expectation():
     tab = uniform_table(20000, 2, 64, 8, seed=3)
     rng = np.random.default_rng(0)
     for r in (1, 4, 32):
-        counts = [batch_unique(tab.experts, rng.integers(0, 20000, size=r)).mean()
-                  for _ in range(300)]
+        counts = [
+            batch_unique(tab.experts, rng.integers(0, 20000, size=r)).mean() for _ in range(300)
+        ]
         assert np.mean(counts) == pytest.approx(uniform_batch_unique(64, 8, r), rel=0.02)
 
 
@@ -127,12 +136,27 @@ def test_layer_map_by_relative_depth():
 def test_summary_rows_on_known_records():
     rec = []
     for rep, (t1, t3) in enumerate([(10.0, 20.0), (12.0, 18.0), (11.0, 30.0)]):
-        rec.append({"routing": "u", "batch": 2, "k": None, "repetition": rep, "t_ms": t1,
-                    "unique": [16, 16]})
-        rec.append({"routing": "u", "batch": 2, "k": 3, "repetition": rep, "t_ms": t3,
-                    "unique": [40, 44]})
-    (row,) = summarise_efficiency(rec, dense_bytes=100.0, expert_bytes=[1.0, 1.0],
-                                  kv_bytes={2: 50.0}, acceptance=0.5, draft_cost=0.1)
+        rec.append(
+            {
+                "routing": "u",
+                "batch": 2,
+                "k": None,
+                "repetition": rep,
+                "t_ms": t1,
+                "unique": [16, 16],
+            }
+        )
+        rec.append(
+            {"routing": "u", "batch": 2, "k": 3, "repetition": rep, "t_ms": t3, "unique": [40, 44]}
+        )
+    (row,) = summarise_efficiency(
+        rec,
+        dense_bytes=100.0,
+        expert_bytes=[1.0, 1.0],
+        kv_bytes={2: 50.0},
+        acceptance=0.5,
+        draft_cost=0.1,
+    )
     assert row["t_step_ms"] == 11.0 and row["t_verify_ms"] == 20.0
     assert row["efficiency"] == pytest.approx(11 / 20)
     assert row["efficiency_range"] == pytest.approx([11 / 30, 12 / 18])
@@ -171,7 +195,7 @@ def test_batch_rows_take_their_own_windows(olmoe):
         forced.set_windows(starts, position)
         with torch.inference_mode():
             batched = olmoe(input_ids=x).logits
-        got = np.sort(rec.pop()[0], axis=-1).reshape(3, s, 2, 2)   # [B, s, L, m]
+        got = np.sort(rec.pop()[0], axis=-1).reshape(3, s, 2, 2)  # [B, s, L, m]
     want = np.sort(table[(starts[:, None] + position + np.arange(s)) % 53], axis=-1)
     assert np.array_equal(got, want)
     # Different sequences really route differently, not the same window three times.
@@ -182,7 +206,7 @@ def test_batch_rows_take_their_own_windows(olmoe):
         try:
             single.offset, single.position = int(starts[b]), position
             with torch.inference_mode():
-                alone = olmoe(input_ids=x[b:b + 1]).logits
+                alone = olmoe(input_ids=x[b : b + 1]).logits
         finally:
             single.remove()
         torch.testing.assert_close(batched[b], alone[0], rtol=1e-4, atol=1e-5)
@@ -191,13 +215,13 @@ def test_batch_rows_take_their_own_windows(olmoe):
 def test_measurement_on_a_tiny_model(olmoe):
     from specmoe.engine.efficiency import RoutingTable, measure_efficiency, model_bytes
 
-    const = RoutingTable("const", np.tile(np.array([[[1, 5]]]), (64, 2, 1)),
-                         np.array([0, 64]))
+    const = RoutingTable("const", np.tile(np.array([[[1, 5]]]), (64, 2, 1)), np.array([0, 64]))
     rand = RoutingTable("rand", _table(64, 2, 8, 2, seed=1), np.array([0, 32, 64]))
-    out = measure_efficiency(olmoe, [const, rand], batches=[1, 3], ks=[1, 2], context=6,
-                             repeats=2, warmup=1, seed=0)
+    out = measure_efficiency(
+        olmoe, [const, rand], batches=[1, 3], ks=[1, 2], context=6, repeats=2, warmup=1, seed=0
+    )
     recs = out["records"]
-    assert len(recs) == 2 * 2 * 2 * 3          # tables × B × repetitions × (step + 2 K)
+    assert len(recs) == 2 * 2 * 2 * 3  # tables × B × repetitions × (step + 2 K)
     assert out["calls"]["dedup"] > 0 and out["calls"]["per_slot"] > 0
     for r in recs:
         s = 1 if r["k"] is None else r["k"] + 1
@@ -213,11 +237,12 @@ def test_measurement_on_a_tiny_model(olmoe):
     total = sum(p.numel() * 4 for p in olmoe.parameters())
     emb = olmoe.get_input_embeddings().weight.numel() * 4
     assert nb.dense == total - emb - nb.expert_total
-    rows = summarise_efficiency(recs, dense_bytes=nb.dense, expert_bytes=nb.expert,
-                                kv_bytes=out["kv_bytes"])
+    rows = summarise_efficiency(
+        recs, dense_bytes=nb.dense, expert_bytes=nb.expert, kv_bytes=out["kv_bytes"]
+    )
     for r in rows:
         if r["routing"] == "const":
-            assert r["estimate"] == 1.0        # the verification reads no extra expert
+            assert r["estimate"] == 1.0  # the verification reads no extra expert
     assert out["kv_bytes"][3] == pytest.approx(3 * out["kv_bytes"][1])
 
 
@@ -230,11 +255,20 @@ def test_per_slot_kernel_runs_per_slot(olmoe):
     from specmoe.kernels.cpu import num_threads
 
     threads = (torch.get_num_threads(), num_threads())
-    out = measure_efficiency(olmoe, [rand], batches=[2], ks=[1], context=4, repeats=1,
-                             warmup=0, kernel="per_slot", clock="cpu")
+    out = measure_efficiency(
+        olmoe,
+        [rand],
+        batches=[2],
+        ks=[1],
+        context=4,
+        repeats=1,
+        warmup=0,
+        kernel="per_slot",
+        clock="cpu",
+    )
     assert "dedup" not in out["calls"] and out["calls"]["per_slot"] > 0
     assert all(r["t_ms"] == r["t_cpu_ms"] for r in out["records"])
-    assert (torch.get_num_threads(), num_threads()) == threads     # one thread only inside
+    assert (torch.get_num_threads(), num_threads()) == threads  # one thread only inside
 
 
 # ------------------------------------------------------------------------------------------
@@ -259,12 +293,19 @@ def test_statistics_of_another_shape_or_too_few_lags(stats32):
     with pytest.raises(InputError, match=r"N=32, m=4 does not fit") as exc:
         synthetic_table(mom, olmoe, 2, 100, variant="skewed", max_pass=4)
     assert "\n" not in str(exc.value)
-    same = olmoe.__class__(name="small", num_experts=32, top_k=4, num_moe_layers=2,
-                           hidden_size=8, expert_intermediate=8)
+    same = olmoe.__class__(
+        name="small",
+        num_experts=32,
+        top_k=4,
+        num_moe_layers=2,
+        hidden_size=8,
+        expert_intermediate=8,
+    )
     with pytest.raises(InputError, match="lags"):
-        synthetic_table(mom, same, 2, 100, variant="skewed", max_pass=8)   # K = 7 > 3 lags
-    other_m = olmoe.__class__(name="m2", num_experts=32, top_k=2, num_moe_layers=2,
-                              hidden_size=8, expert_intermediate=8)
+        synthetic_table(mom, same, 2, 100, variant="skewed", max_pass=8)  # K = 7 > 3 lags
+    other_m = olmoe.__class__(
+        name="m2", num_experts=32, top_k=2, num_moe_layers=2, hidden_size=8, expert_intermediate=8
+    )
     with pytest.raises(InputError, match="m=4"):
         synthetic_table(mom, other_m, 2, 100, variant="uniform", max_pass=4)
     tab = synthetic_table(mom, same, 3, 200, variant="uniform", max_pass=4, seed=1)
@@ -280,34 +321,56 @@ def _cli(capsys, *argv):
 def _one_error_line(err: str, needle: str) -> bool:
     """The error is one line, the last on stderr (progress lines may precede it)."""
     lines = err.splitlines()
-    return (lines[-1].startswith("specmoe efficiency: error: ") and needle in lines[-1]
-            and sum("error" in line for line in lines) == 1 and "Traceback" not in err)
+    return (
+        lines[-1].startswith("specmoe efficiency: error: ")
+        and needle in lines[-1]
+        and sum("error" in line for line in lines) == 1
+        and "Traceback" not in err
+    )
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--routing", "ipf-skewed"], "does not fit the model"),           # OLMoE: N=64, m=8
-    (["--model", "gpt-oss-20b", "--routing", "ipf-uniform", "--k", "3,7"],
-     "--k 7"),                                                          # N=32, m=4; lags 1..3
-    (["--batch", "0,2"], "--batch"),
-    (["--k", "three"], "--k"),
-    (["--acceptance", "1.5"], "--acceptance"),
-    (["--routing", "uniform,nowhere.npz"], "nowhere.npz"),
-    (["--model", "NoSuchModel"], "--model"),
-    (["--layers", "99"], "--layers"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--routing", "ipf-skewed"], "does not fit the model"),  # OLMoE: N=64, m=8
+        (
+            ["--model", "gpt-oss-20b", "--routing", "ipf-uniform", "--k", "3,7"],
+            "--k 7",
+        ),  # N=32, m=4; lags 1..3
+        (["--batch", "0,2"], "--batch"),
+        (["--k", "three"], "--k"),
+        (["--acceptance", "1.5"], "--acceptance"),
+        (["--routing", "uniform,nowhere.npz"], "nowhere.npz"),
+        (["--model", "NoSuchModel"], "--model"),
+        (["--layers", "99"], "--layers"),
+    ],
+)
 def test_cli_bad_input_is_one_line(capsys, stats32, argv, needle):
-    rc, out, err = _cli(capsys, "--model", "OLMoE-1B-7B-0125", "--layers", "2",
-                        "--stats", stats32, "--k", "3", *argv)
+    rc, out, err = _cli(
+        capsys,
+        "--model",
+        "OLMoE-1B-7B-0125",
+        "--layers",
+        "2",
+        "--stats",
+        stats32,
+        "--k",
+        "3",
+        *argv,
+    )
     assert rc == 2 and out == ""
     assert _one_error_line(err, needle)
 
 
 def test_cli_recorded_trace_of_another_shape(capsys, tmp_path):
     tr = sticky_trace(200, 2, 32, 4, [0.5, 0.5], seed=1)
-    save_trace(RoutingTrace(experts=tr.experts, doc_offsets=tr.doc_offsets, num_experts=32),
-               tmp_path / "t32.npz")
-    rc, out, err = _cli(capsys, "--model", "OLMoE-1B-7B-0125", "--layers", "2", "--routing",
-                        tmp_path / "t32.npz")
+    save_trace(
+        RoutingTrace(experts=tr.experts, doc_offsets=tr.doc_offsets, num_experts=32),
+        tmp_path / "t32.npz",
+    )
+    rc, out, err = _cli(
+        capsys, "--model", "OLMoE-1B-7B-0125", "--layers", "2", "--routing", tmp_path / "t32.npz"
+    )
     assert rc == 2 and out == "" and _one_error_line(err, "N=32, m=4")
 
 
@@ -316,10 +379,28 @@ def test_cli_end_to_end_on_a_tiny_model(capsys, tmp_path, olmoe):
     olmoe.save_pretrained(model_dir)
     tr = sticky_trace(600, 2, 8, 2, [0.5, 0.7], seed=3, doc_len=100)
     save_trace(tr, tmp_path / "rec.npz")
-    rc, out, err = _cli(capsys, "--model", model_dir, "--routing",
-                        f"uniform,ipf-skewed,{tmp_path / 'rec.npz'}", "--batch", "1,4",
-                        "--k", "1,3", "--context", "8", "--repeats", "2", "--warmup", "0",
-                        "--tokens", "300", "--json", "--out", tmp_path / "res")
+    rc, out, err = _cli(
+        capsys,
+        "--model",
+        model_dir,
+        "--routing",
+        f"uniform,ipf-skewed,{tmp_path / 'rec.npz'}",
+        "--batch",
+        "1,4",
+        "--k",
+        "1,3",
+        "--context",
+        "8",
+        "--repeats",
+        "2",
+        "--warmup",
+        "0",
+        "--tokens",
+        "300",
+        "--json",
+        "--out",
+        tmp_path / "res",
+    )
     assert rc == 0, err
     rec = json.loads(out)
     assert [t["name"] for t in rec["routings"]] == ["uniform", "ipf-skewed", "rec"]

@@ -35,13 +35,17 @@ def prompt():
 # ------------------------------------------------------------------------------------------
 # which kernel runs a pass
 
-@pytest.mark.parametrize("setting,crossover,expected", [
-    ("per_slot", None, ["per_slot"] * 9),
-    ("dedup", None, ["per_slot"] + ["dedup"] * 8),
-    ("auto", 5, ["per_slot"] * 4 + ["dedup"] * 5),
-    ("auto", 1, ["per_slot"] + ["dedup"] * 8),   # a one-token pass never deduplicates
-    ("auto", None, ["per_slot"] * 9),
-])
+
+@pytest.mark.parametrize(
+    "setting,crossover,expected",
+    [
+        ("per_slot", None, ["per_slot"] * 9),
+        ("dedup", None, ["per_slot"] + ["dedup"] * 8),
+        ("auto", 5, ["per_slot"] * 4 + ["dedup"] * 5),
+        ("auto", 1, ["per_slot"] + ["dedup"] * 8),  # a one-token pass never deduplicates
+        ("auto", None, ["per_slot"] * 9),
+    ],
+)
 def test_kernel_for_pass_sizes(setting, crossover, expected):
     pol = KernelPolicy(setting, crossover=crossover, max_pass=9)
     assert [pol.kernel_for(n) for n in range(1, 10)] == expected
@@ -71,12 +75,13 @@ def test_crossover_from_plan(tmp_path):
 # ------------------------------------------------------------------------------------------
 # the switch computes what transformers' own experts implementation computes
 
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_switch_matches_transformers_experts(model_type, prompt):
     net = tiny_random_model(model_type, seed=3)
     ids = torch.tensor([prompt[:12]])
     with torch.inference_mode():
-        ref = net(ids).logits                       # transformers' default implementation
+        ref = net(ids).logits  # transformers' default implementation
         before = net.config._experts_implementation
         with KernelSwitch(net, KernelPolicy("per_slot", max_pass=16)) as sw:
             a = net(ids).logits
@@ -142,10 +147,15 @@ def test_prefill_skip_zeroes_the_experts_only_on_long_calls():
 # ------------------------------------------------------------------------------------------
 # forced routing
 
+
 def _random_table(rows, layers, n_exp, m, seed):
     rng = np.random.default_rng(seed)
-    return np.stack([np.stack([rng.choice(n_exp, m, replace=False) for _ in range(layers)])
-                     for _ in range(rows)])
+    return np.stack(
+        [
+            np.stack([rng.choice(n_exp, m, replace=False) for _ in range(layers)])
+            for _ in range(rows)
+        ]
+    )
 
 
 @pytest.mark.parametrize("model_type", ["olmoe", "mixtral", "deepseek_v3"])
@@ -158,7 +168,7 @@ def test_forced_routing_is_what_the_recorder_sees(model_type, prompt):
     forced = ForcedRouting(net, table).install()
     with RouterRecorder(net) as rec, torch.inference_mode():
         net(torch.tensor([prompt[:20]]))
-        got, w = rec.pop()                                     # [20, L, m], by weight
+        got, w = rec.pop()  # [20, L, m], by weight
     forced.remove()
     assert np.array_equal(np.sort(got, -1), np.sort(table[:20], -1))
     assert forced.position == 20
@@ -167,7 +177,7 @@ def test_forced_routing_is_what_the_recorder_sees(model_type, prompt):
 
 def test_forced_routing_of_the_routers_own_choice_changes_nothing(prompt):
     """Forcing the ids a router would pick anyway gives the router's own weights and logits."""
-    net = tiny_random_model("qwen3_moe", seed=4)       # norm_topk_prob=True
+    net = tiny_random_model("qwen3_moe", seed=4)  # norm_topk_prob=True
     ids = torch.tensor([prompt[:16]])
     with RouterRecorder(net) as rec, torch.inference_mode():
         ref = net(ids).logits
@@ -178,7 +188,7 @@ def test_forced_routing_of_the_routers_own_choice_changes_nothing(prompt):
 
 
 def test_forced_weights_follow_the_rule():
-    net = tiny_random_model("olmoe", seed=0)               # softmax over N, no renormalisation
+    net = tiny_random_model("olmoe", seed=0)  # softmax over N, no renormalisation
     rule = rule_for(net)
     z = torch.randn(5, 8)
     ids, w = route_logits(z, rule)
@@ -193,10 +203,10 @@ def test_forced_routing_follows_positions_through_a_crop(prompt):
     with Engine(net, forced=ForcedRouting(net, table)) as eng:
         kv = new_cache(net)
         eng.prefill(kv, prompt[:10])
-        v = eng.forward(kv, prompt[10:14])            # positions 10..13
+        v = eng.forward(kv, prompt[10:14])  # positions 10..13
         assert np.array_equal(np.sort(v.routing, -1), np.sort(table[10:14], -1))
         crop_cache(kv, 11)
-        v = eng.forward(kv, prompt[11:13])            # positions 11..12 again
+        v = eng.forward(kv, prompt[11:13])  # positions 11..12 again
         assert np.array_equal(np.sort(v.routing, -1), np.sort(table[11:13], -1))
 
 

@@ -40,13 +40,22 @@ from specmoe.routing.trace import RoutingTrace, save_trace
 # Reference routing processes and solvers
 
 
-def sticky_trace(T: int, L: int, N: int, m: int, stick, *, alpha: float = 2.0, seed: int = 0,
-                 doc_len: int | None = None) -> RoutingTrace:
+def sticky_trace(
+    T: int,
+    L: int,
+    N: int,
+    m: int,
+    stick,
+    *,
+    alpha: float = 2.0,
+    seed: int = 0,
+    doc_len: int | None = None,
+) -> RoutingTrace:
     """Each of the previous token's experts stays with probability stick[l]; the free slots are
     drawn without replacement from the other experts with fixed popularity weights (Gumbel
     top-k). A first-order process with skewed popularity and decaying overlap."""
     rng = np.random.default_rng(seed)
-    logw = np.log(rng.dirichlet(np.full(N, alpha), size=L))        # [L, N]
+    logw = np.log(rng.dirichlet(np.full(N, alpha), size=L))  # [L, N]
     stick = np.asarray(stick, dtype=float)[:, None]
     out = np.empty((T, L, m), dtype=np.int16)
     prev = None
@@ -78,9 +87,14 @@ def dual_maxent(M: np.ndarray) -> np.ndarray:
         mean = F.T @ q
         return a.max() + np.log(w.sum()) - th @ c, mean - c, (F.T * q) @ F - np.outer(mean, mean)
 
-    res = scipy.optimize.minimize(lambda t: parts(t)[0], np.zeros(F.shape[1]),
-                                  jac=lambda t: parts(t)[1], hess=lambda t: parts(t)[2],
-                                  method="trust-exact", options={"gtol": 1e-12})
+    res = scipy.optimize.minimize(
+        lambda t: parts(t)[0],
+        np.zeros(F.shape[1]),
+        jac=lambda t: parts(t)[1],
+        hess=lambda t: parts(t)[2],
+        method="trust-exact",
+        options={"gtol": 1e-12},
+    )
     a = F @ res.x
     q = np.exp(a - a.max())
     return q / q.sum()
@@ -104,7 +118,7 @@ def naive_union(trace: RoutingTrace, n: int) -> np.ndarray:
         for t in range(a, b - n + 1):
             cnt += 1
             for layer in range(L):
-                tot[layer] += len(set(trace.experts[t:t + n, layer].ravel().tolist()))
+                tot[layer] += len(set(trace.experts[t : t + n, layer].ravel().tolist()))
     return tot / cnt
 
 
@@ -124,7 +138,7 @@ def sticky_split():
 @given(n=st.integers(2, 5), seed=st.integers(0, 2**31 - 1))
 def test_ipf_matches_convex_dual_solver(n, seed):
     rng = np.random.default_rng(seed)
-    Q = rng.dirichlet(np.full(2**n, 0.7)) * 0.98 + 0.02 / 2**n     # interior: every pattern > 0
+    Q = rng.dirichlet(np.full(2**n, 0.7)) * 0.98 + 0.02 / 2**n  # interior: every pattern > 0
     M = moments_of(Q, n)
     sol = ipf_pairwise(M[None], tol=1e-13, max_iter=20000)
     assert sol.status[0] == STATUS_CONVERGED
@@ -141,13 +155,20 @@ def test_stationary_window_matches_dual_and_ipfn():
     M = stationary_moments([p], c[None], 4)[0]
     sol = solve_windows(np.array([p]), c[None], 4, tol=1e-13)
     np.testing.assert_allclose(sol.probs[0], dual_maxent(M), atol=1e-8, rtol=0)
-    tables = [np.array([[1 - 2 * p + c[k - i - 1], p - c[k - i - 1]],
-                        [p - c[k - i - 1], c[k - i - 1]]])
-              for i, k in itertools.combinations(range(4), 2)]
+    tables = [
+        np.array([[1 - 2 * p + c[k - i - 1], p - c[k - i - 1]], [p - c[k - i - 1], c[k - i - 1]]])
+        for i, k in itertools.combinations(range(4), 2)
+    ]
     dims = [[i, k] for i, k in itertools.combinations(range(4), 2)]
     with contextlib.redirect_stdout(io.StringIO()):
-        ref = ipfn.ipfn.ipfn(np.full((2,) * 4, 1 / 16), tables, dims, convergence_rate=1e-12,
-                             max_iteration=5000, rate_tolerance=0).iteration()
+        ref = ipfn.ipfn.ipfn(
+            np.full((2,) * 4, 1 / 16),
+            tables,
+            dims,
+            convergence_rate=1e-12,
+            max_iteration=5000,
+            rate_tolerance=0,
+        ).iteration()
     np.testing.assert_allclose(sol.probs[0], ref.reshape(-1), atol=1e-9, rtol=0)
 
 
@@ -163,22 +184,24 @@ def test_independent_constraints_give_product_law(p, n):
 
 
 @settings(max_examples=30, deadline=None)
-@given(p=st.floats(0.01, 0.5), r=st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5),
-       n=st.integers(2, 6))
+@given(
+    p=st.floats(0.01, 0.5),
+    r=st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5),
+    n=st.integers(2, 6),
+)
 def test_solution_is_a_reversal_symmetric_law_with_its_moments(p, r, n):
     # a stationary first-order chain has feasible lagged moments: c(j) = p P(x_j=1 | x_0=1)
-    stay = r[0] * (1 - p) + p                       # P(1 -> 1) >= p: positive correlation
-    a = (p - p * stay) / (1 - p)                    # P(0 -> 1) keeps p stationary
+    stay = r[0] * (1 - p) + p  # P(1 -> 1) >= p: positive correlation
+    a = (p - p * stay) / (1 - p)  # P(0 -> 1) keeps p stationary
     lam = stay - a
     c = np.array([p * (p + (1 - p) * lam**j) for j in range(1, n)])
     sol = solve_windows(np.array([p]), c[None], n, max_iter=20000)
-    if sol.status[0] != STATUS_CONVERGED:           # solutions on the boundary: only approached
+    if sol.status[0] != STATUS_CONVERGED:  # solutions on the boundary: only approached
         assert sol.max_violation[0] < 1e-6
         return
     q = sol.probs[0]
     assert q.min() >= 0 and q.sum() == pytest.approx(1, abs=1e-12)
-    np.testing.assert_allclose(moments_of(q, n), stationary_moments([p], c[None], n)[0],
-                               atol=1e-9)
+    np.testing.assert_allclose(moments_of(q, n), stationary_moments([p], c[None], n)[0], atol=1e-9)
     rev = q.reshape((2,) * n).transpose(tuple(range(n))[::-1]).reshape(-1)
     np.testing.assert_allclose(q, rev, atol=1e-8)
 
@@ -197,13 +220,21 @@ def test_prediction_moves_edge_estimates_into_the_valid_box():
     # an always-active run measured over pairs can put c a hair above p: clipped and counted
     pop = np.full((1, 4), 0.5)
     co = np.array([[[0.5005, 0.2, 0.1, 0.4]], [[0.3, 0.2, 0.1, 0.3]]]).reshape(1, 2, 4)
-    pred = predict_union(ExpertMoments(num_experts=4, top_k=2, popularity=pop,
-                                       coactivation=co), max_n=3, bins=4)
+    pred = predict_union(
+        ExpertMoments(num_experts=4, top_k=2, popularity=pop, coactivation=co), max_n=3, bins=4
+    )
     assert pred.clipped == 1 and np.all(np.isfinite(pred.predicted))
     # the same as predicting from the clipped target c = p
-    ref = predict_union(ExpertMoments(num_experts=4, top_k=2, popularity=pop,
-                                      coactivation=np.where(co > pop[:, None], 0.5, co)),
-                        max_n=3, bins=4)
+    ref = predict_union(
+        ExpertMoments(
+            num_experts=4,
+            top_k=2,
+            popularity=pop,
+            coactivation=np.where(co > pop[:, None], 0.5, co),
+        ),
+        max_n=3,
+        bins=4,
+    )
     np.testing.assert_allclose(pred.predicted, ref.predicted, atol=1e-8)
 
 
@@ -230,7 +261,9 @@ def test_coactivation_counts_match_brute_force():
                 continue
             npair += 1
             for layer in range(2):
-                for e in set(tr.experts[t, layer].tolist()) & set(tr.experts[t + j, layer].tolist()):
+                for e in set(tr.experts[t, layer].tolist()) & set(
+                    tr.experts[t + j, layer].tolist()
+                ):
                     ref[layer, e] += 1
         assert pairs[j - 1] == npair
         np.testing.assert_array_equal(counts[:, j - 1], ref)
@@ -353,8 +386,19 @@ def test_cli_json_is_clean_and_complete(tmp_path, capsys, sticky_split):
     fit, val = sticky_split
     save_trace(fit, tmp_path / "fit.npz")
     save_trace(val, tmp_path / "val.npz")
-    rc = main(["ipf", str(tmp_path / "fit.npz"), "--validate", str(tmp_path / "val.npz"),
-               "--max-n", "5", "--json", "--out", str(tmp_path / "out")])
+    rc = main(
+        [
+            "ipf",
+            str(tmp_path / "fit.npz"),
+            "--validate",
+            str(tmp_path / "val.npz"),
+            "--max-n",
+            "5",
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)
     assert rec["n"] == [2, 3, 4, 5] and rec["variant"] == "skewed"
@@ -377,8 +421,19 @@ def test_cli_json_is_clean_and_complete(tmp_path, capsys, sticky_split):
 def test_cli_rejects_mismatched_validation_trace(tmp_path, capsys, sticky_split):
     save_trace(sticky_split[0], tmp_path / "fit.npz")
     save_trace(sticky_split[0].select_layers([0, 1]), tmp_path / "two.npz")
-    assert main(["ipf", str(tmp_path / "fit.npz"), "--validate", str(tmp_path / "two.npz"),
-                 "--max-n", "3"]) == 2
+    assert (
+        main(
+            [
+                "ipf",
+                str(tmp_path / "fit.npz"),
+                "--validate",
+                str(tmp_path / "two.npz"),
+                "--max-n",
+                "3",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--validate" in err and len(err.strip().splitlines()) == 1
 
@@ -417,16 +472,19 @@ def test_random_hf_model_traces(tmp_path, tiny_moe, byte_tok):
     from specmoe.engine.capture import capture_documents
     from specmoe.routing.trace import open_trace
 
-    model = tiny_moe("olmoe", seed=1, num_experts=64, top_k=8, num_layers=4, hidden=64,
-                     context=1024)
+    model = tiny_moe(
+        "olmoe", seed=1, num_experts=64, top_k=8, num_layers=4, hidden=64, context=1024
+    )
 
     def docs(split, k):
         return [(n, t.encode()[:600].decode("utf-8", "ignore")) for n, t in documents(split)[:k]]
 
-    fit = capture_documents(model, byte_tok, docs("fit", 50), tmp_path / "fit", progress=False,
-                            max_context=1024)
-    val = capture_documents(model, byte_tok, docs("validation", 25), tmp_path / "val",
-                            progress=False, max_context=1024)
+    fit = capture_documents(
+        model, byte_tok, docs("fit", 50), tmp_path / "fit", progress=False, max_context=1024
+    )
+    val = capture_documents(
+        model, byte_tok, docs("validation", 25), tmp_path / "val", progress=False, max_context=1024
+    )
     emp = compute_stats(open_trace(val), max_n=9, max_lag=1).union[:, 1:].mean(axis=0)
     pooled = predict_union(fit_moments(open_trace(fit), max_lag=8), max_n=9)
     mixed = predict_union(fit_document_moments(open_trace(fit), max_lag=8), max_n=9)

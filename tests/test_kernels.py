@@ -44,8 +44,11 @@ class ContractMixin:
             try:
                 return f(*a, **k)
             except (RuntimeError, NotImplementedError) as exc:
-                pytest.skip(f"{self.kernel} refuses this input on this device: "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                pytest.skip(
+                    f"{self.kernel} refuses this input on this device: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                )
+
         return guarded
 
     @pytest.mark.parametrize("pattern", PATTERNS)
@@ -59,8 +62,11 @@ class ContractMixin:
         assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.float32]
 
     @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-    @pytest.mark.parametrize("shape", [(1, 8, 12), (3, 8, 16), (9, 4, 10), (16, 8, 24)],
-                             ids=lambda s: "n{}-m{}-N{}".format(*s))
+    @pytest.mark.parametrize(
+        "shape",
+        [(1, 8, 12), (3, 8, 16), (9, 4, 10), (16, 8, 24)],
+        ids=lambda s: "n{}-m{}-N{}".format(*s),
+    )
     def test_matches_reference_half(self, shape, dtype):
         if dtype not in self.dtypes:
             pytest.skip(f"{self.kernel} does not take {dtype}")
@@ -72,8 +78,9 @@ class ContractMixin:
 
     @pytest.mark.parametrize("pattern", ["random", "same_set"])
     def test_oai_activation_with_biases(self, pattern):
-        x, wgu, wd, ids, w, b = make_case(6, 4, 9, pattern, torch.float32, bias=True,
-                                          device=self.device)
+        x, wgu, wd, ids, w, b = make_case(
+            6, 4, 9, pattern, torch.float32, bias=True, device=self.device
+        )
         x = x * 8  # reach both clamps of swiglu_oai
         y = self.fn()(x, wgu, wd, ids, w, activation="swiglu_oai", **b)
         ref = reference.expert_op(x, wgu, wd, ids, w, activation="swiglu_oai", **b)
@@ -107,8 +114,20 @@ class ContractMixin:
             self.fn()(x, wgu, wd, ids, w)
         assert "\n" not in str(exc.value)
 
-    @pytest.mark.parametrize("what", ["x", "w_down", "ids", "weights", "w_gate_up_odd",
-                                      "dtype", "float_ids", "activation", "bias"])
+    @pytest.mark.parametrize(
+        "what",
+        [
+            "x",
+            "w_down",
+            "ids",
+            "weights",
+            "w_gate_up_odd",
+            "dtype",
+            "float_ids",
+            "activation",
+            "bias",
+        ],
+    )
     def test_bad_shapes_are_one_line_errors(self, what):
         x, wgu, wd, ids, w, _ = make_case(3, 2, 7, "random", torch.float32, device=self.device)
         kw = {}
@@ -134,11 +153,19 @@ class ContractMixin:
             self.fn()(x, wgu, wd, ids, w, **kw)
         msg = str(exc.value)
         assert "\n" not in msg and msg.split(":")[0] in {
-            "x", "w_down", "ids", "weights", "w_gate_up", "w_gate_up/w_down", "activation",
-            "b_down"}
+            "x",
+            "w_down",
+            "ids",
+            "weights",
+            "w_gate_up",
+            "w_gate_up/w_down",
+            "activation",
+            "b_down",
+        }
 
 
 # -------------------------------------------------------------------------------- CPU classes
+
 
 class TestPerSlotCPU(ContractMixin):
     kernel = "per_slot"
@@ -174,11 +201,14 @@ class TestHFEagerCPU(ContractMixin):
 
 # ------------------------------------------------------------------------------- CUDA classes
 
+
 class _CUDAContract(ContractMixin):
     """The contract on a CUDA GPU (subclasses inherit the markers; skipped without a GPU)."""
 
-    pytestmark: ClassVar = [pytest.mark.cuda,
-                            pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+    pytestmark: ClassVar = [
+        pytest.mark.cuda,
+        pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU"),
+    ]
     device = "cuda"
 
 
@@ -216,8 +246,9 @@ def test_cuda_triton_kernels_did_not_fall_back():
 
     if cuda.triton_module() is None:
         pytest.skip("Triton is not installed")
-    x, wgu, wd, ids, w, _ = make_case(9, 8, 64, "random", torch.bfloat16, h=256, inter=128,
-                                      device="cuda")
+    x, wgu, wd, ids, w, _ = make_case(
+        9, 8, 64, "random", torch.bfloat16, h=256, inter=128, device="cuda"
+    )
     for name in ("per_slot", "dedup"):
         y = getattr(cuda, name)(x, wgu, wd, ids, w)
         assert name not in cuda._failed
@@ -226,13 +257,13 @@ def test_cuda_triton_kernels_did_not_fall_back():
 
 # ------------------------------------------------------------------------ independent oracles
 
+
 def test_reference_matches_transformers_olmoe_module():
     """Our swiglu layout is transformers' OLMoE experts module, run as transformers runs it."""
     from transformers import OlmoeConfig
     from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
 
-    cfg = OlmoeConfig(hidden_size=32, intermediate_size=24, num_experts=10,
-                      num_experts_per_tok=4)
+    cfg = OlmoeConfig(hidden_size=32, intermediate_size=24, num_experts=10, num_experts_per_tok=4)
     cfg._experts_implementation = "eager"
     mod = OlmoeExperts(cfg)
     x, wgu, wd, ids, w, _ = make_case(6, 4, 10, "random", torch.float32)
@@ -248,8 +279,9 @@ def test_reference_matches_transformers_gpt_oss_module():
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
 
-    cfg = GptOssConfig(hidden_size=32, intermediate_size=24, num_local_experts=10,
-                       num_experts_per_tok=4)
+    cfg = GptOssConfig(
+        hidden_size=32, intermediate_size=24, num_local_experts=10, num_experts_per_tok=4
+    )
     cfg._experts_implementation = "eager"
     mod = GptOssExperts(cfg)
     assert (mod.alpha, mod.limit) == (OAI_ALPHA, OAI_LIMIT)
@@ -263,8 +295,9 @@ def test_reference_matches_transformers_gpt_oss_module():
     with torch.no_grad():
         hf = mod(x, ids, w)
         wgu, wd, bgu = from_gpt_oss_layout(mod.gate_up_proj, mod.down_proj, mod.gate_up_proj_bias)
-        ours = reference.expert_op(x, wgu, wd, ids, w, activation="swiglu_oai", b_gate_up=bgu,
-                                   b_down=mod.down_proj_bias)
+        ours = reference.expert_op(
+            x, wgu, wd, ids, w, activation="swiglu_oai", b_gate_up=bgu, b_down=mod.down_proj_bias
+        )
     assert rel_err(hf, ours) < 1e-6
 
 
@@ -281,6 +314,7 @@ def test_activation_formulas_by_hand():
 
 
 # ------------------------------------------------------------------------------- C specifics
+
 
 def test_c_kernels_are_bitwise_deterministic_across_threads():
     """Rows are split between threads, so each output is summed in one fixed order."""
@@ -344,6 +378,7 @@ def test_build_goes_to_the_cache_dir_and_a_bad_compiler_warns(monkeypatch, tmp_p
 
 
 # ---------------------------------------------------------------------------------- registry
+
 
 def test_registry_unknown_name_lists_valid_ones():
     with pytest.raises(InputError, match="choose from reference, per_slot, dedup"):

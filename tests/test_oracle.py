@@ -87,8 +87,9 @@ def _instance(seed, n, k_max, *, deterministic=False):
 @given(st.integers(1, 5), st.integers(1, 3), st.integers(0, 2**31 - 1))
 def test_dp_equals_best_markov_policy(n, k_max, seed):
     cost, q = _instance(seed, n, k_max)
-    best = min(_policy_cost(p, cost, q, n, k_max)
-               for p in itertools.product(range(k_max + 1), repeat=n))
+    best = min(
+        _policy_cost(p, cost, q, n, k_max) for p in itertools.product(range(k_max + 1), repeat=n)
+    )
     sol = _solve_both(cost, q, n)
     assert sol.total[0] == pytest.approx(best, rel=1e-12)
     assert _policy_cost(sol.policy[0], cost, q, n, k_max) == pytest.approx(best, rel=1e-12)
@@ -112,7 +113,7 @@ def test_batched_generations_equal_separate_solves():
     q = rng.uniform(0, 1, (4, n + k_max + 1))
     joint = solve(cost, q, lengths)
     for g, n_g in enumerate(lengths):
-        alone = solve(cost[g:g + 1, :n_g], q[g:g + 1, :n_g + k_max + 1], np.array([n_g]))
+        alone = solve(cost[g : g + 1, :n_g], q[g : g + 1, : n_g + k_max + 1], np.array([n_g]))
         assert joint.total[g] == pytest.approx(alone.total[0], rel=1e-12)
         np.testing.assert_array_equal(joint.policy[g, :n_g], alone.policy[0])
         assert (joint.policy[g, n_g:] == 0).all()
@@ -165,14 +166,18 @@ def test_window_union_brute_force(t, layers, k_max, seed):
     rng = np.random.default_rng(seed)
     n_exp = int(rng.integers(2, 130))
     top_k = int(rng.integers(1, min(n_exp, 4) + 1))
-    ids = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
-                    for _ in range(t)])
+    ids = np.stack(
+        [
+            np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
+            for _ in range(t)
+        ]
+    )
     starts = np.arange(t)
     ends = np.full(t, t)
     got = window_union(ids, starts, ends, k_max, n_exp)
     for s in range(t):
         for k in range(k_max + 1):
-            rows = ids[s:min(s + k, t - 1) + 1]
+            rows = ids[s : min(s + k, t - 1) + 1]
             want = np.mean([len(set(rows[:, layer].ravel())) for layer in range(layers)])
             assert got[s, k] == pytest.approx(want)
 
@@ -187,7 +192,7 @@ def test_counterfactual_against_a_replay_of_the_rounds(synth):
         ref, q, pos = [], {}, 0
         for r in rows:  # replay: the reference tokens' routing and each drafted outcome
             m = int(top["accepted"][r])
-            ref.extend(top.routing_of(r)[:m + 1])
+            ref.extend(top.routing_of(r)[: m + 1])
             for d in range(1, min(m + 1, k_max) + 1):
                 q[pos + d] = 1.0 if d <= m else 0.0
             pos += m + 1
@@ -195,7 +200,7 @@ def test_counterfactual_against_a_replay_of_the_rounds(synth):
         ref = np.array(ref)
         for i in range(0, pos, 3):
             for k in range(k_max + 1):
-                win = ref[i:min(i + k, pos - 1) + 1]
+                win = ref[i : min(i + k, pos - 1) + 1]
                 want = np.mean([len(set(win[:, layer].ravel())) for layer in range(win.shape[1])])
                 assert cf.union[g, i, k] == pytest.approx(want)
         for j, v in q.items():
@@ -254,8 +259,14 @@ def _brute_quadrants(x, y):
         elif a == 0 or b == 0:
             out["axes"] += 1
         else:
-            out[{(True, True): "I", (False, True): "II", (False, False): "III",
-                 (True, False): "IV"}[(a > 0, b > 0)]] += 1
+            out[
+                {
+                    (True, True): "I",
+                    (False, True): "II",
+                    (False, False): "III",
+                    (True, False): "IV",
+                }[(a > 0, b > 0)]
+            ] += 1
     return out
 
 
@@ -295,7 +306,7 @@ def test_monotone_costs_leave_quadrants_two_and_four_empty(n, k_max, seed):
         k_star = sol.policy[0, i]
         for k in range(k_max + 1):
             w = sol.value[0]
-            exp_next = w[i + 1] + np.sum(s[0, i, 1:k + 1] * np.diff(w[i + 1:i + k + 2]))
+            exp_next = w[i + 1] + np.sum(s[0, i, 1 : k + 1] * np.diff(w[i + 1 : i + k + 2]))
             assert cost[0, i, k] + exp_next >= sol.value[0, i] - 1e-9
         assert ea[i, k_star] <= k_star
 
@@ -323,8 +334,19 @@ def runs_dir(tmp_path_factory, synth):
 
 
 def test_cli_oracle_json(runs_dir, capsys, tmp_path):
-    rc = main(["oracle", "--runs", str(runs_dir), "--json", "--n-boot", "19",
-               "--out", str(tmp_path / "out"), "--no-figures"])
+    rc = main(
+        [
+            "oracle",
+            "--runs",
+            str(runs_dir),
+            "--json",
+            "--n-boot",
+            "19",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-figures",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     d = json.loads(out)
@@ -377,20 +399,21 @@ def test_scalar_and_vectorised_paths_agree(monkeypatch):
     sca = solve(cost, q, lengths)
     np.testing.assert_allclose(sca.value, vec.value, rtol=1e-12)
     np.testing.assert_array_equal(sca.policy, vec.policy)
-    np.testing.assert_allclose(occupancy(sca.policy, s, lengths), vec_pi, rtol=1e-12,
-                               atol=1e-15)
+    np.testing.assert_allclose(occupancy(sca.policy, s, lengths), vec_pi, rtol=1e-12, atol=1e-15)
 
 
 def test_oracle_modules_import_numpy_and_scipy_only():
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "for m in ('torch', 'statsmodels', 'sklearn', 'pyarrow', 'matplotlib', 'pandas'):\n"
-            "    sys.modules[m] = None\n"
-            "import specmoe.roundlog, specmoe.oracle.analysis, specmoe.oracle.evaluate\n"
-            "import specmoe.oracle.cli, specmoe.oracle.policy_cli, specmoe.oracle.synthetic\n"
-            "import specmoe.report.oracle_figures\n")
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'statsmodels', 'sklearn', 'pyarrow', 'matplotlib', 'pandas'):\n"
+        "    sys.modules[m] = None\n"
+        "import specmoe.roundlog, specmoe.oracle.analysis, specmoe.oracle.evaluate\n"
+        "import specmoe.oracle.cli, specmoe.oracle.policy_cli, specmoe.oracle.synthetic\n"
+        "import specmoe.report.oracle_figures\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -401,8 +424,12 @@ def test_figures_are_written(synth, tmp_path):
 
     res = oracle_analysis(synth, l_max=4, tables=False)
     paths = write_oracle_figures(synth, res, tmp_path)
-    assert {p.name for p in paths} == {"oracle_bounds.png", "delta_space.png",
-                                       "verify_cost.png", "draft_time.png"}
+    assert {p.name for p in paths} == {
+        "oracle_bounds.png",
+        "delta_space.png",
+        "verify_cost.png",
+        "draft_time.png",
+    }
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -445,43 +472,71 @@ def _lookup_log(seed: int, budgets=(0, 1, 2, 4), tokens: int = 60, perfect: bool
 
     rng = np.random.default_rng(seed)
     motif = rng.integers(0, 12, 5)
-    seq = np.concatenate([rng.integers(0, 12, 8), motif, rng.integers(0, 12, 6), motif, motif,
-                          rng.integers(0, 12, 80)])
-    prompt, ref = seq[:6].tolist(), seq[6:6 + tokens + 1].tolist()
+    seq = np.concatenate(
+        [
+            rng.integers(0, 12, 8),
+            motif,
+            rng.integers(0, 12, 6),
+            motif,
+            motif,
+            rng.integers(0, 12, 80),
+        ]
+    )
+    prompt, ref = seq[:6].tolist(), seq[6 : 6 + tokens + 1].tolist()
     n_l, m, n_e = 2, 2, 8
-    route = np.stack([np.stack([rng.choice(n_e, m, replace=False) for _ in range(n_l)])
-                      for _ in range(len(ref))])                       # [pos, L, m]
+    route = np.stack(
+        [np.stack([rng.choice(n_e, m, replace=False) for _ in range(n_l)]) for _ in range(len(ref))]
+    )  # [pos, L, m]
     drafter = NgramDrafter(max_ngram=2)
     rows, lists = [], {"routing": [], "draft_tokens": [], "target_tokens": []}
     for budget in budgets:
         s, rnd = 0, 0
         while s < tokens:
             k_cap = min(budget, tokens - s - 1)
-            drafts = (ref[s + 1:s + 1 + k_cap] if perfect else
-                      drafter.propose(prompt + ref[:s + 1], k_cap).tokens)
+            drafts = (
+                ref[s + 1 : s + 1 + k_cap]
+                if perfect
+                else drafter.propose(prompt + ref[: s + 1], k_cap).tokens
+            )
             k = len(drafts)
             acc = 0
             while acc < k and drafts[acc] == ref[s + 1 + acc]:
                 acc += 1
-            tgt = ref[s + 1:s + 2 + acc] + rng.integers(0, 12, k - acc).tolist()
-            r = route[s:s + k + 1].copy()
+            tgt = ref[s + 1 : s + 2 + acc] + rng.integers(0, 12, k - acc).tolist()
+            r = route[s : s + k + 1].copy()
             for j in range(acc + 1, k + 1):
                 r[j] = [rng.choice(n_e, m, replace=False) for _ in range(n_l)]
-            rows.append({"run_id": f"k={budget}", "prompt_id": "p0",
-                         "generation_id": f"k={budget}/p0", "round": rnd, "k": k,
-                         "budget": budget, "accepted": acc, "context_len": len(prompt) + s})
+            rows.append(
+                {
+                    "run_id": f"k={budget}",
+                    "prompt_id": "p0",
+                    "generation_id": f"k={budget}/p0",
+                    "round": rnd,
+                    "k": k,
+                    "budget": budget,
+                    "accepted": acc,
+                    "context_len": len(prompt) + s,
+                }
+            )
             lists["routing"].append(r.ravel())
             lists["draft_tokens"].append(np.asarray(drafts, np.int64))
             lists["target_tokens"].append(np.asarray(tgt, np.int64))
             s, rnd = s + acc + 1, rnd + 1
-    data = {c: np.array([r[c] for r in rows], dtype=object if c.endswith("_id") else np.int64)
-            for c in rows[0]}
+    data = {
+        c: np.array([r[c] for r in rows], dtype=object if c.endswith("_id") else np.int64)
+        for c in rows[0]
+    }
     nr = len(rows)
     data["budget"] = data["budget"].astype(np.float64)
-    data.update(pass_size=data["k"] + 1, emitted=data["accepted"] + 1,
-                t_verify_ms=1.0 + 0.1 * data["k"] + rng.uniform(0, 0.01, nr),
-                u_mean=np.ones(nr), num_layers=np.full(nr, float(n_l)),
-                top_k=np.full(nr, float(m)), num_experts=np.full(nr, float(n_e)))
+    data.update(
+        pass_size=data["k"] + 1,
+        emitted=data["accepted"] + 1,
+        t_verify_ms=1.0 + 0.1 * data["k"] + rng.uniform(0, 0.01, nr),
+        u_mean=np.ones(nr),
+        num_layers=np.full(nr, float(n_l)),
+        top_k=np.full(nr, float(m)),
+        num_experts=np.full(nr, float(n_e)),
+    )
     packed = {}
     for c, vals in lists.items():
         off = np.concatenate([[0], np.cumsum([len(v) for v in vals])]).astype(np.int64)
@@ -496,22 +551,22 @@ def test_counterfactual_with_short_proposals_matches_the_replayed_drafter(seed):
 
     log, prompt, ref, _route = _lookup_log(seed)
     validate(log)
-    assert (log["k"] < log["budget"]).any()             # some rounds drafted fewer
+    assert (log["k"] < log["budget"]).any()  # some rounds drafted fewer
     cf = build_counterfactual(log)
-    assert cf.k_max == 4 and len(cf.length) == 1       # the budget, not the drafted count
+    assert cf.k_max == 4 and len(cf.length) == 1  # the budget, not the drafted count
     top = log.select(log["budget"] == 4)
     np.testing.assert_array_equal(cf.round_start, np.cumsum(top["emitted"]) - top["emitted"])
     drafter = NgramDrafter(max_ngram=2)
     n = int(cf.length[0])
     for r, s in enumerate(cf.round_start):
         d = int(top["k"][r])
-        assert cf.avail[0, s] == d                      # exact where a round started
-        want_d = len(drafter.propose(prompt + ref[:s + 1], min(4, n - s - 1)).tokens)
+        assert cf.avail[0, s] == d  # exact where a round started
+        want_d = len(drafter.propose(prompt + ref[: s + 1], min(4, n - s - 1)).tokens)
         assert want_d == d
         for k in range(5):
             kk = min(k, d)
             assert cf.accepted[r, k] == min(int(top["accepted"][r]), k)
-            win = top.routing_of(r)[:kk + 1]
+            win = top.routing_of(r)[: kk + 1]
             want = np.mean([len(set(win[:, layer].ravel())) for layer in range(2)])
             assert cf.union_recorded[r, k] == pytest.approx(want)
             assert cf.union[0, s, k] == cf.union[0, s, min(k, int(cf.avail[0, s]))]
@@ -529,12 +584,14 @@ def test_oracle_with_short_proposals_equals_enumerated_budget_sequences(seed):
 
     log, *_ = _lookup_log(seed)
     cf = build_counterfactual(log)
-    model = make_cost_model(log, "model", cf.k_max, fits=fit_verify_by_k(log),
-                            draft=fit_draft_time(log))
+    model = make_cost_model(
+        log, "model", cf.k_max, fits=fit_verify_by_k(log), draft=fit_draft_time(log)
+    )
     cost = oracle_costs(cf, model)
     feas = cf.feasible()
-    assert np.isinf(cost[~feas & (np.arange(cost.shape[1])[None, :, None]
-                                  < cf.length[:, None, None])]).all()
+    assert np.isinf(
+        cost[~feas & (np.arange(cost.shape[1])[None, :, None] < cf.length[:, None, None])]
+    ).all()
     n = int(cf.length[0])
     summary, sol, _ = summarise(cost, cf.q, cf.length)
     assert (sol.policy[0, :n] <= cf.avail[0, :n]).all()
@@ -563,14 +620,14 @@ def test_log_without_budgets_counts_rounds_cut_by_the_token_limit():
     log, *_ = _lookup_log(0, budgets=(0, 3), tokens=42, perfect=True)
     legacy = without_budget(log)
     cut = (legacy["k"] < 3) & (legacy["k"] > 0)
-    assert cut.any()                                   # the limit cut the last rounds
+    assert cut.any()  # the limit cut the last rounds
     cf, cf_b = build_counterfactual(legacy), build_counterfactual(log)
     assert len(cf.length) == 1 and cf.length[0] == 42
     np.testing.assert_array_equal(cf.avail, cf_b.avail)
     np.testing.assert_allclose(cf.union, cf_b.union)
     lookup, *_ = _lookup_log(0, budgets=(0, 4), tokens=60)
     mid = lookup.select(lookup["budget"] == 4)
-    assert (mid["k"][:-3] < 4).any()                   # short proposals mid-generation
+    assert (mid["k"][:-3] < 4).any()  # short proposals mid-generation
     assert len(build_counterfactual(lookup).length) == 1
     with pytest.raises(InputError, match="largest budget"):
         build_counterfactual(without_budget(lookup))

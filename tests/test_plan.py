@@ -17,15 +17,24 @@ from specmoe.spec import ModelSpec
 
 stats_available = pytest.mark.skipif(
     not __import__("importlib").util.find_spec("specmoe.routing.stats"),
-    reason="routing statistics module not available")
+    reason="routing statistics module not available",
+)
 
 N, M, L, NMAX = 8, 2, 3, 6
 
 
 def toy_spec(**kw) -> ModelSpec:
-    args = dict(name="toy", num_experts=N, top_k=M, num_moe_layers=L, hidden_size=64,
-                expert_intermediate=32, bytes_per_weight=4.0, dense_params=50_000,
-                kv_elements_per_token=96)
+    args = dict(
+        name="toy",
+        num_experts=N,
+        top_k=M,
+        num_moe_layers=L,
+        hidden_size=64,
+        expert_intermediate=32,
+        bytes_per_weight=4.0,
+        dense_params=50_000,
+        kv_elements_per_token=96,
+    )
     args.update(kw)
     return ModelSpec(**args)
 
@@ -37,15 +46,28 @@ def toy_profile(spec: ModelSpec, *, n_max: int = NMAX, eps=(0.04, 0.06), dtype="
     bd = bs * np.linspace(0.95, 0.7, n_max)
     op = np.tile(np.linspace(1e-4, 3e-4, n_max), (L, 1))
     return BandwidthProfile(
-        model=spec.to_dict(), device="cpu", dtype=dtype, ceiling_gbps=40.0,
-        n=list(range(1, n_max + 1)), beta_slot=bs.tolist(), beta_dedup=bd.tolist(),
-        r=(bd / bs).tolist(), u_bar=[1.0] * n_max, reread_cost=0.5,
-        epsilon={"per_slot": eps[0], "dedup": eps[1]}, crossover=None,
-        fits={"per_slot": {"t_op": 1e-5, "c_u": 1e-10, "c_re": 5e-11},
-              "dedup": {"t_op": 1e-5, "c_g": 1e-10, "c_t": 1e-6}},
-        op_time={p: {"predicted": op.tolist(), "measured": op.tolist()}
-                 for p in ("per_slot", "dedup")},
-        layers=list(range(L)), device_name="test cpu")
+        model=spec.to_dict(),
+        device="cpu",
+        dtype=dtype,
+        ceiling_gbps=40.0,
+        n=list(range(1, n_max + 1)),
+        beta_slot=bs.tolist(),
+        beta_dedup=bd.tolist(),
+        r=(bd / bs).tolist(),
+        u_bar=[1.0] * n_max,
+        reread_cost=0.5,
+        epsilon={"per_slot": eps[0], "dedup": eps[1]},
+        crossover=None,
+        fits={
+            "per_slot": {"t_op": 1e-5, "c_u": 1e-10, "c_re": 5e-11},
+            "dedup": {"t_op": 1e-5, "c_g": 1e-10, "c_t": 1e-6},
+        },
+        op_time={
+            p: {"predicted": op.tolist(), "measured": op.tolist()} for p in ("per_slot", "dedup")
+        },
+        layers=list(range(L)),
+        device_name="test cpu",
+    )
 
 
 def sticky_union(n_max: int = NMAX, keep: float = 0.5) -> np.ndarray:
@@ -59,9 +81,15 @@ ACC = [F(0), F(1, 4), F(1, 2), F(13, 20), F(9, 10)]
 
 def test_build_plan_against_theory():
     spec = toy_spec()
-    plan = build_plan(spec, sticky_union(), toy_profile(spec), k_max=NMAX - 1, acceptance=ACC,
-                      draft_ms=[0.0] + [0.01 * k + 0.002 for k in range(1, NMAX)],
-                      expected_acceptance=F(13, 20))
+    plan = build_plan(
+        spec,
+        sticky_union(),
+        toy_profile(spec),
+        k_max=NMAX - 1,
+        acceptance=ACC,
+        draft_ms=[0.0] + [0.01 * k + 0.002 for k in range(1, NMAX)],
+        expected_acceptance=F(13, 20),
+    )
     d = plan.to_dict()
     for key in ("crossover", "step_points", "best_k", "speedup", "speedup_bound", "verify_ms"):
         assert key in d
@@ -86,10 +114,12 @@ def test_build_plan_against_theory():
             margin = d["bytes"]["mean_reuse"][k - 1] - thr
             if abs(margin) > 1e-9:
                 assert (margin > 0) == theory.speeds_up(Vd, a, k)
-    assert d["engine"]["settings"] == engine_settings(d["engine"]["best"]["draft_length"],
-                                                      d["crossover"])
+    assert d["engine"]["settings"] == engine_settings(
+        d["engine"]["best"]["draft_length"], d["crossover"]
+    )
     # Eq. (22) cross-check from the profile's operation times, tau(1) from Eq. (5)
     from specmoe.cost.step import whole_model_verify_time
+
     prof = toy_profile(spec)
     eq22 = whole_model_verify_time(prof, "dedup", vm.tau["per_slot"][0], num_layers=L) * 1e3
     assert d["verify_ms_eq22"]["dedup"] == pytest.approx(eq22.tolist(), rel=1e-12)
@@ -156,24 +186,47 @@ def inputs(tmp_path):
                 cur = rng.choice(N, M, replace=False)
             experts[t, layer] = cur
     trace_path = tmp_path / "trace.npz"
-    save_trace(RoutingTrace(experts=experts, doc_offsets=np.array([0, 120, T]), num_experts=N),
-               trace_path)
+    save_trace(
+        RoutingTrace(experts=experts, doc_offsets=np.array([0, 120, T]), num_experts=N), trace_path
+    )
     other = toy_spec(name="other", hidden_size=128)
     other_path = tmp_path / "other_profile.json"
     toy_profile(other).save(other_path)
-    return {"spec": str(spec_path), "profile": str(prof_path), "trace": str(trace_path),
-            "other": str(other_path), "tmp": tmp_path}
+    return {
+        "spec": str(spec_path),
+        "profile": str(prof_path),
+        "trace": str(trace_path),
+        "other": str(other_path),
+        "tmp": tmp_path,
+    }
 
 
 @stats_available
 def test_cli_json_and_out(inputs, capsys):
     out = inputs["tmp"] / "out"
-    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
-               inputs["profile"], "--k-max", "5", "--acceptance", "0.5,0.65,0.9", "--json",
-               "--out", str(out), "--draft-time", "0.01,0.002"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            inputs["spec"],
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["profile"],
+            "--k-max",
+            "5",
+            "--acceptance",
+            "0.5,0.65,0.9",
+            "--json",
+            "--out",
+            str(out),
+            "--draft-time",
+            "0.01,0.002",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
-    d = json.loads(captured.out)          # stdout holds the JSON and nothing else
+    d = json.loads(captured.out)  # stdout holds the JSON and nothing else
     assert d["acceptance"] == [0.5, 0.65, 0.9]
     assert set(d["best_k"]) == {"per_slot", "dedup", "best"}
     assert len(d["step_points"]["best"]) == 5 and len(d["verify_ms"]["dedup"]) == 6
@@ -191,8 +244,19 @@ def test_cli_summary_and_layer_mapping(inputs, capsys):
     spec_path.write_text(json.dumps(big.to_dict()))
     prof_path = inputs["tmp"] / "p5.json"
     toy_profile(big).save(prof_path)
-    rc = main(["plan", "--model", str(spec_path), "--trace", inputs["trace"], "--bandwidth",
-               str(prof_path), "--k-max", "4"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(spec_path),
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            str(prof_path),
+            "--k-max",
+            "4",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "layer-mean" in captured.err
@@ -204,30 +268,68 @@ def test_cli_layers_cuts_the_spec(inputs, capsys):
     big = toy_spec(num_moe_layers=5, name="toy5")
     spec_path = inputs["tmp"] / "spec5l.json"
     spec_path.write_text(json.dumps(big.to_dict()))
-    rc = main(["plan", "--model", str(spec_path), "--layers", "3", "--trace", inputs["trace"],
-               "--bandwidth", inputs["profile"], "--k-max", "4", "--json"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(spec_path),
+            "--layers",
+            "3",
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["profile"],
+            "--k-max",
+            "4",
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     model = json.loads(captured.out)["model"]
     assert model["num_moe_layers"] == 3 and model["name"] == "toy5[3 layers]"
-    assert "layer-mean" not in captured.err          # 3 spec layers = the trace's 3 layers
-    rc = main(["plan", "--model", str(spec_path), "--layers", "9", "--trace", inputs["trace"],
-               "--bandwidth", inputs["profile"]])
+    assert "layer-mean" not in captured.err  # 3 spec layers = the trace's 3 layers
+    rc = main(
+        [
+            "plan",
+            "--model",
+            str(spec_path),
+            "--layers",
+            "9",
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["profile"],
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "--layers" in err
     assert len(err.splitlines()) == 1
 
 
 @stats_available
-@pytest.mark.parametrize("extra, word", [
-    (["--acceptance", "1.2"], "--acceptance"),
-    (["--k-max", "0"], "--k-max"),
-    (["--draft-time=-1,0"], "--draft-time"),
-    (["--expected-acceptance", "1"], "--expected-acceptance"),
-])
+@pytest.mark.parametrize(
+    "extra, word",
+    [
+        (["--acceptance", "1.2"], "--acceptance"),
+        (["--k-max", "0"], "--k-max"),
+        (["--draft-time=-1,0"], "--draft-time"),
+        (["--expected-acceptance", "1"], "--expected-acceptance"),
+    ],
+)
 def test_cli_bad_input_is_one_line(inputs, capsys, extra, word):
-    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
-               inputs["profile"], *extra])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            inputs["spec"],
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["profile"],
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and word in err
@@ -235,8 +337,17 @@ def test_cli_bad_input_is_one_line(inputs, capsys, extra, word):
 
 @stats_available
 def test_cli_profile_for_another_model(inputs, capsys):
-    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
-               inputs["other"]])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            inputs["spec"],
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["other"],
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "profile is for model 'other'" in err
     assert len(err.splitlines()) == 1
@@ -244,8 +355,19 @@ def test_cli_profile_for_another_model(inputs, capsys):
 
 @stats_available
 def test_cli_k_max_beyond_profile(inputs, capsys):
-    rc = main(["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
-               inputs["profile"], "--k-max", "7"])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            inputs["spec"],
+            "--trace",
+            inputs["trace"],
+            "--bandwidth",
+            inputs["profile"],
+            "--k-max",
+            "7",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "--k-max" in err[-1]
 
@@ -259,23 +381,26 @@ def test_default_profile_is_benchmarked_once_then_cached(inputs, capsys, monkeyp
 
     calls = []
 
-    def fake_run_benchmark(spec, *, trace=None, device="cpu", dtype="float32", quick=False,
-                           progress=True):
+    def fake_run_benchmark(
+        spec, *, trace=None, device="cpu", dtype="float32", quick=False, progress=True
+    ):
         calls.append((spec.name, device, dtype, quick, trace.num_layers))
         return toy_profile(spec, dtype=dtype)
 
-    monkeypatch.setitem(sys.modules, "specmoe.bench.run",
-                        types.SimpleNamespace(run_benchmark=fake_run_benchmark))
+    monkeypatch.setitem(
+        sys.modules, "specmoe.bench.run", types.SimpleNamespace(run_benchmark=fake_run_benchmark)
+    )
     monkeypatch.setenv("SPECMOE_CACHE_DIR", str(inputs["tmp"] / "cache"))
-    monkeypatch.setattr(plan_cli, "_default_trace", lambda: __import__("pathlib").Path(
-        inputs["trace"]))
+    monkeypatch.setattr(
+        plan_cli, "_default_trace", lambda: __import__("pathlib").Path(inputs["trace"])
+    )
     args = ["plan", "--model", inputs["spec"], "--k-max", "3", "--json"]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)
     assert calls == [("toy", "cpu", "float32", True, L)]
     cached = list((inputs["tmp"] / "cache" / "profiles").glob("toy-cpu-float32-*.json"))
     assert len(cached) == 1
-    assert main(args) == 0                      # second run: read from the cache
+    assert main(args) == 0  # second run: read from the cache
     second = json.loads(capsys.readouterr().out)
     assert len(calls) == 1
     assert second["step_points"] == first["step_points"]
@@ -298,6 +423,7 @@ def test_cost_imports_without_torch_or_matplotlib():
         "sys.meta_path.insert(0, Block())\n"
         "import specmoe.cost.theory, specmoe.cost.bytes, specmoe.cost.step\n"
         "import specmoe.cost.bounds, specmoe.cost.plan, specmoe.cost.plan_cli\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')))\n")
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

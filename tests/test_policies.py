@@ -30,15 +30,15 @@ def _smallest_argmax(values):
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.integers(0, 4), max_size=12), st.integers(0, 2**31 - 1),
-       st.floats(0.5, 1.0))
+@given(st.lists(st.integers(0, 4), max_size=12), st.integers(0, 2**31 - 1), st.floats(0.5, 1.0))
 def test_staircase_picks_the_theory_best_for_the_online_rate(ks, seed, decay):
     rng = np.random.default_rng(seed)
     history = [(k, int(rng.integers(0, k + 1))) for k in ks]
     v = np.cumsum(rng.uniform(0.5, 3.0, 5)) + 5.0
 
-    pol = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
-                          probe_every=10**6)
+    pol = StaircasePolicy(
+        lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0, probe_every=10**6
+    )
     state = RoundState(0, 100, history)
     a = _ewma_brute(history, decay, 0.4, 2.0)
     assert pol.rate(state) == pytest.approx(a)
@@ -48,8 +48,7 @@ def test_staircase_picks_the_theory_best_for_the_online_rate(ks, seed, decay):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=14),
-       st.floats(0.5, 1.0))
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), max_size=14), st.floats(0.5, 1.0))
 def test_markov_staircase_keeps_one_rate_per_state(rounds, decay):
     history = [(k, min(a, k)) for k, a in rounds]
     # by hand: each drafted round belongs to the state left by the drafted round before it
@@ -60,18 +59,21 @@ def test_markov_staircase_keeps_one_rate_per_state(rounds, decay):
             cur = "hot" if a == k else "cold"
     want = _ewma_brute(groups[cur], decay, 0.4, 2.0)
     v = np.array([5.0, 6.5, 7.5, 8.2, 9.0])
-    pol = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
-                          probe_every=10**6, markov=True)
+    pol = StaircasePolicy(
+        lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0, probe_every=10**6, markov=True
+    )
     assert pol.name == "staircase-markov"
-    for i in range(len(history) + 1):          # called round by round, as an engine does
+    for i in range(len(history) + 1):  # called round by round, as an engine does
         got = pol.rate(RoundState(0, 100, history[:i]))
     assert got == pytest.approx(want)
-    fresh = StaircasePolicy(lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0,
-                            probe_every=10**6, markov=True)
-    assert fresh.rate(RoundState(0, 100, history)) == pytest.approx(want)   # all at once
+    fresh = StaircasePolicy(
+        lambda _ctx: v, decay=decay, prior=0.4, prior_weight=2.0, probe_every=10**6, markov=True
+    )
+    assert fresh.rate(RoundState(0, 100, history)) == pytest.approx(want)  # all at once
     g = [(1 - want ** (k + 1)) / (1 - want) for k in range(5)]
     assert fresh.choose(RoundState(0, 100, history)) == _smallest_argmax(
-        [gk / vk for gk, vk in zip(g, v, strict=True)])
+        [gk / vk for gk, vk in zip(g, v, strict=True)]
+    )
 
 
 def test_staircase_probes_after_a_run_of_zeros():
@@ -81,8 +83,9 @@ def test_staircase_probes_after_a_run_of_zeros():
 
 
 def test_ewma_resets_for_a_new_generation():
-    pol = StaircasePolicy(lambda _ctx: np.array([1.0, 1.1, 1.2]), decay=1.0, prior=0.5,
-                          prior_weight=2.0)
+    pol = StaircasePolicy(
+        lambda _ctx: np.array([1.0, 1.1, 1.2]), decay=1.0, prior=0.5, prior_weight=2.0
+    )
     assert pol.rate(RoundState(0, 0, [(2, 2)] * 5)) == pytest.approx(11 / 12)
     assert pol.rate(RoundState(0, 0, [(2, 0)])) == pytest.approx(1 / 3)  # shorter: fresh
 
@@ -139,8 +142,10 @@ def test_fixed_k_simulation_matches_the_exact_expectation(cf):
         pol = np.full((len(cf.length), n), k, dtype=np.int8)
         pi = occupancy(pol, s, cf.length)
         exact = float((pi * cost[:, :, k]).sum())
-        sims = [simulate(FixedK(k), cf, cost, rng=np.random.default_rng(r),
-                         fill_confidence=0.5)[0] for r in range(30)]
+        sims = [
+            simulate(FixedK(k), cf, cost, rng=np.random.default_rng(r), fill_confidence=0.5)[0]
+            for r in range(30)
+        ]
         assert np.mean(sims) == pytest.approx(exact, rel=0.01)
 
 
@@ -162,8 +167,12 @@ class _Replay:
 def test_the_oracle_policy_simulates_to_its_value(cf):
     cost = _cost(cf, 1)
     sol = solve(cost, cf.q, cf.length)
-    sims = [simulate(_Replay(sol.policy, cf), cf, cost, rng=np.random.default_rng(r),
-                     fill_confidence=0.5)[0] for r in range(40)]
+    sims = [
+        simulate(
+            _Replay(sol.policy, cf), cf, cost, rng=np.random.default_rng(r), fill_confidence=0.5
+        )[0]
+        for r in range(40)
+    ]
     assert np.mean(sims) == pytest.approx(sol.total.sum(), rel=0.01)
 
 
@@ -191,8 +200,20 @@ def test_cli_policy_json_and_errors(tmp_path, synth, capsys):
     runs = tmp_path / "runs"
     for k in synth.budgets:
         write_round_log(synth.select(synth["k"] == k), runs / f"k{k}.parquet")
-    rc = main(["policy", "--runs", str(runs), "--json", "--repeats", "1", "--l-max", "2",
-               "--out", str(tmp_path / "pol")])
+    rc = main(
+        [
+            "policy",
+            "--runs",
+            str(runs),
+            "--json",
+            "--repeats",
+            "1",
+            "--l-max",
+            "2",
+            "--out",
+            str(tmp_path / "pol"),
+        ]
+    )
     cap = capsys.readouterr()
     assert rc == 0
     d = json.loads(cap.out)
@@ -219,8 +240,7 @@ def test_learned_inputs_are_the_cost_model_at_the_typical_union(synth):
     live = np.arange(cf.union.shape[1])[None, :] < cf.length[:, None]
     union = np.median(cf.union[live], axis=0)
     for ctx in (0.0, 700.0):
-        want = [m.beta0[k] + m.draft[k] + m.alpha[k] * union[k] + m.c[k] * ctx
-                for k in range(4)]
+        want = [m.beta0[k] + m.draft[k] + m.alpha[k] * union[k] + m.c[k] * ctx for k in range(4)]
         np.testing.assert_allclose(inp.step_times(ctx), want)
     assert inp.value_per_token > 0 and 0 < inp.prior < 1
     assert inp.marginal().value_per_token == inp.value_per_token
@@ -290,18 +310,27 @@ def test_a_confidence_policy_pays_for_the_draft_it_looked_at(cf):
     runs = {}
     for name, draft in (("free", None), ("paid", np.arange(k_max + 1) * 1.25)):
         rec = _Recorder(MarginalRule(v, 4.0, use_confidence=True))
-        t = simulate(rec, cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6,
-                     draft_ms=draft)[0]
+        t = simulate(
+            rec, cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6, draft_ms=draft
+        )[0]
         runs[name] = (t, rec.calls)
-    assert runs["free"][1] == runs["paid"][1]          # the same rounds: cost does not steer
-    stopped = sum(min(k, k_max, int(cf.avail[g, i])) < min(k_max, int(cf.avail[g, i]))
-                  for g, i, k in runs["paid"][1])
+    assert runs["free"][1] == runs["paid"][1]  # the same rounds: cost does not steer
+    stopped = sum(
+        min(k, k_max, int(cf.avail[g, i])) < min(k_max, int(cf.avail[g, i]))
+        for g, i, k in runs["paid"][1]
+    )
     assert stopped > 0
     assert runs["paid"][0] - runs["free"][0] == pytest.approx(1.25 * stopped)
     # a policy that does not read confidences never pays for looking
     t0 = simulate(FixedK(1), cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6)[0]
-    t1 = simulate(FixedK(1), cf, cost, rng=np.random.default_rng(5), fill_confidence=0.6,
-                  draft_ms=np.arange(k_max + 1) * 1.25)[0]
+    t1 = simulate(
+        FixedK(1),
+        cf,
+        cost,
+        rng=np.random.default_rng(5),
+        fill_confidence=0.6,
+        draft_ms=np.arange(k_max + 1) * 1.25,
+    )[0]
     assert t0 == t1
 
 
@@ -311,6 +340,5 @@ def test_policy_report_has_the_rate_only_oracle(synth):
     assert 1 - 1e-9 <= ro["s_max"] <= r["oracle"]["s_max"] + 1e-9
     # its budgets on the recorded outcomes: no better than the Oracle that knows them
     assert ro["speedup_on_recorded"] <= r["oracle"]["s_max"] * 1.02
-    assert ro["share_of_oracle"] == pytest.approx(ro["speedup_on_recorded"]
-                                                  / r["oracle"]["s_max"])
-    assert "marginal-calibrated" in r["policies"]             # the synthetic log has confidences
+    assert ro["share_of_oracle"] == pytest.approx(ro["speedup_on_recorded"] / r["oracle"]["s_max"])
+    assert "marginal-calibrated" in r["policies"]  # the synthetic log has confidences

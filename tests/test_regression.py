@@ -23,9 +23,14 @@ C_TRUE = 1.1e-3
 
 @pytest.fixture(scope="module")
 def log():
-    return synthetic_round_log(budgets=(0, 2, 3, 4, 6), n_prompts=12, tokens=80,
-                               categories={"a": 0.8, "b": 0.6, "c": 0.45}, seed=21,
-                               missing_draft=0.1)
+    return synthetic_round_log(
+        budgets=(0, 2, 3, 4, 6),
+        n_prompts=12,
+        tokens=80,
+        categories={"a": 0.8, "b": 0.6, "c": 0.45},
+        seed=21,
+        missing_draft=0.1,
+    )
 
 
 def test_per_budget_fits_recover_the_simulated_cost(log):
@@ -74,12 +79,24 @@ def test_cross_validation_exact_and_noise():
 
 
 def test_robustness_checks_resist_outliers():
-    log = synthetic_round_log(budgets=(4, 5), n_prompts=10, tokens=100, outlier_frac=0.02,
-                              categories={"a": 0.7, "b": 0.5}, seed=9)
+    log = synthetic_round_log(
+        budgets=(4, 5),
+        n_prompts=10,
+        tokens=100,
+        outlier_frac=0.02,
+        categories={"a": 0.7, "b": 0.5},
+        seed=9,
+    )
     rows = {r["check"].split(",")[0].split(" (")[0]: r for r in robustness(log, 4, n_boot=49)}
-    assert set(rows) == {"OLS", "Bootstrap by generation", "Huber regression",
-                         "1% outlier trimming", "First half of run", "Second half of run",
-                         "Leave one category out"}
+    assert set(rows) == {
+        "OLS",
+        "Bootstrap by generation",
+        "Huber regression",
+        "1% outlier trimming",
+        "First half of run",
+        "Second half of run",
+        "Leave one category out",
+    }
     truth = default_alpha(4)
     ols = abs(rows["OLS"]["alpha"] - truth)
     assert abs(rows["Huber regression"]["alpha"] - truth) < ols

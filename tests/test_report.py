@@ -34,19 +34,42 @@ def _results(tmp: Path) -> Path:
     res = tmp / "results"
     plan_path, runs = world(res)
     prof = load_profile(res / "profile.json")
-    U = np.array([[8 * (1 - 0.75 ** n) for n in range(1, 10)]] * 4)
+    U = np.array([[8 * (1 - 0.75**n) for n in range(1, 10)]] * 4)
     plan = build_plan(spec(), U, prof, k_max=8, acceptance=[0.2, 0.5, 0.8]).to_dict()
     plan["sources"] = {"bandwidth": {"path": str(res / "profile.json")}}
     plan_path.write_text(json.dumps(plan))
-    assert main(["validate", "--plan", str(plan_path), "--runs", str(runs),
-                 "--out", str(res / "validation")]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--plan",
+                str(plan_path),
+                "--runs",
+                str(runs),
+                "--out",
+                str(res / "validation"),
+            ]
+        )
+        == 0
+    )
     (res / "oracle").mkdir()
-    (res / "oracle" / "oracle.json").write_text(json.dumps(
-        {"l_max": [1, 2, 3], "s_max": [1.2, 1.4, 1.5], "mean_k": [1, 1.8, 2.4],
-         "mean_accepted": [0.7, 1.2, 1.5], "cap_rate": [0.7, 0.5, 0.4],
-         "rounds": [100, 80, 70], "plain_ms": 10.0, "tokens": 500}))
-    log = synthetic_round_log(budgets=(0, 2), n_prompts=2, tokens=30, num_layers=2,
-                              num_experts=8, top_k=2)
+    (res / "oracle" / "oracle.json").write_text(
+        json.dumps(
+            {
+                "l_max": [1, 2, 3],
+                "s_max": [1.2, 1.4, 1.5],
+                "mean_k": [1, 1.8, 2.4],
+                "mean_accepted": [0.7, 1.2, 1.5],
+                "cap_rate": [0.7, 0.5, 0.4],
+                "rounds": [100, 80, 70],
+                "plain_ms": 10.0,
+                "tokens": 500,
+            }
+        )
+    )
+    log = synthetic_round_log(
+        budgets=(0, 2), n_prompts=2, tokens=30, num_layers=2, num_experts=8, top_k=2
+    )
     write_round_log(log, res / "rounds" / "part-000000.parquet")
     (res / "broken").mkdir()
     (res / "broken" / "stats.json").write_text("{not json")
@@ -67,15 +90,27 @@ def test_report_sections_and_figures(results, tmp_path, capsys):
     assert main(["report", str(results), "--out", str(out), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["report"] == str(out)
-    assert info["found"] == {"plan": 1, "profile": 1, "runs": 2, "validation": 1,
-                             "oracle": 1, "rounds": 1, "routing": 1}
+    assert info["found"] == {
+        "plan": 1,
+        "profile": 1,
+        "runs": 2,
+        "validation": 1,
+        "oracle": 1,
+        "rounds": 1,
+        "routing": 1,
+    }
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>")
     for sec in ("validation", "plan", "profile", "routing", "runs", "oracle", "rounds"):
         assert f'id="sec-{sec}"' in page
     # the rules and which hold
-    for rid in ("kstar_within_one", "verify_error_prediction", "verify_error_calibrated",
-                "crossover_within_one", "saving_in_band"):
+    for rid in (
+        "kstar_within_one",
+        "verify_error_prediction",
+        "verify_error_calibrated",
+        "crossover_within_one",
+        "saving_in_band",
+    ):
         assert rid in page
     assert "every required rule holds" in page
     assert 'class="holds"' in page
@@ -127,16 +162,21 @@ def _png_size(path: Path) -> tuple[int, int]:
     return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
-@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser",
-                                                      "google-chrome")),
-                    reason="headless Chromium is not installed")
+@pytest.mark.skipif(
+    not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
+    reason="headless Chromium is not installed",
+)
 def test_report_renders_in_headless_chromium(results, tmp_path):
     page = tmp_path / "shot" / "report.html"
     assert main(["report", str(results), "--out", str(page)]) == 0
     png = tmp_path / "shot" / "report.png"
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "check_report.sh"), str(results),
-                           str(png)], env={"REPORT": str(page), "PATH": "/usr/bin:/bin"},
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "check_report.sh"), str(results), str(png)],
+        env={"REPORT": str(page), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _png_size(png) == (1200, 3000)
     from matplotlib.image import imread
@@ -151,14 +191,33 @@ def test_report_policies_section_has_the_table_and_figure(tmp_path):
     and of the rate-only Oracle) with a bar figure drawn when none lies beside it."""
     res = tmp_path / "res"
     (res / "pol").mkdir(parents=True)
-    d = {"oracle": {"s_max": 2.0}, "oracle_rate_only": {"s_max": 1.6}, "l_max": 4,
-         "plain_ms": 100.0, "training": {"prompts_held_out": 3, "prompts_training": 3,
-                                         "best_fixed_k": 2, "value_per_token_ms": 1.5,
-                                         "prior_acceptance": 0.7},
-         "policies": {"fixed-2": {"speedup": 1.2, "share_of_oracle": 0.6, "mean_k": 2.0,
-                                  "mean_accepted": 1.1},
-                      "staircase": {"speedup": 1.8, "share_of_oracle": 0.9, "mean_k": 2.5,
-                                    "mean_accepted": 1.5}}}
+    d = {
+        "oracle": {"s_max": 2.0},
+        "oracle_rate_only": {"s_max": 1.6},
+        "l_max": 4,
+        "plain_ms": 100.0,
+        "training": {
+            "prompts_held_out": 3,
+            "prompts_training": 3,
+            "best_fixed_k": 2,
+            "value_per_token_ms": 1.5,
+            "prior_acceptance": 0.7,
+        },
+        "policies": {
+            "fixed-2": {
+                "speedup": 1.2,
+                "share_of_oracle": 0.6,
+                "mean_k": 2.0,
+                "mean_accepted": 1.1,
+            },
+            "staircase": {
+                "speedup": 1.8,
+                "share_of_oracle": 0.9,
+                "mean_k": 2.5,
+                "mean_accepted": 1.5,
+            },
+        },
+    }
     (res / "pol" / "policies.json").write_text(json.dumps(d))
     out = tmp_path / "page.html"
     assert main(["report", str(res), "--out", str(out)]) == 0

@@ -22,17 +22,33 @@ from specmoe.roundlog import (
 
 
 def _round(rng, k, *, run="r", prompt="p0", rnd=0, layers=2, top_k=2, n_exp=8, acc=None):
-    routing = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
-                        for _ in range(k + 1)])
+    routing = np.stack(
+        [
+            np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
+            for _ in range(k + 1)
+        ]
+    )
     target = rng.integers(0, 100, k + 1)
     acc = int(rng.integers(0, k + 1)) if acc is None else acc
     draft = target[:k].copy()
     if acc < k:
         draft[acc] = (draft[acc] + 1) % 100
-    return dict(run_id=run, prompt_id=prompt, round=rnd, k=k, accepted=acc, t_verify_ms=5.0 + k,
-                t_draft_ms=0.5 * k, context_len=100 + rnd, routing=routing,
-                draft_tokens=draft, target_tokens=target, category="code", kernel="slot",
-                drafter="eagle")
+    return dict(
+        run_id=run,
+        prompt_id=prompt,
+        round=rnd,
+        k=k,
+        accepted=acc,
+        t_verify_ms=5.0 + k,
+        t_draft_ms=0.5 * k,
+        context_len=100 + rnd,
+        routing=routing,
+        draft_tokens=draft,
+        target_tokens=target,
+        category="code",
+        kernel="slot",
+        drafter="eagle",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +65,12 @@ def small_log():
 def test_pass_stats_brute_force(p, layers, top_k, seed):
     rng = np.random.default_rng(seed)
     n_exp = top_k + int(rng.integers(0, 6))
-    routing = np.stack([np.stack([rng.choice(n_exp, top_k, replace=False)
-                                  for _ in range(layers)]) for _ in range(p)])
+    routing = np.stack(
+        [
+            np.stack([rng.choice(n_exp, top_k, replace=False) for _ in range(layers)])
+            for _ in range(p)
+        ]
+    )
     u, e = pass_stats(routing, n_exp)
     want_u = np.mean([len(set(routing[:, layer].ravel())) for layer in range(layers)])
     want_e = max(max(Counter(routing[:, layer].ravel()).values()) for layer in range(layers))
@@ -58,8 +78,13 @@ def test_pass_stats_brute_force(p, layers, top_k, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=5), st.integers(0, 2)),
-                min_size=1, max_size=6))
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 2), max_size=5), st.integers(0, 2)),
+        min_size=1,
+        max_size=6,
+    )
+)
 def test_leading_match_brute_force(rounds):
     drafts, targets = [], []
     for draft, extra in rounds:
@@ -165,8 +190,9 @@ def test_synthetic_log_is_consistent(small_log):
 
 
 def test_synthetic_acceptance_matches_its_rate():
-    log = synthetic_round_log(budgets=(1,), n_prompts=40, tokens=200, burst=0.0,
-                              categories={"x": 0.6}, seed=5)
+    log = synthetic_round_log(
+        budgets=(1,), n_prompts=40, tokens=200, burst=0.0, categories={"x": 0.6}, seed=5
+    )
     # at K = 1 a round accepts its one draft with probability a: binomial, 4 sigma
     acc = log["accepted"]
     assert abs(acc.mean() - 0.6) < 4 * np.sqrt(0.24 / len(acc))
@@ -205,8 +231,13 @@ def test_reader_errors(tmp_path):
 
 
 def test_reader_rejects_empty_and_mistyped(tmp_path):
-    schema = pa.schema([pa.field(c, pa.string() if t == "string" else pa.float64())
-                        for c, (t, req) in COLUMNS.items() if req])
+    schema = pa.schema(
+        [
+            pa.field(c, pa.string() if t == "string" else pa.float64())
+            for c, (t, req) in COLUMNS.items()
+            if req
+        ]
+    )
     pq.write_table(schema.empty_table(), tmp_path / "zero.parquet")
     with pytest.raises(InputError) as e:
         read_round_log(tmp_path / "zero.parquet")
@@ -223,13 +254,16 @@ def test_reader_rejects_empty_and_mistyped(tmp_path):
     assert "'k'" in _one_line(e.value) and "int16" in str(e.value)
 
 
-@pytest.mark.parametrize("change, message", [
-    (dict(accepted=3, k=2), "accepted outside 0..k"),
-    (dict(emitted=5), "emitted != accepted + 1"),
-    (dict(pass_size=7), "pass_size != k + 1"),
-    (dict(t_verify_ms=-1.0), "t_verify_ms not positive"),
-    (dict(accepted=0), "leading match"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(accepted=3, k=2), "accepted outside 0..k"),
+        (dict(emitted=5), "emitted != accepted + 1"),
+        (dict(pass_size=7), "pass_size != k + 1"),
+        (dict(t_verify_ms=-1.0), "t_verify_ms not positive"),
+        (dict(accepted=0), "leading match"),
+    ],
+)
 def test_reader_checks_invariants(tmp_path, change, message):
     rng = np.random.default_rng(2)
     r = _round(rng, 2, acc=2)

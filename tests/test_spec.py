@@ -9,15 +9,22 @@ from specmoe.spec import ModelSpec, get_preset, preset_names, resolve_spec
 
 # Total parameters published on each model's card (billions).
 PUBLISHED_TOTAL_B = {
-    "OLMoE-1B-7B-0125": 6.92, "Qwen3-30B-A3B": 30.5, "gpt-oss-20b": 20.9,
-    "DeepSeek-V2-Lite": 15.7, "Mixtral-8x7B": 46.7, "Qwen3-235B-A22B": 235.0,
+    "OLMoE-1B-7B-0125": 6.92,
+    "Qwen3-30B-A3B": 30.5,
+    "gpt-oss-20b": 20.9,
+    "DeepSeek-V2-Lite": 15.7,
+    "Mixtral-8x7B": 46.7,
+    "Qwen3-235B-A22B": 235.0,
 }
 
 
 def total_params(s: ModelSpec) -> int:
     # experts + weights read once per pass + the input embedding (read a row at a time)
-    return s.num_moe_layers * s.num_experts * s.expert_params + s.dense_params \
+    return (
+        s.num_moe_layers * s.num_experts * s.expert_params
+        + s.dense_params
         + s.vocab_size * s.hidden_size
+    )
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED_TOTAL_B))
@@ -59,10 +66,18 @@ def test_unknown_preset_lists_valid_names():
 
 
 def test_from_hf_config_file_and_dir(tmp_path):
-    cfg = {"model_type": "qwen2_moe", "hidden_size": 64, "moe_intermediate_size": 32,
-           "shared_expert_intermediate_size": 96, "num_hidden_layers": 4,
-           "num_attention_heads": 4, "num_experts": 16, "num_experts_per_tok": 4,
-           "decoder_sparse_step": 2, "vocab_size": 100}
+    cfg = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "decoder_sparse_step": 2,
+        "vocab_size": 100,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     s = resolve_spec(tmp_path)
     assert s.moe_layer_indices == (1, 3)
@@ -81,11 +96,19 @@ def test_spec_json_round_trip(tmp_path):
     assert resolve_spec(p) == s
 
 
-@pytest.mark.parametrize("bad", [
-    {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2},
-    {"num_experts": 4, "num_experts_per_tok": 4, "hidden_size": 8, "num_hidden_layers": 1,
-     "intermediate_size": 8},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2},
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 4,
+            "hidden_size": 8,
+            "num_hidden_layers": 1,
+            "intermediate_size": 8,
+        },
+    ],
+)
 def test_bad_configs_are_input_errors(bad):
     with pytest.raises(InputError):
         ModelSpec.from_hf_config(bad)

@@ -44,15 +44,22 @@ def naive_greedy(net, prompt, count):
     with torch.inference_mode():
         for _ in range(count):
             seq.append(int(net(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def tiny_draft(seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2)
+    cfg = LlamaConfig(
+        vocab_size=257,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg).double().eval()
 
@@ -83,23 +90,32 @@ def draft():
 # ------------------------------------------------------------------------------------------
 # the core property: speculative greedy decoding is greedy decoding
 
-@pytest.mark.parametrize("drafter,k,kernel", [
-    ("oracle", 0, "dedup"), ("oracle", 1, "dedup"), ("oracle", 8, "per_slot"),
-    ("oracle", 3, "auto"), ("ngram", 2, "dedup"), ("ngram", 8, "per_slot"),
-    ("draft-model", 1, "per_slot"), ("draft-model", 8, "dedup"),
-])
+
+@pytest.mark.parametrize(
+    "drafter,k,kernel",
+    [
+        ("oracle", 0, "dedup"),
+        ("oracle", 1, "dedup"),
+        ("oracle", 8, "per_slot"),
+        ("oracle", 3, "auto"),
+        ("ngram", 2, "dedup"),
+        ("ngram", 8, "per_slot"),
+        ("draft-model", 1, "per_slot"),
+        ("draft-model", 8, "dedup"),
+    ],
+)
 def test_speculative_reproduces_greedy(target, draft, drafter, k, kernel):
     net, prompt, ref = target
-    with Engine(net, policy=KernelPolicy(kernel, crossover=3 if kernel == "auto" else None)
-                ) as eng:
-        d = {"oracle": lambda: OracleDrafter(eng.greedy, acceptance=0.6, vocab_size=257,
-                                             seed=1),
-             "ngram": NgramDrafter,
-             "draft-model": lambda: ModelDrafter(draft, target_vocab=257)}[drafter]()
+    with Engine(net, policy=KernelPolicy(kernel, crossover=3 if kernel == "auto" else None)) as eng:
+        d = {
+            "oracle": lambda: OracleDrafter(eng.greedy, acceptance=0.6, vocab_size=257, seed=1),
+            "ngram": NgramDrafter,
+            "draft-model": lambda: ModelDrafter(draft, target_vocab=257),
+        }[drafter]()
         gen = speculative_generate(eng, prompt, d, budget=k, max_new_tokens=NEW)
     assert gen.tokens == ref
     assert sum(r["emitted"] for r in gen.rounds) == NEW
-    assert all(r["k"] <= r["budget"] == k for r in gen.rounds)   # the budget asked for
+    assert all(r["k"] <= r["budget"] == k for r in gen.rounds)  # the budget asked for
     if drafter == "oracle":
         assert gen.mismatches == 0
 
@@ -113,15 +129,16 @@ def test_plain_greedy_of_the_engine_is_greedy(target):
 # ------------------------------------------------------------------------------------------
 # the KV cache after a rejection
 
+
 def test_cache_crop_equals_fresh_prefill(target):
     net, prompt, ref = target
     with Engine(net) as eng:
         kv = new_cache(net)
         eng.prefill(kv, prompt[:-1])
-        drafts = [ref[0], ref[1], (ref[2] + 1) % 257, 3, 4]    # two right, then wrong
+        drafts = [ref[0], ref[1], (ref[2] + 1) % 257, 3, 4]  # two right, then wrong
         v = eng.forward(kv, [prompt[-1], *drafts])
         assert v.tokens[:3] == ref[:3]
-        crop_cache(kv, len(prompt) + 2)                         # current + 2 accepted
+        crop_cache(kv, len(prompt) + 2)  # current + 2 accepted
         assert kv.get_seq_length() == len(prompt) + 2
         after = eng._call(kv, [ref[2]], keep=0)
         fresh = new_cache(net)
@@ -133,8 +150,9 @@ def test_cache_crop_equals_fresh_prefill(target):
 # ------------------------------------------------------------------------------------------
 # drafters
 
+
 def _truncated_geometric(a, k):
-    p = np.array([a ** j * (1 - a) for j in range(k)] + [a ** k])
+    p = np.array([a**j * (1 - a) for j in range(k)] + [a**k])
     return p / p.sum()
 
 
@@ -142,15 +160,15 @@ def test_oracle_acceptance_is_geometric():
     from scipy.stats import chisquare
 
     truth = np.random.default_rng(0).integers(0, 1000, 100_000).tolist()
-    ref = lambda ctx, count: truth[len(ctx):len(ctx) + count]  # noqa: E731
+    ref = lambda ctx, count: truth[len(ctx) : len(ctx) + count]  # noqa: E731
     k, a, rounds = 5, 0.6, 4000
     d = OracleDrafter(ref, acceptance=a, vocab_size=1000, seed=3)
     d.begin([truth[0]], 0)
     counts = np.zeros(k + 1)
     for r in range(rounds):
-        ctx = truth[:1 + r]
+        ctx = truth[: 1 + r]
         prop = d.propose(ctx, k).tokens
-        true = truth[len(ctx):len(ctx) + k]
+        true = truth[len(ctx) : len(ctx) + k]
         acc = next((j for j in range(k) if prop[j] != true[j]), k)
         assert all(prop[j] != true[j] for j in range(k) if d.corrupted[j])
         counts[acc] += 1
@@ -163,12 +181,12 @@ def test_oracle_acceptance_is_geometric():
 
 def test_oracle_draws_are_seeded():
     truth = list(range(500))
-    ref = lambda ctx, count: truth[len(ctx):len(ctx) + count]  # noqa: E731
+    ref = lambda ctx, count: truth[len(ctx) : len(ctx) + count]  # noqa: E731
     out = []
     for _ in range(2):
         d = OracleDrafter(ref, acceptance=0.5, vocab_size=600, seed=11)
         d.begin([0, 1], 0)
-        out.append([d.propose(truth[:2 + i], 4).tokens for i in range(20)])
+        out.append([d.propose(truth[: 2 + i], 4).tokens for i in range(20)])
     assert out[0] == out[1]
 
 
@@ -176,7 +194,7 @@ def test_ngram_drafter_prompt_lookup():
     d = NgramDrafter(max_ngram=3)
     assert d.propose([1, 2, 3, 9, 8, 7, 1, 2, 3], 2).tokens == [9, 8]
     assert d.propose([1, 2, 3, 9, 1, 2, 3], 8).tokens == [9, 1, 2, 3]
-    assert d.propose([5, 1, 2, 5, 6, 2], 3).tokens == [5, 6, 2]      # 1-gram "2", latest
+    assert d.propose([5, 1, 2, 5, 6, 2], 3).tokens == [5, 6, 2]  # 1-gram "2", latest
     assert d.propose([1, 2, 3, 4], 3).tokens == []
     assert d.propose([1, 2, 1], 0).tokens == []
 
@@ -191,16 +209,18 @@ def test_model_drafter_proposes_the_draft_models_greedy_text(draft):
         prop = d.propose(ctx, k)
         assert prop.tokens == naive_greedy(draft, ctx, k)
         assert len(prop.confidence) == k and all(0 < c <= 1 for c in prop.confidence)
-        ctx = ctx + prop.tokens[:step % 2] + [(prop.tokens[0] + 1) % 257]  # partial accept
+        ctx = ctx + prop.tokens[: step % 2] + [(prop.tokens[0] + 1) % 257]  # partial accept
 
 
 # ------------------------------------------------------------------------------------------
 # round logs
 
+
 def _pass_stats_naive(routing, n_exp):
     u = np.mean([len(set(routing[:, j].ravel())) for j in range(routing.shape[1])])
-    e = max(np.bincount(routing[:, j].ravel(), minlength=n_exp).max()
-            for j in range(routing.shape[1]))
+    e = max(
+        np.bincount(routing[:, j].ravel(), minlength=n_exp).max() for j in range(routing.shape[1])
+    )
     return u, e
 
 
@@ -208,9 +228,16 @@ def test_round_log_rows(tmp_path, olmoe):
     net, prompt, ref = olmoe
     with Engine(net) as eng, RoundLogWriter(tmp_path / "log", flush_every=3) as w:
         d = OracleDrafter(eng.greedy, acceptance=0.5, vocab_size=257, seed=0)
-        gen = speculative_generate(eng, prompt, d, budget=3, max_new_tokens=NEW, writer=w,
-                                   row={"run_id": "r1", "prompt_id": "p1"})
-    log = read_round_log(tmp_path / "log")             # validates every invariant
+        gen = speculative_generate(
+            eng,
+            prompt,
+            d,
+            budget=3,
+            max_new_tokens=NEW,
+            writer=w,
+            row={"run_id": "r1", "prompt_id": "p1"},
+        )
+    log = read_round_log(tmp_path / "log")  # validates every invariant
     assert log.num_rounds == len(gen.rounds)
     assert np.array_equal(log["emitted"], log["accepted"] + 1)
     assert np.array_equal(log["pass_size"], log["k"] + 1)
@@ -218,8 +245,9 @@ def test_round_log_rows(tmp_path, olmoe):
     assert np.array_equal(np.diff(log["context_len"]), log["emitted"][:-1])
     assert log["context_len"][0] == len(prompt) - 1
     assert np.allclose(log["acceptance"], 0.5)
-    emitted = np.concatenate([log.list_of("target_tokens", r)[:log["emitted"][r]]
-                              for r in range(log.num_rounds)])
+    emitted = np.concatenate(
+        [log.list_of("target_tokens", r)[: log["emitted"][r]] for r in range(log.num_rounds)]
+    )
     assert emitted.tolist() == ref
     for r in range(log.num_rounds):
         routing = log.routing_of(r)
@@ -248,21 +276,35 @@ class _Interrupting:
 def test_interruption_keeps_finished_rounds(tmp_path, olmoe):
     net, prompt, _ = olmoe
     with Engine(net) as eng:
-        with pytest.raises(KeyboardInterrupt), RoundLogWriter(tmp_path / "a",
-                                                              flush_every=100) as w:
-            speculative_generate(eng, prompt, _Interrupting(5), budget=2, max_new_tokens=NEW,
-                                 writer=w, row={"run_id": "r", "prompt_id": "p"})
+        with pytest.raises(KeyboardInterrupt), RoundLogWriter(tmp_path / "a", flush_every=100) as w:
+            speculative_generate(
+                eng,
+                prompt,
+                _Interrupting(5),
+                budget=2,
+                max_new_tokens=NEW,
+                writer=w,
+                row={"run_id": "r", "prompt_id": "p"},
+            )
         assert read_round_log(tmp_path / "a").num_rounds == 5
         # a hard stop (no flush on exit) keeps the parts already flushed
         w = RoundLogWriter(tmp_path / "b", flush_every=2)
         with pytest.raises(KeyboardInterrupt):
-            speculative_generate(eng, prompt, _Interrupting(5), budget=2, max_new_tokens=NEW,
-                                 writer=w, row={"run_id": "r", "prompt_id": "p"})
+            speculative_generate(
+                eng,
+                prompt,
+                _Interrupting(5),
+                budget=2,
+                max_new_tokens=NEW,
+                writer=w,
+                row={"run_id": "r", "prompt_id": "p"},
+            )
         assert read_round_log(tmp_path / "b").num_rounds == 4
 
 
 # ------------------------------------------------------------------------------------------
 # budget policies
+
 
 class _Cycle:
     name = "cycle"
@@ -299,7 +341,7 @@ def test_policy_chooses_the_budget(olmoe, draft):
         assert all(len(s.history) == i for i, s in enumerate(pol.seen))
         conf = _Confident()
 
-        class WholeChain:           # a drafter without stop=: the engine drafts the chain
+        class WholeChain:  # a drafter without stop=: the engine drafts the chain
             name = "whole-chain"
 
             def __init__(self, inner):
@@ -311,19 +353,23 @@ def test_policy_chooses_the_budget(olmoe, draft):
             def propose(self, context, k):
                 return self.inner.propose(context, k)
 
-        gen = speculative_generate(eng, prompt, WholeChain(ModelDrafter(draft)), budget=conf,
-                                   max_new_tokens=NEW, max_k=5)
+        gen = speculative_generate(
+            eng, prompt, WholeChain(ModelDrafter(draft)), budget=conf, max_new_tokens=NEW, max_k=5
+        )
         assert gen.tokens == ref
-        assert all(c is not None and len(c) == min(5, NEW - 1 - r["context_len"]
-                                                   + len(prompt) - 1)
-                   for c, r in zip(conf.conf, gen.rounds))
-        gen = speculative_generate(eng, prompt, NgramDrafter(), budget=FixedK(3),
-                                   max_new_tokens=NEW)
+        assert all(
+            c is not None and len(c) == min(5, NEW - 1 - r["context_len"] + len(prompt) - 1)
+            for c, r in zip(conf.conf, gen.rounds)
+        )
+        gen = speculative_generate(
+            eng, prompt, NgramDrafter(), budget=FixedK(3), max_new_tokens=NEW
+        )
         assert gen.tokens == ref
 
 
 # ------------------------------------------------------------------------------------------
 # verify-time measurement
+
 
 def test_verify_passes_and_agreement():
     net = tiny_random_model("olmoe", seed=1)
@@ -331,7 +377,7 @@ def test_verify_passes_and_agreement():
     with Engine(net) as eng:
         out = verify_passes(eng, prompts, n_values=range(1, 10), repeats=1, warmup=1)
     recs = out["records"]
-    assert len(recs) == 2 * 9 * 2                           # prompts, n, settings
+    assert len(recs) == 2 * 9 * 2  # prompts, n, settings
     assert {r["kernel"] for r in recs if r["setting"] == "dedup" and r["n"] >= 2} == {"dedup"}
     assert {r["kernel"] for r in recs if r["n"] == 1} == {"per_slot"}
     assert out["agreement"]["rows"] == 2 * sum(range(2, 10))
@@ -347,14 +393,25 @@ def test_measured_crossover_definition():
     assert measured_crossover({2: 1, 3: -0.5, 4: 0.2}) == 4
     assert measured_crossover({2: 1, 3: 1, 4: -0.1}) is None
     assert measured_crossover({2: 1, 3: 1}) == 2
-    recs = [{"depth": 9, "setting": s, "n": n, "t_ms": t + (n if s == "per_slot" else 2.5),
-             "u_mean": 1.0, "kernel": s} for s in ("per_slot", "dedup") for n in (1, 2, 3, 4)
-            for t in (0.0, 0.1, 0.2)]
+    recs = [
+        {
+            "depth": 9,
+            "setting": s,
+            "n": n,
+            "t_ms": t + (n if s == "per_slot" else 2.5),
+            "u_mean": 1.0,
+            "kernel": s,
+        }
+        for s in ("per_slot", "dedup")
+        for n in (1, 2, 3, 4)
+        for t in (0.0, 0.1, 0.2)
+    ]
     assert summarise_verify(recs)["9"]["crossover"] == 3
 
 
 # ------------------------------------------------------------------------------------------
 # the CLI
+
 
 def _cli(args, capsys):
     from specmoe.cli import main
@@ -363,23 +420,26 @@ def _cli(args, capsys):
     return rc, capsys.readouterr()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--k", "20"], "--k 20"),
-    (["--k", "a..b"], "--k"),
-    (["--acceptance", "1.5"], "--acceptance 1.5"),
-    (["--drafter", "ngram", "--acceptance", "0.5"], "--acceptance"),
-    (["--drafter", "telepathy"], "--drafter"),
-    (["--kernel", "auto"], "--kernel auto"),
-    (["--kernel", "auto", "--plan", "missing-plan.json"], "--plan"),
-    (["--tokens", "0"], "--tokens"),
-    (["--model", "no/such/dir"], "--model"),
-    (["--layers", "2"], "--layers"),
-    (["--prompts", "no-such-prompts.txt"], "--prompts"),
-    (["--drafter", "draft-model", "--draft-model", "no/such/draft"], "--draft-model"),
-    (["--forced-trace", "no/such/trace.npz"], "--forced-trace"),
-    (["--clock", "cpu"], "--clock cpu"),
-    (["--clock", "sundial"], "--clock"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--k", "20"], "--k 20"),
+        (["--k", "a..b"], "--k"),
+        (["--acceptance", "1.5"], "--acceptance 1.5"),
+        (["--drafter", "ngram", "--acceptance", "0.5"], "--acceptance"),
+        (["--drafter", "telepathy"], "--drafter"),
+        (["--kernel", "auto"], "--kernel auto"),
+        (["--kernel", "auto", "--plan", "missing-plan.json"], "--plan"),
+        (["--tokens", "0"], "--tokens"),
+        (["--model", "no/such/dir"], "--model"),
+        (["--layers", "2"], "--layers"),
+        (["--prompts", "no-such-prompts.txt"], "--prompts"),
+        (["--drafter", "draft-model", "--draft-model", "no/such/draft"], "--draft-model"),
+        (["--forced-trace", "no/such/trace.npz"], "--forced-trace"),
+        (["--clock", "cpu"], "--clock cpu"),
+        (["--clock", "sundial"], "--clock"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys):
     base = ["--model", "random:olmoe", "--tokens", "4", "--context", "16"]
     if any(a == "--model" for a in args):
@@ -395,14 +455,36 @@ def test_cli_json_and_round_log(tmp_path, capsys):
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps(["def f(x):\n    return x + 1\n" * 3, "class A:\n    pass\n"]))
     out = tmp_path / "out"
-    rc, cap = _cli(["--model", "random:olmoe", "--prompts", str(prompts), "--k", "0..2",
-                    "--acceptance", "0.5", "--tokens", "6", "--context", "24", "--json",
-                    "--quiet", "--out", str(out), "--clock", "cpu", "--threads", "1"], capsys)
+    rc, cap = _cli(
+        [
+            "--model",
+            "random:olmoe",
+            "--prompts",
+            str(prompts),
+            "--k",
+            "0..2",
+            "--acceptance",
+            "0.5",
+            "--tokens",
+            "6",
+            "--context",
+            "24",
+            "--json",
+            "--quiet",
+            "--out",
+            str(out),
+            "--clock",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert rc == 0
-    summary = json.loads(cap.out)                       # stdout holds the JSON only
+    summary = json.loads(cap.out)  # stdout holds the JSON only
     assert json.loads((out / "summary.json").read_text()) == summary
     gens = summary["generations"]
-    assert len(gens) == 2 * 3                           # prompts x (k=0, k=1, k=2 at a=0.5)
+    assert len(gens) == 2 * 3  # prompts x (k=0, k=1, k=2 at a=0.5)
     assert all(g["tokens"] == 6 for g in gens)
     assert summary["clock"] == "cpu" and all(",clock=cpu," in g["run_id"] for g in gens)
     assert all(g["tokens_per_s"] > 0 and g["tokens_per_s_wall"] > 0 for g in gens)
@@ -418,8 +500,10 @@ def test_cli_json_and_round_log(tmp_path, capsys):
 # causal routing on the engine: a shorter pass is a prefix of a longer one (the Oracle's
 # counterfactual rests on it)
 
-@pytest.mark.parametrize("model_type", sorted(
-    __import__("specmoe.engine.models", fromlist=["FAMILIES"]).FAMILIES))
+
+@pytest.mark.parametrize(
+    "model_type", sorted(__import__("specmoe.engine.models", fromlist=["FAMILIES"]).FAMILIES)
+)
 def test_verify_pass_routing_is_causal_on_the_engine(model_type):
     net = tiny_random_model(model_type, seed=3).double()
     net.set_experts_implementation("eager")
@@ -434,9 +518,10 @@ def test_verify_pass_routing_is_causal_on_the_engine(model_type):
             crop_cache(kv, base)
             short = eng.forward(kv, [prompt[-1], *drafts[:k]])
             assert short.routing.shape[0] == k + 1
-            np.testing.assert_array_equal(np.sort(short.routing, -1),
-                                          np.sort(full.routing[:k + 1], -1))
-            assert short.tokens == full.tokens[:k + 1]
+            np.testing.assert_array_equal(
+                np.sort(short.routing, -1), np.sort(full.routing[: k + 1], -1)
+            )
+            assert short.tokens == full.tokens[: k + 1]
 
 
 class _LeadingConfident:
@@ -469,14 +554,19 @@ def test_a_confidence_policy_stops_the_draft_model_one_token_past_its_choice(olm
             return prop
 
     with Engine(net) as eng:
-        gen = speculative_generate(eng, prompt, Counting(draft, target_vocab=257),
-                                   budget=_LeadingConfident(0.045), max_new_tokens=NEW)
+        gen = speculative_generate(
+            eng,
+            prompt,
+            Counting(draft, target_vocab=257),
+            budget=_LeadingConfident(0.045),
+            max_new_tokens=NEW,
+        )
     assert gen.tokens == ref
     assert len(proposals) == len(gen.rounds)
     for (cap, prop), rec in zip(proposals, gen.rounds, strict=True):
         conf = prop.confidence
         lead = next((i for i, c in enumerate(conf) if c < 0.045), len(conf))
-        assert rec["k"] == min(lead, cap)               # the policy's choice was verified
-        assert len(prop.tokens) == min(rec["k"] + 1, cap)   # and one more draft was looked at
-    assert any(len(p.tokens) < cap for cap, p in proposals)    # it did stop early
+        assert rec["k"] == min(lead, cap)  # the policy's choice was verified
+        assert len(prop.tokens) == min(rec["k"] + 1, cap)  # and one more draft was looked at
+    assert any(len(p.tokens) < cap for cap, p in proposals)  # it did stop early
     assert any(r["k"] > 0 for r in gen.rounds)

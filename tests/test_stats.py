@@ -68,7 +68,7 @@ def brute(trace: RoutingTrace, max_n: int, max_lag: int):
             for doc in trace.documents():
                 sets = [set(doc[t, layer].tolist()) for t in range(len(doc))]
                 for t in range(len(sets) - n + 1):
-                    earlier = set().union(*sets[t:t + n - 1])
+                    earlier = set().union(*sets[t : t + n - 1])
                     num += len(sets[t + n - 1] & earlier)
                     tot += len(earlier | sets[t + n - 1])
                     den += 1
@@ -93,9 +93,13 @@ def close(a, fracs) -> bool:
 
 traces = st.builds(
     lambda seed, N, m, L, lengths, sticky: random_trace(
-        np.random.default_rng(seed), N=N, m=min(m, N - 1), L=L, lengths=lengths, sticky=sticky),
-    seed=st.integers(0, 2**31), N=st.integers(2, 140), m=st.integers(1, 5),
-    L=st.integers(1, 3), lengths=st.lists(st.integers(1, 12), min_size=1, max_size=5),
+        np.random.default_rng(seed), N=N, m=min(m, N - 1), L=L, lengths=lengths, sticky=sticky
+    ),
+    seed=st.integers(0, 2**31),
+    N=st.integers(2, 140),
+    m=st.integers(1, 5),
+    L=st.integers(1, 3),
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=5),
     sticky=st.sampled_from([0.0, 0.5, 0.9]),
 )
 
@@ -107,23 +111,39 @@ traces = st.builds(
 @settings(max_examples=40, deadline=None)
 @given(tr=traces, max_n=st.integers(1, 5), max_lag=st.integers(1, 4))
 def test_matches_python_sets(tr, max_n, max_lag):
-    res = reuse_and_union(tr.experts, max_n=max_n, max_lag=max_lag, doc_offsets=tr.doc_offsets,
-                          num_experts=tr.num_experts)
+    res = reuse_and_union(
+        tr.experts,
+        max_n=max_n,
+        max_lag=max_lag,
+        doc_offsets=tr.doc_offsets,
+        num_experts=tr.num_experts,
+    )
     rho, union, ov = brute(tr, max_n, max_lag)
     assert close(res.rho, rho) and close(res.union, union) and close(res.overlap, ov)
-    assert np.allclose(pair_overlap(tr.experts, max_lag=max_lag, doc_offsets=tr.doc_offsets,
-                                    num_experts=tr.num_experts), res.overlap, equal_nan=True)
+    assert np.allclose(
+        pair_overlap(
+            tr.experts, max_lag=max_lag, doc_offsets=tr.doc_offsets, num_experts=tr.num_experts
+        ),
+        res.overlap,
+        equal_nan=True,
+    )
     lens = np.diff(tr.doc_offsets)
-    assert res.windows.tolist() == [int(np.maximum(lens - n + 1, 0).sum())
-                                    for n in range(1, max_n + 1)]
+    assert res.windows.tolist() == [
+        int(np.maximum(lens - n + 1, 0).sum()) for n in range(1, max_n + 1)
+    ]
     # the reuse of two consecutive tokens is the overlap at lag one: the same pairs
     if max_n >= 2 and np.isfinite(res.rho[0, 1]):
         assert np.allclose(res.rho[:, 1], res.overlap[:, 0])
 
 
 @settings(max_examples=25, deadline=None)
-@given(tr=traces, chunk=st.integers(1, 9), max_n=st.integers(1, 4), max_lag=st.integers(0, 3),
-       aligned=st.booleans())
+@given(
+    tr=traces,
+    chunk=st.integers(1, 9),
+    max_n=st.integers(1, 4),
+    max_lag=st.integers(0, 3),
+    aligned=st.booleans(),
+)
 def test_chunking_does_not_change_sums(tr, chunk, max_n, max_lag, aligned):
     kw = dict(max_n=max_n, max_lag=max_lag, aligned=aligned, per_doc_counts=True)
     ref = windows._shard_sums(tr.experts, tr.doc_offsets, tr.num_experts, chunk=10**6, **kw)
@@ -136,8 +156,9 @@ def test_many_short_documents():
     # more documents per chunk than the per-document loop takes (the reduceat path)
     rng = np.random.default_rng(4)
     tr = random_trace(rng, N=10, m=2, L=1, lengths=rng.integers(1, 6, size=400), sticky=0.5)
-    res = reuse_and_union(tr.experts, max_n=3, max_lag=2, doc_offsets=tr.doc_offsets,
-                          num_experts=10)
+    res = reuse_and_union(
+        tr.experts, max_n=3, max_lag=2, doc_offsets=tr.doc_offsets, num_experts=10
+    )
     rho, union, ov = brute(tr, 3, 2)
     assert close(res.rho, rho) and close(res.union, union) and close(res.overlap, ov)
 
@@ -145,7 +166,7 @@ def test_many_short_documents():
 @settings(max_examples=30, deadline=None)
 @given(tr=traces, n=st.integers(1, 5))
 def test_window_counts_per_window(tr, n):
-    doc = tr.experts[:int(tr.doc_offsets[1])]
+    doc = tr.experts[: int(tr.doc_offsets[1])]
     got_u = window_union_counts(doc, n, num_experts=tr.num_experts)
     got_r = window_reuse_counts(doc, n, num_experts=tr.num_experts)
     assert got_u.shape == got_r.shape == (max(len(doc) - n + 1, 0), tr.num_layers)
@@ -179,7 +200,7 @@ def test_popularity_counts_tokens(tr):
 
 
 def test_identical_tokens_reuse_everything():
-    ex = np.tile(np.array([[3, 7, 1], [0, 2, 5]]), (30, 1, 1))        # [30, 2, 3]
+    ex = np.tile(np.array([[3, 7, 1], [0, 2, 5]]), (30, 1, 1))  # [30, 2, 3]
     tr = RoutingTrace(experts=ex, doc_offsets=np.array([0, 12, 30]), num_experts=10)
     s = compute_stats(tr, max_n=6, max_lag=5)
     assert np.array_equal(s.rho[:, 0], [0, 0]) and np.all(s.rho[:, 1:] == 1.0)
@@ -191,7 +212,7 @@ def test_identical_tokens_reuse_everything():
 def test_disjoint_consecutive_sets():
     # token t uses block t mod 8 of 8 experts: no reuse within 8 tokens, full reuse at lag 8
     T, m = 40, 8
-    ex = np.array([[np.arange(m) + m * (t % 8)] for t in range(T)])   # [T, 1, 8]
+    ex = np.array([[np.arange(m) + m * (t % 8)] for t in range(T)])  # [T, 1, 8]
     tr = RoutingTrace(experts=ex, doc_offsets=np.array([0, T]), num_experts=64)
     s = compute_stats(tr, max_n=8, max_lag=9)
     assert np.all(s.rho == 0.0) and np.array_equal(s.union[0], m * np.arange(1, 9))
@@ -199,7 +220,8 @@ def test_disjoint_consecutive_sets():
     assert np.allclose(s.u_bar, 1.0)
     # popularity is uniform, so the independence baseline is m/N and popularity explains nothing
     assert np.allclose(s.overlap_independent, m / 64) and np.isclose(
-        s.decomposition.mean_popularity_part, 0.0)
+        s.decomposition.mean_popularity_part, 0.0
+    )
 
 
 def test_windows_never_cross_documents():
@@ -233,8 +255,10 @@ def test_identity_bound_closed_form_and_shrinks():
     for t in (10, 100, 1000):
         w = np.array([[t - n + 1 for n in range(1, max_n + 1)]] * D)
         got = windows.identity_bound(w, m)
-        ref = [m * sum(Fraction(n - j, t - j + 1) for j in range(1, n + 1))
-               for n in range(1, max_n + 1)]
+        ref = [
+            m * sum(Fraction(n - j, t - j + 1) for j in range(1, n + 1))
+            for n in range(1, max_n + 1)
+        ]
         assert np.allclose(got, [float(r) for r in ref], rtol=1e-12)
     rng = np.random.default_rng(3)
     errs = []
@@ -279,11 +303,11 @@ def test_independent_skewed_routing_has_no_temporal_overlap():
     N, m, T = 16, 2, 20000
     p = np.linspace(1, 6, N)
     p /= p.sum()
-    keys = np.log(rng.random((T, 1, N))) / p                       # weighted sampling w/o repl.
+    keys = np.log(rng.random((T, 1, N))) / p  # weighted sampling w/o repl.
     ex = np.argsort(-keys, axis=-1)[..., :m]
     tr = RoutingTrace(experts=ex, doc_offsets=np.array([0, T]), num_experts=N)
     s = compute_stats(tr, max_n=4, max_lag=3)
-    assert s.overlap_independent[0, 0] > s.overlap_uniform + 0.01   # popularity is skewed
+    assert s.overlap_independent[0, 0] > s.overlap_uniform + 0.01  # popularity is skewed
     assert np.allclose(s.overlap[0], s.overlap_independent[0], atol=0.01)
     assert np.allclose(s.union[0], s.union_independent[0], rtol=0.01)
     assert np.all(np.abs(s.decomposition.mean_temporal_part) < 0.01)
@@ -304,15 +328,16 @@ def test_baselines_closed_forms():
 
 
 def test_u_bar_and_rho_bar_against_fractions():
-    union = np.array([[2, 3.5, 4], [2, 2.5, 3]])                     # [L=2, n=3], m = 2
+    union = np.array([[2, 3.5, 4], [2, 2.5, 3]])  # [L=2, n=3], m = 2
     rho = np.array([[0, 0.25, 0.5], [0, 0.75, 0.5]])
     w = np.array([1.0, 3.0])
     u = u_bar_of(union, w, 2)
     for n in range(1, 4):
         ref = (Fraction(1) * Fraction(union[0, n - 1]) + 3 * Fraction(union[1, n - 1])) / (
-            2 * n * 4)
+            2 * n * 4
+        )
         assert u[n - 1] == pytest.approx(float(ref), abs=1e-15)
-    rb = rho_bar_of(rho, w)                                          # Eq. (11)
+    rb = rho_bar_of(rho, w)  # Eq. (11)
     assert rb[0] == pytest.approx((0.25 + 3 * 0.75) / 4)
     assert rb[1] == pytest.approx(((0.25 + 3 * 0.75) + (0.5 + 3 * 0.5)) / (2 * 4))
 
@@ -320,8 +345,9 @@ def test_u_bar_and_rho_bar_against_fractions():
 def test_spec_weighting_and_eq12():
     rng = np.random.default_rng(2)
     tr = random_trace(rng, N=16, m=2, L=3, lengths=[30, 25], sticky=0.5)
-    spec = ModelSpec(name="toy", num_experts=16, top_k=2, num_moe_layers=3, hidden_size=8,
-                     expert_intermediate=4)
+    spec = ModelSpec(
+        name="toy", num_experts=16, top_k=2, num_moe_layers=3, hidden_size=8, expert_intermediate=4
+    )
     s = compute_stats(tr, max_n=5, spec=spec, aligned=True)
     assert s.weighted and np.allclose(s.layer_weights, spec.expert_bytes)
     n = np.arange(1, 6)
@@ -332,11 +358,13 @@ def test_spec_weighting_and_eq12():
     k = np.arange(1, 5)
     assert np.allclose(e_dedup[1:], 2 * W + 2 * W * k * (1 - s.rho_bar))
     # a spec of more layers picks the trace's layers; a mismatched one is an InputError
-    big = ModelSpec(name="big", num_experts=16, top_k=2, num_moe_layers=8, hidden_size=8,
-                    expert_intermediate=4)
+    big = ModelSpec(
+        name="big", num_experts=16, top_k=2, num_moe_layers=8, hidden_size=8, expert_intermediate=4
+    )
     assert np.allclose(compute_stats(tr, max_n=2, spec=big).layer_weights, big.expert_bytes)
-    bad = ModelSpec(name="bad", num_experts=32, top_k=2, num_moe_layers=3, hidden_size=8,
-                    expert_intermediate=4)
+    bad = ModelSpec(
+        name="bad", num_experts=32, top_k=2, num_moe_layers=3, hidden_size=8, expert_intermediate=4
+    )
     with pytest.raises(InputError, match="N=32"):
         compute_stats(tr, max_n=2, spec=bad)
 
@@ -355,8 +383,9 @@ def sticky_trace():
 def test_resample_equals_repeated_documents(sticky_trace):
     tr = sticky_trace
     sums = document_sums(tr, max_n=4, max_lag=3, per_document_counts=True)
-    c = np.random.default_rng(0).multinomial(tr.num_documents, np.full(tr.num_documents,
-                                             1 / tr.num_documents))
+    c = np.random.default_rng(0).multinomial(
+        tr.num_documents, np.full(tr.num_documents, 1 / tr.num_documents)
+    )
     rep = tr.select_documents(np.repeat(np.arange(tr.num_documents), c))
     ref = compute_stats(rep, max_n=4, max_lag=3)
     got = resampled_statistics(sums, c[None, :])
@@ -378,7 +407,7 @@ def test_bootstrap_covers_point_and_is_reproducible(sticky_trace):
     for name in ("rho_mean", "union_mean", "u_bar", "overlap_mean"):
         point, band = getattr(s, name), getattr(iv, name)
         assert np.all(band.lo <= point + 1e-12) and np.all(point <= band.hi + 1e-12), name
-    assert np.all(iv.rho_mean.hi[1:] > iv.rho_mean.lo[1:])          # a real spread
+    assert np.all(iv.rho_mean.hi[1:] > iv.rho_mean.lo[1:])  # a real spread
     again = compute_stats(sticky_trace, max_n=4, max_lag=3, bootstrap=400, seed=1).intervals
     other = compute_stats(sticky_trace, max_n=4, max_lag=3, bootstrap=400, seed=2).intervals
     assert np.array_equal(again.rho_mean.lo, iv.rho_mean.lo)
@@ -412,9 +441,13 @@ def test_sharded_directory_equals_concatenated(tmp_path, sticky_trace):
 
 
 def test_bad_arguments(sticky_trace):
-    for kw, pattern in ((dict(max_n=0), "max-n"), (dict(max_n=1000), "max-n=1000"),
-                        (dict(max_lag=0), "max-lag"), (dict(max_lag=1000), "max-lag=1000"),
-                        (dict(bootstrap=-1), "bootstrap")):
+    for kw, pattern in (
+        (dict(max_n=0), "max-n"),
+        (dict(max_n=1000), "max-n=1000"),
+        (dict(max_lag=0), "max-lag"),
+        (dict(max_lag=1000), "max-lag=1000"),
+        (dict(bootstrap=-1), "bootstrap"),
+    ):
         with pytest.raises(InputError, match=pattern):
             compute_stats(sticky_trace, **kw)
     s = compute_stats(sticky_trace.select_documents([0]), max_n=2)
@@ -427,11 +460,30 @@ def trace_file(tmp_path, sticky_trace):
 
 
 def test_cli_json(capsys, trace_file, sticky_trace):
-    assert main(["stats", str(trace_file), "--max-n", "4", "--max-lag", "3", "--json",
-                 "--bootstrap", "20"]) == 0
+    assert (
+        main(
+            [
+                "stats",
+                str(trace_file),
+                "--max-n",
+                "4",
+                "--max-lag",
+                "3",
+                "--json",
+                "--bootstrap",
+                "20",
+            ]
+        )
+        == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert (d["num_experts"], d["top_k"], d["num_layers"], d["tokens"], d["documents"]) == (
-        16, 2, 2, sticky_trace.num_tokens, sticky_trace.num_documents)
+        16,
+        2,
+        2,
+        sticky_trace.num_tokens,
+        sticky_trace.num_documents,
+    )
     assert np.array(d["rho"]).shape == (2, 4) and np.array(d["union"]).shape == (2, 4)
     assert len(d["rho_mean"]) == len(d["union_mean"]) == len(d["u_bar"]) == 4
     assert np.array(d["overlap"]).shape == (2, 3)
@@ -450,13 +502,16 @@ def test_cli_summary_and_out(capsys, trace_file, tmp_path):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("argv", [
-    ["no-such-trace.npz"],
-    ["{trace}", "--max-n", "0"],
-    ["{trace}", "--max-n", "500"],
-    ["{trace}", "--max-lag", "0"],
-    ["{trace}", "--model", "OLMoE-1B-7B-0125"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["no-such-trace.npz"],
+        ["{trace}", "--max-n", "0"],
+        ["{trace}", "--max-n", "500"],
+        ["{trace}", "--max-lag", "0"],
+        ["{trace}", "--model", "OLMoE-1B-7B-0125"],
+    ],
+)
 def test_cli_bad_input_is_one_line(capsys, trace_file, argv):
     argv = [a.format(trace=trace_file) for a in argv]
     assert main(["stats", *argv, "--json"]) == 2

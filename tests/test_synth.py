@@ -53,8 +53,12 @@ def test_fidelity_to_source_statistics(source, synthetic):
     # the check is not vacuous: a trace with the right popularity but no memory fails it
     rng = np.random.default_rng(0)
     shuffled = synthetic.experts[rng.permutation(synthetic.num_tokens)]
-    g = synth_fidelity(source, RoutingTrace(experts=shuffled, doc_offsets=np.array(
-        [0, synthetic.num_tokens]), num_experts=32))
+    g = synth_fidelity(
+        source,
+        RoutingTrace(
+            experts=shuffled, doc_offsets=np.array([0, synthetic.num_tokens]), num_experts=32
+        ),
+    )
     assert np.all(g["popularity_r"] > 0.99)
     assert g["overlap_max_abs_diff"] > 0.1 and g["union_max_abs_rel_err"] > 0.1
 
@@ -83,8 +87,9 @@ def test_uniform_variant_and_memoryless_source():
     rng = np.random.default_rng(2)
     T, N, m = 30000, 16, 2
     ex = np.argsort(rng.random((T, 2, N)), axis=2)[:, :, :m]
-    mo = fit_moments(RoutingTrace(experts=ex, doc_offsets=np.array([0, T]), num_experts=N),
-                     max_lag=4)
+    mo = fit_moments(
+        RoutingTrace(experts=ex, doc_offsets=np.array([0, T]), num_experts=N), max_lag=4
+    )
     syn = synthesize(mo, 20000, seed=1, variant="uniform")
     u = compute_stats(syn, max_n=5, max_lag=1).union_mean
     np.testing.assert_allclose(u, uniform_union(N, m, 5), rtol=0.01)
@@ -128,12 +133,12 @@ def test_rescale_sums_to_m_with_caps(data, N):
 
 def test_systematic_sample_has_the_inclusion_probabilities():
     rng = np.random.default_rng(7)
-    x = rescale_to_sum(rng.random((1, 10)) ** 3 + 0.01, 3)        # [1, 10], sums to 3
+    x = rescale_to_sum(rng.random((1, 10)) ** 3 + 0.01, 3)  # [1, 10], sums to 3
     draws = 40000
     counts = np.zeros(10)
     order = rng.random((draws, 10)).argsort(axis=1)
     u = rng.random(draws)
-    chosen = systematic_sample(np.repeat(x, draws, axis=0), order, u, 3)   # [draws, 3]
+    chosen = systematic_sample(np.repeat(x, draws, axis=0), order, u, 3)  # [draws, 3]
     assert np.all(np.sort(chosen, axis=1)[:, 1:] > np.sort(chosen, axis=1)[:, :-1])
     np.add.at(counts, chosen.ravel(), 1)
     se = np.sqrt(x[0] * (1 - x[0]) / draws) + 1e-9
@@ -151,31 +156,72 @@ def test_cli_synth(tmp_path, capsys, source):
     tr = sticky_trace(3000, 2, 16, 2, [0.4, 0.7], seed=1, doc_len=300)
     save_trace(tr, tmp_path / "src.npz")
     out = tmp_path / "syn.npz"
-    rc = main(["synth", "--from", str(tmp_path / "src.npz"), "--tokens", "2000", "--seed", "3",
-               "--out", str(out), "--json", "--save-stats", str(tmp_path / "s.json"),
-               "--max-lag", "4"])
+    rc = main(
+        [
+            "synth",
+            "--from",
+            str(tmp_path / "src.npz"),
+            "--tokens",
+            "2000",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+            "--save-stats",
+            str(tmp_path / "s.json"),
+            "--max-lag",
+            "4",
+        ]
+    )
     assert rc == 0
     rec = json.loads(capsys.readouterr().out)
     syn = load_trace(out)
     assert rec["tokens"] == syn.num_tokens == 2000 and syn.top_k == 2
     assert rec["fidelity"]["popularity_r_min"] > 0.9
     # from the STATS file, with the same seed: the same trace
-    rc = main(["synth", "--from", str(tmp_path / "s.json"), "--tokens", "2000", "--seed", "3",
-               "--out", str(tmp_path / "again.npz")])
+    rc = main(
+        [
+            "synth",
+            "--from",
+            str(tmp_path / "s.json"),
+            "--tokens",
+            "2000",
+            "--seed",
+            "3",
+            "--out",
+            str(tmp_path / "again.npz"),
+        ]
+    )
     assert rc == 0
     np.testing.assert_array_equal(load_trace(tmp_path / "again.npz").experts, syn.experts)
     capsys.readouterr()
     # a model whose N differs from the statistics: bad input, one line, exit 2
-    rc = main(["synth", "--from", str(tmp_path / "s.json"), "--tokens", "10", "--model",
-               "OLMoE-1B-7B-0125", "--out", str(tmp_path / "x.npz")])
+    rc = main(
+        [
+            "synth",
+            "--from",
+            str(tmp_path / "s.json"),
+            "--tokens",
+            "10",
+            "--model",
+            "OLMoE-1B-7B-0125",
+            "--out",
+            str(tmp_path / "x.npz"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "N=64" in err[-1] and not (tmp_path / "x.npz").exists()
 
 
 def test_bad_statistics_raise():
     with pytest.raises(InputError):
-        ExpertMoments(num_experts=4, top_k=1, popularity=np.full((1, 4), 0.25),
-                      coactivation=np.full((1, 2, 4), 1.5))   # not a probability
+        ExpertMoments(
+            num_experts=4,
+            top_k=1,
+            popularity=np.full((1, 4), 0.25),
+            coactivation=np.full((1, 2, 4), 1.5),
+        )  # not a probability
 
 
 @pytest.mark.slow
@@ -202,7 +248,7 @@ def test_sticky_trace_reuses_about_keep_and_is_seeded():
     tr = sticky_trace(n, m, 2, keep, tokens=3000, docs=3, seed=4)
     ex = tr.experts
     assert ex.shape == (3000, 2, m) and tr.doc_offsets.tolist() == [0, 1000, 2000, 3000]
-    assert all(len(set(row)) == m for row in ex.reshape(-1, m))          # distinct per token
+    assert all(len(set(row)) == m for row in ex.reshape(-1, m))  # distinct per token
     shared = [len(set(a) & set(b)) for a, b in zip(ex[1:, 0], ex[:-1, 0], strict=True)]
     # E[shared]/m = keep + (1 - keep)·(m - E[kept])/(N - E[kept]) ≈ keep for N >> m
     assert np.mean(shared) / m == pytest.approx(keep, abs=0.03)

@@ -14,15 +14,14 @@ from specmoe.cost import theory
 from specmoe.cost.bytes import dedup_bytes_from_mean_reuse, mean_reuse
 from specmoe.errors import InputError
 
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ------------------------------------------------------------------------------------------
 # independent references: plain exact loops, no code shared with the module
 
 
 def ref_G(a: F, k: int) -> F:
-    return sum((a ** s for s in range(k + 1)), F(0))
+    return sum((a**s for s in range(k + 1)), F(0))
 
 
 def ref_kstar(V, a: F) -> int:
@@ -51,13 +50,13 @@ def neighbours(x: float, steps: int = 4) -> tuple[float, float]:
 
 
 def test_jump_example_appendix_b3():
-    V = [1, 2, 2]                       # alternating experts, one bandwidth (Appendix B.3)
+    V = [1, 2, 2]  # alternating experts, one bandwidth (Appendix B.3)
     assert theory.best_draft_length(V, F(1, 2)) == 0
     assert theory.best_draft_length(V, F(9, 10)) == 2
     a1, a2 = theory.step_points(V)
-    assert a1 == a2                     # the staircase jumps from 0 to 2: length 1 is never best
+    assert a1 == a2  # the staircase jumps from 0 to 2: length 1 is never best
     assert a1 == (math.sqrt(5) - 1) / 2  # a + a^2 = 1
-    assert theory.crossing_acceptance(V, 1, 0) == 1.0   # T(1) > T(0) at no a
+    assert theory.crossing_acceptance(V, 1, 0) == 1.0  # T(1) > T(0) at no a
     for num in range(0, 1000, 7):
         assert theory.best_draft_length(V, F(num, 1000)) != 1
     assert [lvl[2] for lvl in theory.staircase(V).levels] == [0, 2]
@@ -84,10 +83,12 @@ def test_no_single_threshold_table_appendix_b2():
     assert (r1, r2) == (F(7, 20), F(371, 800))
     # the time form with one bandwidth and no fixed time gives the same (Eq. (B.16))
     for k, r in ((1, r1), (2, r2)):
-        assert theory.reuse_threshold(a, k, m=m, W=W, tau1=F(1), bandwidth_k=1,
-                                      bandwidth_1=1) == r
-    table = {"01": (F(0), F(1, 2), 2), "00012": (F(2, 5), F(2, 5), 1),
-             "00102": (F(1, 5), F(2, 5), None)}
+        assert theory.reuse_threshold(a, k, m=m, W=W, tau1=F(1), bandwidth_k=1, bandwidth_1=1) == r
+    table = {
+        "01": (F(0), F(1, 2), 2),
+        "00012": (F(2, 5), F(2, 5), 1),
+        "00102": (F(1, 5), F(2, 5), None),
+    }
     for pattern, (rb1, rb2, speedup_k) in table.items():
         rho = [_pattern_reuse(pattern, 3)]
         assert (mean_reuse([1], rho, 1), mean_reuse([1], rho, 2)) == (rb1, rb2)
@@ -101,6 +102,7 @@ def test_no_single_threshold_table_appendix_b2():
 
 def test_factor_section_3_5():
     from specmoe.cost import bounds
+
     delta = bounds.delta_from_epsilon(F(1, 10))
     assert delta == F(1, 9)
     assert bounds.speedup_factor(delta) == F(5, 4)
@@ -121,12 +123,20 @@ def test_exact_types_and_values():
     assert theory.best_draft_length(V, F(1, 2)) == 2
 
 
-@pytest.mark.parametrize("bad, word", [
-    (dict(V=[1, 2], a=1), "a"), (dict(V=[1, 2], a=-0.1), "a"), (dict(V=[1, 2], a=math.nan), "a"),
-    (dict(V=[1], a=0.5), "k_max"), (dict(V=[1, 0], a=0.5), "V[1]"), (dict(V=[1, -2], a=0.5), "V[1]"),
-    (dict(V=[1, math.inf], a=0.5), "V[1]"), (dict(V="12", a=0.5), "V"),
-    (dict(V=[1, True], a=0.5), "V[1]"),
-])
+@pytest.mark.parametrize(
+    "bad, word",
+    [
+        (dict(V=[1, 2], a=1), "a"),
+        (dict(V=[1, 2], a=-0.1), "a"),
+        (dict(V=[1, 2], a=math.nan), "a"),
+        (dict(V=[1], a=0.5), "k_max"),
+        (dict(V=[1, 0], a=0.5), "V[1]"),
+        (dict(V=[1, -2], a=0.5), "V[1]"),
+        (dict(V=[1, math.inf], a=0.5), "V[1]"),
+        (dict(V="12", a=0.5), "V"),
+        (dict(V=[1, True], a=0.5), "V[1]"),
+    ],
+)
 def test_bad_input_names_the_argument(bad, word):
     with pytest.raises(InputError, match=word.replace("[", r"\[").replace("]", r"\]")):
         theory.best_draft_length(bad["V"], bad["a"])
@@ -155,11 +165,12 @@ def test_float_ties_are_decided_exactly():
 def test_kstar_is_smallest_maximiser_and_monotone(V, a, b):
     ka, kb = theory.best_draft_length(V, a), theory.best_draft_length(V, b)
     assert ka == ref_kstar(V, a)
-    if a <= b:                          # Eq. (B.28)
+    if a <= b:  # Eq. (B.28)
         assert ka <= kb
     # float inputs give the same exact answer
     assert theory.best_draft_length([float(v) for v in V], float(a)) == ref_kstar(
-        [F(float(v)) for v in V], F(float(a)))
+        [F(float(v)) for v in V], F(float(a))
+    )
 
 
 @SETTINGS
@@ -171,12 +182,13 @@ def test_speedup_condition_eq8_and_a0(V, a):
         assert theory.speedup(V, a, k) == T[k] / T[0]
     a0 = theory.first_threshold(V)
     T = theory.throughput(V, a)
-    assert (T[1] > T[0]) == (a > a0)       # Eq. (B.4)
+    assert (T[1] > T[0]) == (a > a0)  # Eq. (B.4)
     if 0 <= a0 < 1:
         T0 = theory.throughput(V, a0)
         assert T0[1] == T0[0]
     assert (theory.best_draft_length(V, a) >= 1) == any(
-        theory.speeds_up(V, a, k) for k in range(1, len(V)))      # Eq. (B.3)
+        theory.speeds_up(V, a, k) for k in range(1, len(V))
+    )  # Eq. (B.3)
 
 
 @SETTINGS
@@ -188,11 +200,11 @@ def test_step_points_against_brute_force(V):
     Vf = [F(v) for v in V]
     for j, p in enumerate(pts, 1):
         lo, hi = neighbours(p)
-        if p < 1.0 and hi < 1.0:        # just above a_j: k* >= j
+        if p < 1.0 and hi < 1.0:  # just above a_j: k* >= j
             assert ref_kstar(Vf, F(hi)) >= j
-        if p > 0.0:                     # just below a_j: k* < j
+        if p > 0.0:  # just below a_j: k* < j
             assert ref_kstar(Vf, F(max(lo, 0.0))) < j
-        if p == 1.0:                    # never reached
+        if p == 1.0:  # never reached
             assert ref_kstar(Vf, F(math.nextafter(1.0, 0.0))) < j
     # between step points k* is constant: the number of step points below a
     edges = sorted(set([0.0, *pts, 1.0]))
@@ -208,8 +220,8 @@ def test_step_points_against_brute_force(V):
         for i in range(k):
             al = theory.crossing_acceptance(V, k, i)
             lo, hi = neighbours(al)
-            Tk = lambda x, k=k: ref_G(x, k) / Vf[k]   # noqa: E731
-            Ti = lambda x, i=i: ref_G(x, i) / Vf[i]   # noqa: E731
+            Tk = lambda x, k=k: ref_G(x, k) / Vf[k]  # noqa: E731
+            Ti = lambda x, i=i: ref_G(x, i) / Vf[i]  # noqa: E731
             if al < 1.0 and hi < 1.0:
                 assert Tk(F(hi)) > Ti(F(hi))
             if al > 0.0:
@@ -219,8 +231,9 @@ def test_step_points_against_brute_force(V):
 @st.composite
 def convex_V(draw):
     V0 = draw(pos_fraction())
-    incs = sorted(draw(st.lists(st.builds(F, st.integers(0, 40), st.integers(1, 8)),
-                                min_size=1, max_size=6)))
+    incs = sorted(
+        draw(st.lists(st.builds(F, st.integers(0, 40), st.integers(1, 8)), min_size=1, max_size=6))
+    )
     V = [V0]
     for c in incs:
         V.append(V[-1] + c)
@@ -230,7 +243,7 @@ def convex_V(draw):
 @SETTINGS
 @given(V=convex_V(), a=acceptances)
 def test_convex_form_agrees_with_max_min(V, a):
-    assert theory.step_points_convex(V) == theory.step_points(V)     # Eq. (10)/(B.36) = (B.31)
+    assert theory.step_points_convex(V) == theory.step_points(V)  # Eq. (10)/(B.36) = (B.31)
     k = ref_kstar(V, a)
     for j in range(1, len(V)):
         assert theory.convex_reaches(V, a, j) == (k >= j)
@@ -246,21 +259,27 @@ def test_convex_form_rejects_non_convex():
 # ------------------------------------------------------------------------------------------
 # deduplicating engines (Section 3.4, Appendix B.2)
 
-dedup_setup = st.fixed_dictionaries({
-    "m": st.integers(1, 8), "W": pos_fraction(1, 20), "D": st.builds(F, st.integers(0, 40)),
-    "kv": st.builds(F, st.integers(0, 5)), "t0": st.builds(F, st.integers(0, 5), st.just(4)),
-    "beta_D": pos_fraction(1, 20), "beta1": pos_fraction(1, 20),
-    "B": st.lists(pos_fraction(1, 20), min_size=3, max_size=3),
-    "phi1": st.builds(F, st.integers(0, 5), st.just(3)),
-    "phi": st.lists(st.builds(F, st.integers(0, 5), st.just(3)), min_size=3, max_size=3),
-    "a": acceptances,
-})
+dedup_setup = st.fixed_dictionaries(
+    {
+        "m": st.integers(1, 8),
+        "W": pos_fraction(1, 20),
+        "D": st.builds(F, st.integers(0, 40)),
+        "kv": st.builds(F, st.integers(0, 5)),
+        "t0": st.builds(F, st.integers(0, 5), st.just(4)),
+        "beta_D": pos_fraction(1, 20),
+        "beta1": pos_fraction(1, 20),
+        "B": st.lists(pos_fraction(1, 20), min_size=3, max_size=3),
+        "phi1": st.builds(F, st.integers(0, 5), st.just(3)),
+        "phi": st.lists(st.builds(F, st.integers(0, 5), st.just(3)), min_size=3, max_size=3),
+        "a": acceptances,
+    }
+)
 
 
 def _time_model(s, rho_bar):
     """V(k) by Eq. (B.10) with the union bytes of Eq. (12) (k_max = len(rho_bar))."""
     m, W = s["m"], s["W"]
-    Dn = lambda n: s["D"] + s["kv"] * (n - 1)     # noqa: E731
+    Dn = lambda n: s["D"] + s["kv"] * (n - 1)  # noqa: E731
     V = [s["t0"] + Dn(1) / s["beta_D"] + m * W / s["beta1"] + s["phi1"]]
     for k, rb in enumerate(rho_bar, 1):
         E = dedup_bytes_from_mean_reuse(m, W, k, rb)
@@ -270,9 +289,17 @@ def _time_model(s, rho_bar):
 
 def _threshold(s, V, k):
     return theory.reuse_threshold(
-        s["a"], k, m=s["m"], W=s["W"], tau1=V[0], bandwidth_k=s["B"][k - 1],
-        bandwidth_1=s["beta1"], dense_growth_bytes=s["kv"] * k, dense_bandwidth=s["beta_D"],
-        fixed_work_growth=s["phi"][k - 1] - s["phi1"])
+        s["a"],
+        k,
+        m=s["m"],
+        W=s["W"],
+        tau1=V[0],
+        bandwidth_k=s["B"][k - 1],
+        bandwidth_1=s["beta1"],
+        dense_growth_bytes=s["kv"] * k,
+        dense_bandwidth=s["beta_D"],
+        fixed_work_growth=s["phi"][k - 1] - s["phi1"],
+    )
 
 
 rho_bars = st.lists(st.builds(F, st.integers(0, 100), st.just(100)), min_size=3, max_size=3)
@@ -285,12 +312,21 @@ def test_reuse_threshold_decides_speedup_eq14(s, rho_bar):
     for k in (1, 2, 3):
         thr = _threshold(s, V, k)
         assert isinstance(thr, F)
-        assert (rho_bar[k - 1] > thr) == theory.speeds_up(V, s["a"], k)     # Eq. (B.14)
+        assert (rho_bar[k - 1] > thr) == theory.speeds_up(V, s["a"], k)  # Eq. (B.14)
         E = dedup_bytes_from_mean_reuse(s["m"], s["W"], k, rho_bar[k - 1])
         assert theory.dedup_speedup(
-            s["a"], k, tau1=V[0], dedup_bytes=E, m=s["m"], W=s["W"], bandwidth_k=s["B"][k - 1],
-            bandwidth_1=s["beta1"], dense_growth_bytes=s["kv"] * k, dense_bandwidth=s["beta_D"],
-            fixed_work_growth=s["phi"][k - 1] - s["phi1"]) == theory.speedup(V, s["a"], k)
+            s["a"],
+            k,
+            tau1=V[0],
+            dedup_bytes=E,
+            m=s["m"],
+            W=s["W"],
+            bandwidth_k=s["B"][k - 1],
+            bandwidth_1=s["beta1"],
+            dense_growth_bytes=s["kv"] * k,
+            dense_bandwidth=s["beta_D"],
+            fixed_work_growth=s["phi"][k - 1] - s["phi1"],
+        ) == theory.speedup(V, s["a"], k)
         # the threshold falls as a grows (Eq. (B.19))
         if s["a"] < F(999, 1000):
             b = (s["a"] + 1) / 2
@@ -300,9 +336,9 @@ def test_reuse_threshold_decides_speedup_eq14(s, rho_bar):
 @SETTINGS
 @given(s=dedup_setup, rho_bar=rho_bars, more=rho_bars)
 def test_more_reuse_never_removes_a_speedup(s, rho_bar, more):
-    rho2 = [max(x, y) for x, y in zip(rho_bar, more)]          # rho_bar <= rho2 everywhere
+    rho2 = [max(x, y) for x, y in zip(rho_bar, more)]  # rho_bar <= rho2 everywhere
     V1, V2 = _time_model(s, rho_bar), _time_model(s, rho2)
-    assert V2[0] == V1[0] and all(v2 <= v1 for v1, v2 in zip(V1, V2))   # Eq. (B.15), (B.20)
+    assert V2[0] == V1[0] and all(v2 <= v1 for v1, v2 in zip(V1, V2))  # Eq. (B.15), (B.20)
     if theory.best_draft_length(V1, s["a"]) >= 1:
         assert theory.best_draft_length(V2, s["a"]) >= 1
     for k in (1, 2, 3):
@@ -310,19 +346,33 @@ def test_more_reuse_never_removes_a_speedup(s, rho_bar, more):
 
 
 @SETTINGS
-@given(m=st.integers(1, 8), W=pos_fraction(), D=st.builds(F, st.integers(0, 30)),
-       kv=st.lists(st.builds(F, st.integers(0, 9)), min_size=4, max_size=4), a=acceptances,
-       k=st.integers(1, 3))
+@given(
+    m=st.integers(1, 8),
+    W=pos_fraction(),
+    D=st.builds(F, st.integers(0, 30)),
+    kv=st.lists(st.builds(F, st.integers(0, 9)), min_size=4, max_size=4),
+    a=acceptances,
+    k=st.integers(1, 3),
+)
 def test_byte_form_is_the_one_bandwidth_case(m, W, D, kv, a, k):
     kv = sorted(kv)
     beta = F(7, 3)
-    t = theory.reuse_threshold(a, k, m=m, W=W, tau1=(D + kv[0] + m * W) / beta, bandwidth_k=beta,
-                               bandwidth_1=beta, dense_growth_bytes=kv[k] - kv[0],
-                               dense_bandwidth=beta)
-    assert t == theory.reuse_threshold_bytes(a, k, m=m, W=W, D=D, kv=kv)     # Eq. (16)
-    if a > 0:                      # falls as D grows (Eq. (B.19))
-        assert theory.reuse_threshold_bytes(a, k, m=m, W=W, D=D + 1, kv=kv) < \
-            theory.reuse_threshold_bytes(a, k, m=m, W=W, D=D, kv=kv)
+    t = theory.reuse_threshold(
+        a,
+        k,
+        m=m,
+        W=W,
+        tau1=(D + kv[0] + m * W) / beta,
+        bandwidth_k=beta,
+        bandwidth_1=beta,
+        dense_growth_bytes=kv[k] - kv[0],
+        dense_bandwidth=beta,
+    )
+    assert t == theory.reuse_threshold_bytes(a, k, m=m, W=W, D=D, kv=kv)  # Eq. (16)
+    if a > 0:  # falls as D grows (Eq. (B.19))
+        assert theory.reuse_threshold_bytes(
+            a, k, m=m, W=W, D=D + 1, kv=kv
+        ) < theory.reuse_threshold_bytes(a, k, m=m, W=W, D=D, kv=kv)
 
 
 def test_staircase_levels_read_off():

@@ -20,9 +20,13 @@ def random_experts(rng, t, layers, m, n):
 def make_trace(rng, lengths=(3, 5, 2), n_layers=3, m=2, n=8, *, weights=None, **meta):
     t = sum(lengths)
     w = None if weights is None else rng.random((t, n_layers, m)).astype(weights)
-    return RoutingTrace(experts=random_experts(rng, t, n_layers, m, n),
-                        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
-                        num_experts=n, weights=w, meta=meta)
+    return RoutingTrace(
+        experts=random_experts(rng, t, n_layers, m, n),
+        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        num_experts=n,
+        weights=w,
+        meta=meta,
+    )
 
 
 def write_npz(path, **arrays):
@@ -32,9 +36,11 @@ def write_npz(path, **arrays):
 
 
 def good_arrays(rng, **over):
-    arrays = {"experts": random_experts(rng, 6, 2, 2, 8).astype(np.int16),
-              "doc_offsets": np.array([0, 4, 6]),
-              "meta": np.array(json.dumps({"num_experts": 8}))}
+    arrays = {
+        "experts": random_experts(rng, 6, 2, 2, 8).astype(np.int16),
+        "doc_offsets": np.array([0, 4, 6]),
+        "meta": np.array(json.dumps({"num_experts": 8})),
+    }
     arrays.update(over)
     return {k: v for k, v in arrays.items() if v is not None}
 
@@ -51,12 +57,20 @@ def assert_one_line_error(path, exc_info, *needles):
 # ------------------------------------------------------------------------------------------
 # round trips
 
+
 @pytest.mark.parametrize("weights", [None, "float32", "float16", "float64"])
 @pytest.mark.parametrize("compress", [True, False])
 def test_round_trip_is_exact(tmp_path, weights, compress):
     rng = np.random.default_rng(1)
-    tr = make_trace(rng, weights=weights, model="olmoe", source="capture",
-                    documents=["a", "b", "c"], layers=[1, 4, 7], extra={"k": [1, 2]})
+    tr = make_trace(
+        rng,
+        weights=weights,
+        model="olmoe",
+        source="capture",
+        documents=["a", "b", "c"],
+        layers=[1, 4, 7],
+        extra={"k": [1, 2]},
+    )
     path = save_trace(tr, tmp_path / "t.npz", compress=compress)
     back = load_trace(path)
     np.testing.assert_array_equal(back.experts, tr.experts)
@@ -68,8 +82,14 @@ def test_round_trip_is_exact(tmp_path, weights, compress):
     else:
         assert back.weights.dtype == np.dtype(weights)
         np.testing.assert_array_equal(back.weights, tr.weights)
-    assert back.meta == {"model": "olmoe", "source": "capture", "documents": ["a", "b", "c"],
-                         "layers": [1, 4, 7], "extra": {"k": [1, 2]}, "num_experts": 8}
+    assert back.meta == {
+        "model": "olmoe",
+        "source": "capture",
+        "documents": ["a", "b", "c"],
+        "layers": [1, 4, 7],
+        "extra": {"k": [1, 2]},
+        "num_experts": 8,
+    }
     assert back.layers == [1, 4, 7]
     assert (back.num_tokens, back.num_layers, back.top_k, back.num_documents) == (10, 3, 2, 3)
     assert [d.shape[0] for d in back.documents()] == [3, 5, 2]
@@ -81,8 +101,9 @@ def test_compressed_file_is_smaller_and_wide_ids_use_int32(tmp_path):
     a = save_trace(tr, tmp_path / "a.npz", compress=True).stat().st_size
     b = save_trace(tr, tmp_path / "b.npz", compress=False).stat().st_size
     assert a < b
-    wide = RoutingTrace(experts=np.array([[[40000, 3]]]), doc_offsets=np.array([0, 1]),
-                        num_experts=40001)
+    wide = RoutingTrace(
+        experts=np.array([[[40000, 3]]]), doc_offsets=np.array([0, 1]), num_experts=40001
+    )
     back = load_trace(save_trace(wide, tmp_path / "w.npz"))
     assert back.experts.dtype == np.int32 and back.experts[0, 0, 0] == 40000
 
@@ -97,9 +118,11 @@ def test_numpy_values_in_meta_are_saved_as_json(tmp_path):
 # ------------------------------------------------------------------------------------------
 # shard directories
 
+
 def save_shards(tmp_path, rng, count=3):
-    shards = [make_trace(rng, lengths=(2 + i, 3), documents=[f"s{i}a", f"s{i}b"])
-              for i in range(count)]
+    shards = [
+        make_trace(rng, lengths=(2 + i, 3), documents=[f"s{i}a", f"s{i}b"]) for i in range(count)
+    ]
     d = tmp_path / "shards"
     for i, s in enumerate(shards):
         save_trace(s, d / f"part-{i:03d}.npz")
@@ -159,17 +182,18 @@ def test_mismatched_shards(tmp_path, change):
 # ------------------------------------------------------------------------------------------
 # views
 
+
 def test_select_documents_matches_a_loop():
     rng = np.random.default_rng(7)
-    tr = make_trace(rng, lengths=(3, 1, 4, 2), weights="float32",
-                    documents=["a", "b", "c", "d"])
+    tr = make_trace(rng, lengths=(3, 1, 4, 2), weights="float32", documents=["a", "b", "c", "d"])
     index = [2, 0, 2, 3]
     sub = tr.select_documents(index)
     docs = list(tr.documents())
     np.testing.assert_array_equal(sub.experts, np.concatenate([docs[i] for i in index]))
     off = tr.doc_offsets
     np.testing.assert_array_equal(
-        sub.weights, np.concatenate([tr.weights[off[i]:off[i + 1]] for i in index]))
+        sub.weights, np.concatenate([tr.weights[off[i] : off[i + 1]] for i in index])
+    )
     np.testing.assert_array_equal(sub.doc_offsets, [0, 4, 7, 11, 13])
     assert sub.meta["documents"] == ["c", "a", "c", "d"]
     for bad in ([4], [-1], [[0]], [0.5]):
@@ -182,8 +206,13 @@ def test_select_documents_matches_a_loop():
 def test_select_layers():
     rng = np.random.default_rng(8)
     base = make_trace(rng, n_layers=4, weights="float32")
-    tr = RoutingTrace(experts=base.experts, doc_offsets=base.doc_offsets, num_experts=8,
-                      weights=base.weights, meta={"layers": [3, 5, 7, 9]})
+    tr = RoutingTrace(
+        experts=base.experts,
+        doc_offsets=base.doc_offsets,
+        num_experts=8,
+        weights=base.weights,
+        meta={"layers": [3, 5, 7, 9]},
+    )
     sub = tr.select_layers([2, 0])
     for j, i in enumerate([2, 0]):
         np.testing.assert_array_equal(sub.experts[:, j], tr.experts[:, i])
@@ -233,8 +262,7 @@ BAD_CASES = {
     "repeated id": ({"experts": _dup}, "token 3 repeats an expert id"),
     "offsets start": ({"doc_offsets": np.array([1, 4, 6])}, "start at 0"),
     "offsets flat": ({"doc_offsets": np.array([0, 4, 4, 6])}, "increase strictly"),
-    "offsets wrap": ({"doc_offsets": np.array([0, 7, 6], dtype=np.uint64)},
-                     "increase strictly"),
+    "offsets wrap": ({"doc_offsets": np.array([0, 7, 6], dtype=np.uint64)}, "increase strictly"),
     "offsets end": ({"doc_offsets": np.array([0, 4, 5])}, "not at T=6"),
     "offsets short": ({"doc_offsets": np.array([0])}, "D >= 1"),
     "offsets 2-d": ({"doc_offsets": np.array([[0, 6]])}, "1-d"),
@@ -305,6 +333,7 @@ def test_unreadable_files(tmp_path, content):
 
 # ------------------------------------------------------------------------------------------
 # atomic writes
+
 
 class Interrupted(BaseException):
     pass

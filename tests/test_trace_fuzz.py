@@ -20,18 +20,33 @@ from hypothesis.extra import numpy as hnp
 from specmoe.errors import InputError
 from specmoe.routing.trace import RoutingTrace, load_trace, save_trace
 
-FAST = settings(max_examples=120, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=3000, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+SLOW = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 KEYS = ("experts", "doc_offsets", "meta", "weights")
-DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint64", "float16", "float32",
-          "float64", "bool", "complex64", "<U6", "|S4"]
+DTYPES = [
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bool",
+    "complex64",
+    "<U6",
+    "|S4",
+]
 
 
 # ------------------------------------------------------------------------------------------
 # the reference: the invariants of docs/trace-format.md, restated without numpy shortcuts
+
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -68,23 +83,34 @@ def reference_verdict(arrays: dict) -> bool:
         return False
     if "weights" in arrays:
         w = arrays["weights"]
-        if w.shape != e.shape or w.dtype.kind != "f" or not all(
-                np.isfinite(float(x)) for x in w.ravel().tolist()):
+        if (
+            w.shape != e.shape
+            or w.dtype.kind != "f"
+            or not all(np.isfinite(float(x)) for x in w.ravel().tolist())
+        ):
             return False
     layers = meta.get("layers", list(range(n_layers)))
-    if (not isinstance(layers, list) or len(layers) != n_layers
-            or not all(_is_int(x) and x >= 0 for x in layers) or len(set(layers)) != n_layers):
+    if (
+        not isinstance(layers, list)
+        or len(layers) != n_layers
+        or not all(_is_int(x) and x >= 0 for x in layers)
+        or len(set(layers)) != n_layers
+    ):
         return False
     if "documents" in meta:
         docs = meta["documents"]
-        if not isinstance(docs, list) or len(docs) != len(o) - 1 or not all(
-                isinstance(d, str) or _is_int(d) for d in docs):
+        if (
+            not isinstance(docs, list)
+            or len(docs) != len(o) - 1
+            or not all(isinstance(d, str) or _is_int(d) for d in docs)
+        ):
             return False
     return True
 
 
 # ------------------------------------------------------------------------------------------
 # strategies
+
 
 @st.composite
 def valid_arrays(draw):
@@ -93,27 +119,39 @@ def valid_arrays(draw):
     n_layers = draw(st.integers(1, 3))
     lengths = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
     t = sum(lengths)
-    perm = draw(st.lists(st.permutations(range(n)), min_size=t * n_layers,
-                         max_size=t * n_layers))
+    perm = draw(st.lists(st.permutations(range(n)), min_size=t * n_layers, max_size=t * n_layers))
     dtype = draw(st.sampled_from(["int8", "int16", "int32", "int64", "uint8", "uint64"]))
     experts = np.array([p[:m] for p in perm], dtype=dtype).reshape(t, n_layers, m)
     meta: dict = {"num_experts": n}
     if draw(st.booleans()):
-        meta["layers"] = draw(st.lists(st.integers(0, 60), min_size=n_layers,
-                                       max_size=n_layers, unique=True))
+        meta["layers"] = draw(
+            st.lists(st.integers(0, 60), min_size=n_layers, max_size=n_layers, unique=True)
+        )
     if draw(st.booleans()):
-        meta["documents"] = draw(st.lists(st.text(max_size=5) | st.integers(0, 9),
-                                          min_size=len(lengths), max_size=len(lengths)))
+        meta["documents"] = draw(
+            st.lists(
+                st.text(max_size=5) | st.integers(0, 9),
+                min_size=len(lengths),
+                max_size=len(lengths),
+            )
+        )
     if draw(st.booleans()):
         meta["model"] = draw(st.text(max_size=8))
-    arrays = {"experts": experts,
-              "doc_offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(
-                  draw(st.sampled_from(["int64", "int32", "uint64", "uint16"]))),
-              "meta": np.array(json.dumps(meta))}
+    arrays = {
+        "experts": experts,
+        "doc_offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(
+            draw(st.sampled_from(["int64", "int32", "uint64", "uint16"]))
+        ),
+        "meta": np.array(json.dumps(meta)),
+    }
     if draw(st.booleans()):
-        arrays["weights"] = draw(hnp.arrays(
-            st.sampled_from(["float16", "float32", "float64"]), experts.shape,
-            elements={"min_value": -1.0, "max_value": 1.0}))
+        arrays["weights"] = draw(
+            hnp.arrays(
+                st.sampled_from(["float16", "float32", "float64"]),
+                experts.shape,
+                elements={"min_value": -1.0, "max_value": 1.0},
+            )
+        )
     return arrays
 
 
@@ -126,23 +164,34 @@ def random_array(dtype: str):
         elements = st.sampled_from([0.0, 1.0, 2.0, 7.0, np.nan, np.inf, -1.0])
     else:
         elements = None
-    return hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0,
-                                              max_side=4), elements=elements)
+    return hnp.arrays(
+        dtype, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4), elements=elements
+    )
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 40) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 40)
+    | st.floats(allow_nan=False)
     | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["num_experts", "layers", "documents", "model", "x"]), inner,
-        max_size=4),
-    max_leaves=12)
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["num_experts", "layers", "documents", "model", "x"]), inner, max_size=4
+        )
+    ),
+    max_leaves=12,
+)
 meta_text = st.one_of(
     st.text(max_size=30),
     json_values.map(json.dumps),
-    st.builds(lambda d: json.dumps({"num_experts": 8, **d}),
-              st.dictionaries(st.sampled_from(["layers", "documents", "num_experts"]),
-                              json_values, max_size=2)),
+    st.builds(
+        lambda d: json.dumps({"num_experts": 8, **d}),
+        st.dictionaries(
+            st.sampled_from(["layers", "documents", "num_experts"]), json_values, max_size=2
+        ),
+    ),
     st.integers(1, 3000).map(lambda k: "[" * k + "]" * (k % 3)),
 )
 
@@ -187,6 +236,7 @@ def malformed_arrays(draw):
 
 # ------------------------------------------------------------------------------------------
 # properties
+
 
 def write_npz(path: Path, arrays: dict, compress: bool) -> None:
     with open(path, "wb") as fh:
@@ -288,28 +338,41 @@ def _damaged(arrays, compress, damage, data, workdir):
 
 
 @FAST
-@given(arrays=valid_arrays(), compress=st.booleans(),
-       damage=st.sampled_from(["truncate", "flip", "random"]), data=st.data())
+@given(
+    arrays=valid_arrays(),
+    compress=st.booleans(),
+    damage=st.sampled_from(["truncate", "flip", "random"]),
+    data=st.data(),
+)
 def test_damaged_files_give_one_line_errors(workdir, arrays, compress, damage, data):
     _damaged(arrays, compress, damage, data, workdir)
 
 
 @pytest.mark.slow
 @SLOW
-@given(arrays=valid_arrays(), compress=st.booleans(),
-       damage=st.sampled_from(["truncate", "flip", "random"]), data=st.data())
+@given(
+    arrays=valid_arrays(),
+    compress=st.booleans(),
+    damage=st.sampled_from(["truncate", "flip", "random"]),
+    data=st.data(),
+)
 def test_damaged_files_many(workdir, arrays, compress, damage, data):
     _damaged(arrays, compress, damage, data, workdir)
 
 
 def test_reference_rejects_what_it_should():
     """The reference itself can say no (so the properties above can fail)."""
-    good = {"experts": np.array([[[0, 1]]]), "doc_offsets": np.array([0, 1]),
-            "meta": np.array('{"num_experts": 3}')}
+    good = {
+        "experts": np.array([[[0, 1]]]),
+        "doc_offsets": np.array([0, 1]),
+        "meta": np.array('{"num_experts": 3}'),
+    }
     assert reference_verdict(good)
     assert not reference_verdict({**good, "experts": np.array([[[1, 1]]])})
     assert not reference_verdict({**good, "doc_offsets": np.array([0, 2], dtype=np.uint8)})
     assert not reference_verdict({**good, "meta": np.array('{"num_experts": 2}')})
     assert not reference_verdict({**good, "weights": np.array([[[np.nan, 1.0]]])})
-    assert isinstance(RoutingTrace(experts=good["experts"], doc_offsets=good["doc_offsets"],
-                                   num_experts=3), RoutingTrace)
+    assert isinstance(
+        RoutingTrace(experts=good["experts"], doc_offsets=good["doc_offsets"], num_experts=3),
+        RoutingTrace,
+    )

@@ -51,18 +51,34 @@ def test_preregistered_rules_encode_the_targets():
     k = rules["kstar_within_one"]
     assert (k.version, k.op, k.value, k.of, k.required) == ("prediction", ">=", 10, 11, True)
     assert (rules["verify_error_prediction"].op, rules["verify_error_prediction"].value) == (
-        "<=", 0.10)
+        "<=",
+        0.10,
+    )
     assert rules["verify_error_calibrated"].version == "calibrated"
     assert rules["verify_error_calibrated"].value == 0.05
     assert (rules["crossover_within_one"].metric, rules["crossover_within_one"].value) == (
-        "crossover_distance", 1)
+        "crossover_distance",
+        1,
+    )
     assert (rules["saving_in_band"].op, rules["saving_in_band"].value) == (">=", 1.0)
-    assert all(r.required for r in rules.values() if r.id in (
-        "kstar_within_one", "verify_error_prediction", "verify_error_calibrated",
-        "crossover_within_one", "saving_in_band"))
+    assert all(
+        r.required
+        for r in rules.values()
+        if r.id
+        in (
+            "kstar_within_one",
+            "verify_error_prediction",
+            "verify_error_calibrated",
+            "crossover_within_one",
+            "saving_in_band",
+        )
+    )
     raw = json.loads(default_rules_path().read_text())
-    assert raw["definitions"]["pass_sizes"] == {"min": 2, "max": 9, "note": raw[
-        "definitions"]["pass_sizes"]["note"]}
+    assert raw["definitions"]["pass_sizes"] == {
+        "min": 2,
+        "max": 9,
+        "note": raw["definitions"]["pass_sizes"]["note"],
+    }
 
 
 def test_count_rule_is_a_share_of_the_values():
@@ -70,7 +86,7 @@ def test_count_rule_is_a_share_of_the_values():
     assert k.holds(10, 11) is True
     assert k.holds(9, 11) is False
     assert k.holds(11, 11) is True
-    assert k.holds(9, 10) is False          # 0.90 < 10/11
+    assert k.holds(9, 10) is False  # 0.90 < 10/11
     assert k.holds(10, 10) is True
     assert k.holds(None, 11) is None
 
@@ -79,9 +95,18 @@ def test_count_rule_is_a_share_of_the_values():
 # scores on hand-made inputs
 
 
-@pytest.mark.parametrize(("pred", "meas", "dist"), [
-    (5, 7, 2), (3, 4, 1), (4, 4, 0), (None, 9, 1), (None, None, 0), (3, None, 7), (9, None, 1),
-])
+@pytest.mark.parametrize(
+    ("pred", "meas", "dist"),
+    [
+        (5, 7, 2),
+        (3, 4, 1),
+        (4, 4, 0),
+        (None, 9, 1),
+        (None, None, 0),
+        (3, None, 7),
+        (9, None, 1),
+    ],
+)
 def test_crossover_distance_counts_none_as_n_max_plus_one(pred, meas, dist):
     assert crossover_distance(pred, meas, 9) == dist
 
@@ -112,7 +137,7 @@ def test_kstar_nine_of_eleven_within_one():
     s = kstar_scores(V, T, ACC)
     assert s["k_hat"] == k_hat and s["k_measured"] == k_meas
     assert s["kstar_within_one"] == 9 and s["kstar_within_one_of"] == 11
-    assert s["max_loss"] == pytest.approx(2 / 100)    # T = 98 at k_hat, 100 at the best
+    assert s["max_loss"] == pytest.approx(2 / 100)  # T = 98 at k_hat, 100 at the best
 
 
 def test_kstar_exact_when_throughput_follows_the_step_times():
@@ -125,7 +150,7 @@ def test_kstar_exact_when_throughput_follows_the_step_times():
 def test_speedup_bound_common_factor_and_outside():
     V = [10.0, 11.0, 12.5, 14.5, 17.0, 20.0, 23.5, 27.5, 32.0]
     # a common factor on every step time leaves every speedup unchanged: inside at delta = 0
-    s = speedup_scores([2.0 * v for v in V], V, ACC, 0.0)   # exact in binary
+    s = speedup_scores([2.0 * v for v in V], V, ACC, 0.0)  # exact in binary
     assert s["speedup_in_bound_share"] == 1.0
     assert s["predicted"] == pytest.approx(s["measured"])
     # V_hat(k) = V(k) (1 + 0.2) for k >= 1 only: at a = 0.98 the ratio of best speedups is
@@ -186,7 +211,7 @@ def test_calibrated_version_reproduces_the_dedup_off_time(tmp_path):
 def test_nine_of_eleven_fails_the_kstar_rule(tmp_path):
     off, on = measured_verify_ms()
     h = draft_ms()
-    V_hat = measured_verify_ms(growth=np.zeros(9))[1] + h    # the prediction's step times
+    V_hat = measured_verify_ms(growth=np.zeros(9))[1] + h  # the prediction's step times
     k_hat = [theory.best_draft_length(V_hat.tolist(), a) for a in ACC]
     k_meas = list(k_hat)
     for i in (0, 5):
@@ -208,14 +233,14 @@ def test_nine_of_eleven_fails_the_kstar_rule(tmp_path):
 
 def test_crossover_off_by_two_fails_off_by_one_holds(tmp_path):
     shift = np.zeros(9)
-    shift[2:4] = 0.2        # measured S(3), S(4) < 0: measured crossover 5, predicted 3
+    shift[2:4] = 0.2  # measured S(3), S(4) < 0: measured crossover 5, predicted 3
     off, on = measured_verify_ms(saving_shift=shift)
     plan, runs = world(tmp_path, off=off, on=on)
     (c,) = validate(plan, runs)["configurations"]
     assert (c["crossover_predicted"], c["crossover_measured"]) == (3, 5)
     assert _rule(c, "crossover_within_one")["holds"] is False
     assert _rule(c, "crossover_within_one")["measured"] == 2
-    shift[3] = 0.0          # measured crossover 4
+    shift[3] = 0.0  # measured crossover 4
     off, on = measured_verify_ms(saving_shift=shift)
     write_runs(tmp_path / "runs", off=off, on=on)
     (c,) = validate(plan, runs)["configurations"]
@@ -225,7 +250,7 @@ def test_crossover_off_by_two_fails_off_by_one_holds(tmp_path):
 
 def test_band_share_counts_points_outside(tmp_path):
     shift = np.zeros(9)
-    shift[8] = 1.0          # the measured saving at n = 9 is 1 ms lower: outside the band
+    shift[8] = 1.0  # the measured saving at n = 9 is 1 ms lower: outside the band
     off, on = measured_verify_ms(saving_shift=shift)
     plan, runs = world(tmp_path, off=off, on=on)
     (c,) = validate(plan, runs)["configurations"]
@@ -240,7 +265,7 @@ def test_a_modified_rules_file_changes_the_verdict(tmp_path):
     raw = json.loads(default_rules_path().read_text())
     for r in raw["rules"]:
         if r["id"] == "verify_error_prediction":
-            r["value"] = 0.05      # the synthetic prediction misses by 6.9%
+            r["value"] = 0.05  # the synthetic prediction misses by 6.9%
     path = tmp_path / "stricter.json"
     path.write_text(json.dumps(raw))
     d = validate(plan, runs, rules_path=str(path))
@@ -262,21 +287,44 @@ def test_two_depths_are_two_configurations(tmp_path):
 
 def test_cli_json_schema(tmp_path, capsys):
     plan, runs = world(tmp_path)
-    rc = main(["validate", "--plan", str(plan), "--runs", str(runs), "--json",
-               "--out", str(tmp_path / "out")])
+    rc = main(
+        [
+            "validate",
+            "--plan",
+            str(plan),
+            "--runs",
+            str(runs),
+            "--json",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0
-    d = json.loads(captured.out)               # stdout holds the JSON and nothing else
+    d = json.loads(captured.out)  # stdout holds the JSON and nothing else
     assert {"configurations", "all_hold", "rules", "rules_file"} <= set(d)
     (c,) = d["configurations"]
-    for key in ("name", "acceptance_values", "kstar_within_one", "max_loss", "verify_error",
-                "crossover_predicted", "crossover_measured", "rules", "all_hold"):
+    for key in (
+        "name",
+        "acceptance_values",
+        "kstar_within_one",
+        "max_loss",
+        "verify_error",
+        "crossover_predicted",
+        "crossover_measured",
+        "rules",
+        "all_hold",
+    ):
         assert key in c
     assert set(c["verify_error"]) == {"prediction", "measured_time", "calibrated"}
     assert len(c["acceptance_values"]) == 11
     assert all(isinstance(r["holds"], bool) for r in c["rules"])
-    for name in ("validation.json", "validate_saving.png", "validate_kstar.png",
-                 "validate_verify.png"):
+    for name in (
+        "validation.json",
+        "validate_saving.png",
+        "validate_kstar.png",
+        "validate_verify.png",
+    ):
         assert (tmp_path / "out" / name).is_file()
     assert json.loads((tmp_path / "out" / "validation.json").read_text()) == d
 
@@ -289,22 +337,39 @@ def _bad(capsys, argv):
 
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     plan, runs = world(tmp_path)
-    rc, msg = _bad(capsys, ["validate", "--plan", str(tmp_path / "nope.json"), "--runs",
-                            str(runs)])
+    rc, msg = _bad(capsys, ["validate", "--plan", str(tmp_path / "nope.json"), "--runs", str(runs)])
     assert rc == 2 and "--plan" in msg and "no such plan" in msg
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, msg = _bad(capsys, ["validate", "--plan", str(plan), "--runs", str(empty)])
     assert rc == 2 and "verify.json" in msg
-    other = write_plan(tmp_path / "other" / "plan.json", tmp_path / "profile.json",
-                       model=spec().__class__(name="other-moe", num_experts=8, top_k=2,
-                                              num_moe_layers=4, hidden_size=64,
-                                              expert_intermediate=32))
+    other = write_plan(
+        tmp_path / "other" / "plan.json",
+        tmp_path / "profile.json",
+        model=spec().__class__(
+            name="other-moe",
+            num_experts=8,
+            top_k=2,
+            num_moe_layers=4,
+            hidden_size=64,
+            expert_intermediate=32,
+        ),
+    )
     rc, msg = _bad(capsys, ["validate", "--plan", str(other), "--runs", str(runs)])
     assert rc == 2 and "other-moe" in msg and "tiny-moe" in msg
-    (tmp_path / "rules.json").write_text("{\"schema\": \"nope\"}")
-    rc, msg = _bad(capsys, ["validate", "--plan", str(plan), "--runs", str(runs), "--rules",
-                            str(tmp_path / "rules.json")])
+    (tmp_path / "rules.json").write_text('{"schema": "nope"}')
+    rc, msg = _bad(
+        capsys,
+        [
+            "validate",
+            "--plan",
+            str(plan),
+            "--runs",
+            str(runs),
+            "--rules",
+            str(tmp_path / "rules.json"),
+        ],
+    )
     assert rc == 2 and "--rules" in msg
 
 

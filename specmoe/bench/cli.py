@@ -21,30 +21,51 @@ from specmoe.errors import InputError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="preset name or model/config path")
-    parser.add_argument("--trace", default=None,
-                        help="routing trace for recorded windows (default: the bundled fit trace)")
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="routing trace for recorded windows (default: the bundled fit trace)",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--dtype", default=None,
-                        help="weight dtype: float32, bfloat16, float16 (default: float32 on "
-                             "cpu, bfloat16 on cuda)")
-    parser.add_argument("--kernels", default="per_slot,dedup",
-                        help="comma-separated kernel names, 'all' (every kernel on the device) "
-                             "or 'peers' (ours and transformers'); the first per-slot and the "
-                             "first dedup kernel fill the profile")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="weight dtype: float32, bfloat16, float16 (default: float32 on cpu, bfloat16 on cuda)",
+    )
+    parser.add_argument(
+        "--kernels",
+        default="per_slot,dedup",
+        help="comma-separated kernel names, 'all' (every kernel on the device) "
+        "or 'peers' (ours and transformers'); the first per-slot and the "
+        "first dedup kernel fill the profile",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer passes (minutes on a CPU)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (default: the count with the highest read ceiling)")
-    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
-                        help="wall time, or the thread's CPU time (single-threaded CPU runs on "
-                             "a shared machine)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (default: the count with the highest read ceiling)",
+    )
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="wall time, or the thread's CPU time (single-threaded CPU runs on a shared machine)",
+    )
     parser.add_argument("--reps", type=int, default=None, help="repetitions of each pass")
-    parser.add_argument("--windows", type=int, default=None,
-                        help="recorded windows per layer and n")
+    parser.add_argument(
+        "--windows", type=int, default=None, help="recorded windows per layer and n"
+    )
     parser.add_argument("--layers", type=int, default=None, help="timed trace layers (at most)")
     parser.add_argument("--n-max", type=int, default=None, help="largest pass size (default 9)")
-    parser.add_argument("--from", dest="from_profile", default=None, metavar="PROFILE",
-                        help="summarise a saved profile.json instead of measuring")
+    parser.add_argument(
+        "--from",
+        dest="from_profile",
+        default=None,
+        metavar="PROFILE",
+        help="summarise a saved profile.json instead of measuring",
+    )
     parser.add_argument("--no-figures", action="store_true", help="write no figures in --out")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     parser.add_argument("--out", default=None, help="directory for profile, timings, figures")
@@ -56,13 +77,18 @@ def _kernel_list(text: str, device: str) -> list[str]:
     if text == "all":
         return [k for k in kernel_names(device) if k != "reference"]
     if text == "peers":
-        return [k for k in ("per_slot", "dedup", "hf_batched_mm", "hf_grouped_mm", "hf_eager")
-                if k in kernel_names(device)]
+        return [
+            k
+            for k in ("per_slot", "dedup", "hf_batched_mm", "hf_grouped_mm", "hf_eager")
+            if k in kernel_names(device)
+        ]
     names = [k.strip() for k in text.split(",") if k.strip()]
     for k in names:
         if k not in KERNELS or k == "reference":
-            raise InputError(f"--kernels: unknown {k!r} (choose from "
-                             f"{', '.join(x for x in KERNELS if x != 'reference')}, all, peers)")
+            raise InputError(
+                f"--kernels: unknown {k!r} (choose from "
+                f"{', '.join(x for x in KERNELS if x != 'reference')}, all, peers)"
+            )
     return names
 
 
@@ -70,39 +96,64 @@ def summary(prof: BandwidthProfile) -> dict[str, Any]:
     """The machine-readable result of ``--json``."""
     ek = prof.extra.get("kernels", {})
     return {
-        "model": prof.model_name, "device": prof.device, "device_name": prof.device_name,
-        "dtype": prof.dtype, "ceiling_gbps": prof.ceiling_gbps, "peak_gflops": prof.peak_gflops,
-        "n": prof.n, "beta_slot": prof.beta_slot, "beta_dedup": prof.beta_dedup, "r": prof.r,
-        "u_bar": prof.u_bar, "reread_cost": prof.reread_cost,
+        "model": prof.model_name,
+        "device": prof.device,
+        "device_name": prof.device_name,
+        "dtype": prof.dtype,
+        "ceiling_gbps": prof.ceiling_gbps,
+        "peak_gflops": prof.peak_gflops,
+        "n": prof.n,
+        "beta_slot": prof.beta_slot,
+        "beta_dedup": prof.beta_dedup,
+        "r": prof.r,
+        "u_bar": prof.u_bar,
+        "reread_cost": prof.reread_cost,
         "epsilon": {**prof.epsilon, **{k: v["epsilon"] for k, v in ek.items()}},
-        "crossover": prof.crossover, "fits": prof.fits,
-        "kernels": {k: {"kind": v["kind"], "beta_gbps": v["beta_gbps"],
-                        "roofline_ratio": v["roofline_ratio"], "epsilon": v["epsilon"],
-                        "reread_cost": v["fit"].get("reread_cost")} for k, v in ek.items()},
-        "roles": prof.extra.get("roles"), "threads": prof.extra.get("threads"),
-        "clock": prof.extra.get("clock"), "wall_s": prof.extra.get("wall_s"),
-        "llc_bytes": prof.extra.get("llc_bytes"), "layers": prof.layers,
+        "crossover": prof.crossover,
+        "fits": prof.fits,
+        "kernels": {
+            k: {
+                "kind": v["kind"],
+                "beta_gbps": v["beta_gbps"],
+                "roofline_ratio": v["roofline_ratio"],
+                "epsilon": v["epsilon"],
+                "reread_cost": v["fit"].get("reread_cost"),
+            }
+            for k, v in ek.items()
+        },
+        "roles": prof.extra.get("roles"),
+        "threads": prof.extra.get("threads"),
+        "clock": prof.extra.get("clock"),
+        "wall_s": prof.extra.get("wall_s"),
+        "llc_bytes": prof.extra.get("llc_bytes"),
+        "layers": prof.layers,
     }
 
 
 def _print_table(prof: BandwidthProfile) -> None:
-    print(f"{prof.model_name} on {prof.device_name} ({prof.device}, {prof.dtype}): ceiling "
-          f"{prof.ceiling_gbps:.2f} GB/s, matmul peak "
-          f"{prof.peak_gflops or float('nan'):.1f} GFLOP/s")
+    print(
+        f"{prof.model_name} on {prof.device_name} ({prof.device}, {prof.dtype}): ceiling "
+        f"{prof.ceiling_gbps:.2f} GB/s, matmul peak "
+        f"{prof.peak_gflops or float('nan'):.1f} GFLOP/s"
+    )
     ek = prof.extra.get("kernels", {})
     names = list(ek)
     head = f"{'n':>3} {'β_slot':>8} {'β_dedup':>8} {'r':>6} {'ū':>6}"
     head += "".join(f" {('roof ' + k)[:14]:>14}" for k in names)
     print(head + "   (GB/s; roof = time / roofline bound)")
     for i, n in enumerate(prof.n):
-        line = (f"{n:>3} {prof.beta_slot[i]:8.2f} {prof.beta_dedup[i]:8.2f} {prof.r[i]:6.3f} "
-                f"{prof.u_bar[i]:6.3f}")
+        line = (
+            f"{n:>3} {prof.beta_slot[i]:8.2f} {prof.beta_dedup[i]:8.2f} {prof.r[i]:6.3f} "
+            f"{prof.u_bar[i]:6.3f}"
+        )
         line += "".join(f" {ek[k]['roofline_ratio'][i]:14.2f}" for k in names)
         print(line)
     rc = "n/a" if prof.reread_cost is None else f"{prof.reread_cost:.2f}"
     eps = ", ".join(f"{k} {v['epsilon']:.3f}" for k, v in ek.items()) or str(prof.epsilon)
-    print(f"re-read cost c_re/c_u {rc}; ε: {eps}; crossover "
-          f"{prof.crossover if prof.crossover is not None else 'none'}")
+    print(
+        f"re-read cost c_re/c_u {rc}; ε: {eps}; crossover "
+        f"{prof.crossover if prof.crossover is not None else 'none'}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,23 +167,48 @@ def run(args: argparse.Namespace) -> int:
         from specmoe.bench.run import Settings, benchmark
 
         dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-        settings = Settings.for_run(quick=args.quick, device=args.device, reps=args.reps,
-                                    windows=args.windows, max_layers=args.layers,
-                                    n_max=args.n_max)
-        res = benchmark(spec, trace=args.trace, device=args.device, dtype=dtype,
-                        quick=args.quick, seed=args.seed, progress=True,
-                        kernels=_kernel_list(args.kernels, args.device), threads=args.threads,
-                        clock=args.clock, settings=settings)
+        settings = Settings.for_run(
+            quick=args.quick,
+            device=args.device,
+            reps=args.reps,
+            windows=args.windows,
+            max_layers=args.layers,
+            n_max=args.n_max,
+        )
+        res = benchmark(
+            spec,
+            trace=args.trace,
+            device=args.device,
+            dtype=dtype,
+            quick=args.quick,
+            seed=args.seed,
+            progress=True,
+            kernels=_kernel_list(args.kernels, args.device),
+            threads=args.threads,
+            clock=args.clock,
+            settings=settings,
+        )
         prof, records = res.profile, res.records
     files = []
     if args.out:
         out = Path(args.out)
         if not args.from_profile:
             files.append(str(prof.save(out / "profile.json")))
-            files.append(str(atomic_write_json(out / "timings.json", {
-                "model": prof.model_name, "device": prof.device, "dtype": prof.dtype,
-                "clock": prof.extra.get("clock"), "expert_bytes": prof.extra.get("expert_bytes"),
-                "records": [r.to_dict() for r in records or []]})))
+            files.append(
+                str(
+                    atomic_write_json(
+                        out / "timings.json",
+                        {
+                            "model": prof.model_name,
+                            "device": prof.device,
+                            "dtype": prof.dtype,
+                            "clock": prof.extra.get("clock"),
+                            "expert_bytes": prof.extra.get("expert_bytes"),
+                            "records": [r.to_dict() for r in records or []],
+                        },
+                    )
+                )
+            )
         if not args.no_figures:
             try:
                 from specmoe.report.bench_figures import write_figures

@@ -44,9 +44,9 @@ class TimeFit:
 
     kind: str
     coef: dict[str, float]  # t_op (s), c_u/c_re or c_g (s/byte), c_t (s/token)
-    rank: int               # rank of the design matrix (3 = every constant identified)
+    rank: int  # rank of the design matrix (3 = every constant identified)
     n_passes: int
-    rms_rel: float          # root-mean-square relative residual on the fitted passes
+    rms_rel: float  # root-mean-square relative residual on the fitted passes
 
     def predict(self, n: np.ndarray, u: np.ndarray, m: int, b: float) -> np.ndarray:
         beta = np.array([self.coef[p] for p in PARAMS[self.kind]])
@@ -60,8 +60,9 @@ class TimeFit:
         return self.coef["c_re"] / self.coef["c_u"]
 
 
-def fit_time(kind: str, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int,
-             b: float) -> TimeFit:
+def fit_time(
+    kind: str, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int, b: float
+) -> TimeFit:
     """Least squares of Eq. (4) (``kind="per_slot"``) or Eq. (E.1) (``"dedup"``).
 
     Columns are scaled to unit norm before solving, so seconds, bytes and tokens, which differ
@@ -76,19 +77,33 @@ def fit_time(kind: str, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int,
     sol, _, rank, _ = np.linalg.lstsq(x / scale, t, rcond=None)
     beta = sol / scale
     resid = (x @ beta - t) / t
-    return TimeFit(kind=kind, coef=dict(zip(PARAMS[kind], map(float, beta))), rank=int(rank),
-                   n_passes=int(t.size), rms_rel=float(np.sqrt(np.mean(resid**2))))
+    return TimeFit(
+        kind=kind,
+        coef=dict(zip(PARAMS[kind], map(float, beta))),
+        rank=int(rank),
+        n_passes=int(t.size),
+        rms_rel=float(np.sqrt(np.mean(resid**2))),
+    )
 
 
-def relative_errors(fit: TimeFit, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int,
-                    b: float) -> np.ndarray:
+def relative_errors(
+    fit: TimeFit, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int, b: float
+) -> np.ndarray:
     """|t̂ − t| / t on each pass."""
     t = np.asarray(t, dtype=float)
     return np.abs(fit.predict(n, u, m, b) - t) / t
 
 
-def bandwidths(n_values: list[int], n: np.ndarray, u: np.ndarray, t_slot: np.ndarray,
-               t_dedup: np.ndarray, *, m: int, b: float) -> dict[str, list[float]]:
+def bandwidths(
+    n_values: list[int],
+    n: np.ndarray,
+    u: np.ndarray,
+    t_slot: np.ndarray,
+    t_dedup: np.ndarray,
+    *,
+    m: int,
+    b: float,
+) -> dict[str, list[float]]:
     """β_slot, β_dedup (B/s), r and ū at each n in ``n_values``, from per-window times.
 
     ``n``, ``u``, ``t_slot`` and ``t_dedup`` are per recorded window (any layers); sums run

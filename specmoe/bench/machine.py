@@ -103,11 +103,11 @@ def sync(device: str) -> None:
 class Ceiling:
     """A measured read bandwidth."""
 
-    gbps: float            # median over repetitions, 1 GB = 1e9 B
+    gbps: float  # median over repetitions, 1 GB = 1e9 B
     iqr_gbps: tuple[float, float]
     buffer_bytes: int
     llc_bytes: int | None  # None: the system did not say
-    threads: int | None    # CPU threads of the best reading
+    threads: int | None  # CPU threads of the best reading
     method: str
 
 
@@ -124,8 +124,14 @@ def _clock(clock: str):
     raise InputError(f"--clock: unknown {clock!r} (choose wall or cpu)")
 
 
-def measure_ceiling(device: str = "cpu", *, reps: int = 7, threads: list[int] | None = None,
-                    buffer_bytes: int | None = None, clock: str = "wall") -> Ceiling:
+def measure_ceiling(
+    device: str = "cpu",
+    *,
+    reps: int = 7,
+    threads: list[int] | None = None,
+    buffer_bytes: int | None = None,
+    clock: str = "wall",
+) -> Ceiling:
     """Read bandwidth of a buffer much larger than the last-level cache (median of ``reps``).
 
     CPU: the C read loop of the kernel library (each thread sums its own contiguous share),
@@ -174,8 +180,11 @@ def measure_ceiling(device: str = "cpu", *, reps: int = 7, threads: list[int] | 
             torch.set_num_threads(prev)
             if i >= 1:
                 times.append(dt)
-        method = (("C read loop" if lib is not None else "torch.sum") + f", {k} thread(s)"
-                  + (", thread CPU time" if clock == "cpu" else ""))
+        method = (
+            ("C read loop" if lib is not None else "torch.sum")
+            + f", {k} thread(s)"
+            + (", thread CPU time" if clock == "cpu" else "")
+        )
         c = _ceiling_from(times, count * 4, llc, k, method)
         if best is None or c.gbps > best.gbps:
             best = c
@@ -184,16 +193,28 @@ def measure_ceiling(device: str = "cpu", *, reps: int = 7, threads: list[int] | 
     return best
 
 
-def _ceiling_from(times: list[float], nbytes: int, llc: int | None, threads: int | None,
-                  method: str) -> Ceiling:
+def _ceiling_from(
+    times: list[float], nbytes: int, llc: int | None, threads: int | None, method: str
+) -> Ceiling:
     q1, q3 = np.percentile(times, [25, 75])
-    return Ceiling(gbps=nbytes / statistics.median(times) / 1e9,
-                   iqr_gbps=(nbytes / q3 / 1e9, nbytes / q1 / 1e9), buffer_bytes=nbytes,
-                   llc_bytes=llc, threads=threads, method=method)
+    return Ceiling(
+        gbps=nbytes / statistics.median(times) / 1e9,
+        iqr_gbps=(nbytes / q3 / 1e9, nbytes / q1 / 1e9),
+        buffer_bytes=nbytes,
+        llc_bytes=llc,
+        threads=threads,
+        method=method,
+    )
 
 
-def measure_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32, *,
-                       size: int | None = None, reps: int = 5, clock: str = "wall") -> float:
+def measure_peak_flops(
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    size: int | None = None,
+    reps: int = 5,
+    clock: str = "wall",
+) -> float:
     """Matrix-multiply rate (flop/s) of a square ``torch.mm`` at ``dtype``: median of reps,
     with torch's current thread count (``clock="cpu"``: one thread, its CPU time)."""
     check_device(device)

@@ -41,8 +41,7 @@ def u_grid(n: int, m: int, num_experts: int, points: int) -> list[int]:
     return sorted({round(v) for v in np.linspace(m, hi, k)})
 
 
-def chosen_pass(n: int, m: int, num_experts: int, u: int,
-                rng: np.random.Generator) -> np.ndarray:
+def chosen_pass(n: int, m: int, num_experts: int, u: int, rng: np.random.Generator) -> np.ndarray:
     """[n, m] ids whose n·m slots name exactly ``u`` distinct experts, distinct per token."""
     if not m <= u <= min(n * m, num_experts):
         raise InputError(f"U={u} must lie in [m={m}, min(nm, N)={min(n * m, num_experts)}]")
@@ -60,8 +59,8 @@ def distinct(ids: np.ndarray) -> int:
 
 @dataclass(frozen=True)
 class Window:
-    layer: int       # position of the layer in the trace (0..L-1)
-    start: int       # first token
+    layer: int  # position of the layer in the trace (0..L-1)
+    start: int  # first token
     ids: np.ndarray  # [n, m]
 
     @property
@@ -69,18 +68,24 @@ class Window:
         return int(self.ids.shape[0])
 
 
-def recorded_windows(experts: np.ndarray, doc_offsets: np.ndarray, n: int, layer: int,
-                     count: int, rng: np.random.Generator) -> list[Window]:
+def recorded_windows(
+    experts: np.ndarray,
+    doc_offsets: np.ndarray,
+    n: int,
+    layer: int,
+    count: int,
+    rng: np.random.Generator,
+) -> list[Window]:
     """Up to ``count`` windows of n consecutive tokens within documents, drawn without
     replacement (all of them when fewer exist), ordered by start. ``experts`` is [T, L, m]."""
-    starts = [np.arange(a, b - n + 1) for a, b in itertools.pairwise(doc_offsets)
-              if b - a >= n]
+    starts = [np.arange(a, b - n + 1) for a, b in itertools.pairwise(doc_offsets) if b - a >= n]
     if not starts:
         return []
     allstarts = np.concatenate(starts)
     pick = np.sort(rng.choice(allstarts, size=min(count, allstarts.size), replace=False))
-    return [Window(layer, int(s), np.asarray(experts[s:s + n, layer], dtype=np.int64))
-            for s in pick]
+    return [
+        Window(layer, int(s), np.asarray(experts[s : s + n, layer], dtype=np.int64)) for s in pick
+    ]
 
 
 class Rotation:

@@ -91,7 +91,12 @@ def _finite_list(name: str, path: str, values: Any, length: int | None = None) -
         if isinstance(v, list):
             out.append(_finite_list(f"{name}[{i}]", path, v))
             continue
-        if v is None or isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        if (
+            v is None
+            or isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+        ):
             raise InputError(f"{path}: {name}[{i}] is {v!r}, not a finite number")
         out.append(float(v))
     if length is not None and len(out) != length:
@@ -104,10 +109,24 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     if not isinstance(d, dict):
         raise InputError(f"{path}: a bandwidth profile must be a JSON object")
     if d.get("schema") != SCHEMA:
-        raise InputError(f"{path}: not a bandwidth profile (schema {d.get('schema')!r}, "
-                         f"expected {SCHEMA!r})")
-    required = ("model", "device", "dtype", "ceiling_gbps", "n", "beta_slot", "beta_dedup", "r",
-                "u_bar", "epsilon", "fits", "op_time", "layers")
+        raise InputError(
+            f"{path}: not a bandwidth profile (schema {d.get('schema')!r}, expected {SCHEMA!r})"
+        )
+    required = (
+        "model",
+        "device",
+        "dtype",
+        "ceiling_gbps",
+        "n",
+        "beta_slot",
+        "beta_dedup",
+        "r",
+        "u_bar",
+        "epsilon",
+        "fits",
+        "op_time",
+        "layers",
+    )
     missing = [k for k in required if k not in d]
     if missing:
         raise InputError(f"{path}: missing {', '.join(missing)}")
@@ -118,8 +137,10 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     (ceiling,) = _finite_list("ceiling_gbps", path, [d["ceiling_gbps"]])
     if ceiling <= 0:
         raise InputError(f"{path}: ceiling_gbps must be positive, got {ceiling}")
-    lists = {name: _finite_list(name, path, d[name], k)
-             for name in ("beta_slot", "beta_dedup", "r", "u_bar")}
+    lists = {
+        name: _finite_list(name, path, d[name], k)
+        for name in ("beta_slot", "beta_dedup", "r", "u_bar")
+    }
     for name in ("beta_slot", "beta_dedup"):
         if any(v <= 0 for v in lists[name]):
             raise InputError(f"{path}: {name} must be positive at every n")
@@ -132,8 +153,10 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     fits = d["fits"]
     if not isinstance(fits, dict) or set(fits) < set(KERNELS):
         raise InputError(f"{path}: fits must give per_slot and dedup")
-    fits = {p: dict(zip(fits[p], _finite_list(f"fits.{p}", path, list(fits[p].values()))))
-            for p in KERNELS}
+    fits = {
+        p: dict(zip(fits[p], _finite_list(f"fits.{p}", path, list(fits[p].values()))))
+        for p in KERNELS
+    }
     op = d["op_time"]
     if not isinstance(op, dict) or set(op) < set(KERNELS):
         raise InputError(f"{path}: op_time must give per_slot and dedup")
@@ -159,10 +182,21 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     if not isinstance(model, dict) or "name" not in model:
         raise InputError(f"{path}: model must be a ModelSpec object")
     return BandwidthProfile(
-        model=model, device=str(d["device"]), dtype=str(d["dtype"]), ceiling_gbps=ceiling,
-        n=list(n), **lists, reread_cost=rc, epsilon=eps, crossover=cross, fits=fits,
-        op_time=op_time, layers=list(layers), device_name=str(d.get("device_name", "")),
-        peak_gflops=d.get("peak_gflops"), source=dict(d.get("source", {})),
+        model=model,
+        device=str(d["device"]),
+        dtype=str(d["dtype"]),
+        ceiling_gbps=ceiling,
+        n=list(n),
+        **lists,
+        reread_cost=rc,
+        epsilon=eps,
+        crossover=cross,
+        fits=fits,
+        op_time=op_time,
+        layers=list(layers),
+        device_name=str(d.get("device_name", "")),
+        peak_gflops=d.get("peak_gflops"),
+        source=dict(d.get("source", {})),
         extra=dict(d.get("extra", {})),
     )
 
@@ -189,4 +223,5 @@ def check_profile_matches(prof: BandwidthProfile, spec: Any, *, path: str = "pro
     if theirs != ours:
         raise InputError(
             f"{path}: profile is for model {prof.model_name!r} "
-            f"(N, m, hidden, inter = {theirs}), not {spec.name!r} {ours}")
+            f"(N, m, hidden, inter = {theirs}), not {spec.name!r} {ours}"
+        )

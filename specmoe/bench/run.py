@@ -57,8 +57,15 @@ from specmoe.kernels import get_kernel, kernel_kind, kernel_names, torch_dtype
 from specmoe.routing.trace import RoutingTrace, load_trace
 from specmoe.spec import ModelSpec
 
-__all__ = ["BenchResult", "Settings", "benchmark", "last_level_cache_bytes", "measure_ceiling",
-           "run_benchmark", "summarize"]
+__all__ = [
+    "BenchResult",
+    "Settings",
+    "benchmark",
+    "last_level_cache_bytes",
+    "measure_ceiling",
+    "run_benchmark",
+    "summarize",
+]
 
 UNKNOWN_LLC_ASSUMED = 256 << 20  # flush size assumed when the system does not state its cache
 
@@ -68,10 +75,10 @@ class Settings:
     """How much to time. ``quick`` fits ``specmoe plan``'s default budget (minutes on a CPU)."""
 
     n_max: int = 9
-    reps: int = 5               # timed repetitions of each pass and kernel
-    u_points: int = 6           # chosen U values per n
-    passes_per_u: int = 2       # chosen passes (different random ids) per (n, U)
-    windows: int = 4            # recorded windows per (layer, n)
+    reps: int = 5  # timed repetitions of each pass and kernel
+    u_points: int = 6  # chosen U values per n
+    passes_per_u: int = 2  # chosen passes (different random ids) per (n, U)
+    windows: int = 4  # recorded windows per (layer, n)
     max_layers: int | None = None  # timed trace layers (evenly spaced); None: all
     warmup: int = 2
 
@@ -84,8 +91,7 @@ class Settings:
         kw = {k: v for k, v in overrides.items() if v is not None}
         for k, v in kw.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"--{k.replace('_', '-')}: must be a positive integer, "
-                                 f"got {v!r}")
+                raise InputError(f"--{k.replace('_', '-')}: must be a positive integer, got {v!r}")
         return cls(**{**base.__dict__, **kw})
 
 
@@ -93,19 +99,27 @@ class Settings:
 class Record:
     """One timed pass: its ids' summary and each kernel's times."""
 
-    source: str            # "chosen" or "recorded"
-    layer: int | None      # trace layer position (recorded) or None (chosen)
+    source: str  # "chosen" or "recorded"
+    layer: int | None  # trace layer position (recorded) or None (chosen)
     n: int
     u: int
-    start: int | None      # first token of a recorded window
+    start: int | None  # first token of a recorded window
     ids: np.ndarray | None = None  # [n, m] expert ids as chosen or recorded
     timed: dict[str, Timed] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "layer": self.layer, "n": self.n, "u": self.u,
-                "start": self.start, "ids": None if self.ids is None else self.ids.tolist(),
-                "kernels": {k: {"median": t.median, "q1": t.iqr[0], "q3": t.iqr[1],
-                                "times": t.times} for k, t in self.timed.items()}}
+        return {
+            "source": self.source,
+            "layer": self.layer,
+            "n": self.n,
+            "u": self.u,
+            "start": self.start,
+            "ids": None if self.ids is None else self.ids.tolist(),
+            "kernels": {
+                k: {"median": t.median, "q1": t.iqr[0], "q3": t.iqr[1], "times": t.times}
+                for k, t in self.timed.items()
+            },
+        }
 
 
 @dataclass
@@ -115,22 +129,27 @@ class BenchResult:
     ceiling: Ceiling
 
 
-def resolve_trace(trace: RoutingTrace | str | os.PathLike | None, spec: ModelSpec
-                  ) -> tuple[RoutingTrace, str]:
+def resolve_trace(
+    trace: RoutingTrace | str | os.PathLike | None, spec: ModelSpec
+) -> tuple[RoutingTrace, str]:
     """The trace to draw recorded windows from (default: the bundled fit trace)."""
     if trace is None:
         from specmoe.data.corpus import bundled_trace_path
 
         path = bundled_trace_path("fit")
         if not path.exists():
-            raise InputError(f"--trace: the bundled fit trace ({path.name}) is not installed; "
-                             f"pass --trace with routing recorded from {spec.name}")
+            raise InputError(
+                f"--trace: the bundled fit trace ({path.name}) is not installed; "
+                f"pass --trace with routing recorded from {spec.name}"
+            )
         trace = path
     label = str(trace) if not isinstance(trace, RoutingTrace) else trace.name
     tr = trace if isinstance(trace, RoutingTrace) else load_trace(trace)
     if (tr.num_experts, tr.top_k) != (spec.num_experts, spec.top_k):
-        raise InputError(f"--trace {label}: routing has N={tr.num_experts}, m={tr.top_k} but "
-                         f"model {spec.name} has N={spec.num_experts}, m={spec.top_k}")
+        raise InputError(
+            f"--trace {label}: routing has N={tr.num_experts}, m={tr.top_k} but "
+            f"model {spec.name} has N={spec.num_experts}, m={spec.top_k}"
+        )
     return tr, label
 
 
@@ -144,13 +163,16 @@ def _check_kernels(kernels: list[str], device: str) -> tuple[str, str]:
     valid = [k for k in kernel_names(device) if k != "reference"]
     for k in kernels:
         if k not in valid:
-            raise InputError(f"--kernels: unknown or unavailable {k!r} on {device} (choose "
-                             f"from {', '.join(valid)})")
+            raise InputError(
+                f"--kernels: unknown or unavailable {k!r} on {device} (choose "
+                f"from {', '.join(valid)})"
+            )
     slot = next((k for k in kernels if kernel_kind(k) == "per_slot"), None)
     dedup = next((k for k in kernels if kernel_kind(k) == "dedup"), None)
     if slot is None or dedup is None:
-        raise InputError("--kernels: need at least one per-slot and one dedup kernel "
-                         f"(got {', '.join(kernels)})")
+        raise InputError(
+            f"--kernels: need at least one per-slot and one dedup kernel (got {', '.join(kernels)})"
+        )
     return slot, dedup
 
 
@@ -201,9 +223,15 @@ class _Progress:
             return
         from rich.progress import BarColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 
-        self._p = Progress("[progress.description]{task.description}", BarColumn(),
-                           "{task.completed}/{task.total}", TimeElapsedColumn(),
-                           TimeRemainingColumn(), console=self.console, transient=True)
+        self._p = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            "{task.completed}/{task.total}",
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=True,
+        )
         self._p.start()
         self._task = self._p.add_task(label, total=total)
 
@@ -217,11 +245,20 @@ class _Progress:
             self._p = None
 
 
-def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None = None,
-              device: str = "cpu", dtype: str = "float32", quick: bool = False, seed: int = 0,
-              progress: bool = True, kernels: list[str] | None = None,
-              threads: int | None = None, clock: str = "wall",
-              settings: Settings | None = None) -> BenchResult:
+def benchmark(
+    spec: ModelSpec,
+    *,
+    trace: RoutingTrace | str | os.PathLike | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+    kernels: list[str] | None = None,
+    threads: int | None = None,
+    clock: str = "wall",
+    settings: Settings | None = None,
+) -> BenchResult:
     """Time, fit and score; see the module docstring. ``threads`` (CPU): None picks the thread
     count with the highest measured ceiling."""
     t_start = time.perf_counter()
@@ -246,20 +283,25 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
         raise InputError(f"--threads: must be a positive integer, got {threads!r}")
     if clock == "cpu":
         if device != "cpu" or (threads or 1) != 1:
-            raise InputError("--clock cpu: thread CPU time measures single-threaded CPU "
-                             "kernels only (use --threads 1 on --device cpu)")
+            raise InputError(
+                "--clock cpu: thread CPU time measures single-threaded CPU "
+                "kernels only (use --threads 1 on --device cpu)"
+            )
         threads = 1
     ceiling = measure_ceiling(device, threads=[threads] if threads else None, clock=clock)
     if device == "cpu":
         threads = threads or ceiling.threads
     llc = ceiling.llc_bytes
-    prog.say(f"[bold]ceiling[/bold] {ceiling.gbps:.2f} GB/s (read of "
-             f"{ceiling.buffer_bytes / 2**30:.1f} GiB; last-level cache "
-             f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}; {ceiling.method})")
+    prog.say(
+        f"[bold]ceiling[/bold] {ceiling.gbps:.2f} GB/s (read of "
+        f"{ceiling.buffer_bytes / 2**30:.1f} GiB; last-level cache "
+        f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}; {ceiling.method})"
+    )
     with _threads(device, threads):
         peak = measure_peak_flops(device, tdtype, clock=clock)
-        prog.say(f"[bold]matmul peak[/bold] {peak / 1e9:.1f} GFLOP/s ({dtype}, "
-                 f"{device_name(device)})")
+        prog.say(
+            f"[bold]matmul peak[/bold] {peak / 1e9:.1f} GFLOP/s ({dtype}, {device_name(device)})"
+        )
         fns = [(k, get_kernel(k, device)) for k in kernels]
 
         # 2. Weights: a pool big enough that every timing reads from memory.
@@ -267,28 +309,42 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
         u_max = min(cfg.n_max * m, num)
         flush = 2 * (llc if llc is not None else UNKNOWN_LLC_ASSUMED)
         slots = pool_size(num, u_max, b, flush)
-        pool = make_pool(slots, h, inter, dtype=tdtype, device=device,
-                         activation=spec.activation, bias=spec.expert_bias, seed=seed)
-        prog.say(f"weights: {slots} expert slots of {b / 1e6:.2f} MB ({slots * b / 1e9:.2f} GB)"
-                 f", each reused after >= {flush / 2**20:.0f} MiB of other reads")
+        pool = make_pool(
+            slots,
+            h,
+            inter,
+            dtype=tdtype,
+            device=device,
+            activation=spec.activation,
+            bias=spec.expert_bias,
+            seed=seed,
+        )
+        prog.say(
+            f"weights: {slots} expert slots of {b / 1e6:.2f} MB ({slots * b / 1e9:.2f} GB)"
+            f", each reused after >= {flush / 2**20:.0f} MiB of other reads"
+        )
 
         # 3. The passes.
         records: list[Record] = []
         for n in n_values:
             for u in u_grid(n, m, num, cfg.u_points):
                 for _ in range(cfg.passes_per_u if n > 1 else 1):
-                    records.append(Record("chosen", None, n, u, None,
-                                          chosen_pass(n, m, num, u, rng)))
+                    records.append(
+                        Record("chosen", None, n, u, None, chosen_pass(n, m, num, u, rng))
+                    )
         layers = _select_layers(tr.num_layers, cfg.max_layers)
         for li in layers:
             for n in n_values:
                 for w in recorded_windows(tr.experts, tr.doc_offsets, n, li, cfg.windows, rng):
                     records.append(Record("recorded", li, n, distinct(w.ids), w.start, w.ids))
-        missing = [n for n in n_values
-                   if not any(r.source == "recorded" and r.n == n for r in records)]
+        missing = [
+            n for n in n_values if not any(r.source == "recorded" and r.n == n for r in records)
+        ]
         if missing:
-            raise InputError(f"--trace {trace_label}: no document has {missing[0]} tokens; "
-                             f"recorded windows are needed at every n up to {cfg.n_max}")
+            raise InputError(
+                f"--trace {trace_label}: no document has {missing[0]} tokens; "
+                f"recorded windows are needed at every n up to {cfg.n_max}"
+            )
 
         # 4. Warm-up (compilation, thread pools, caches of the allocator), then time. A kernel
         #    that fails here (a peer on an unsupported dtype or device) is left out and said.
@@ -296,8 +352,15 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
         for name, fn in list(fns):
             try:
                 for rec in [records[0], records[len(records) // 2], records[-1]]:
-                    time_pass(pool, [(name, fn)], rec.ids, reps=cfg.warmup, device=device,
-                              clock=clock, rng=rng)
+                    time_pass(
+                        pool,
+                        [(name, fn)],
+                        rec.ids,
+                        reps=cfg.warmup,
+                        device=device,
+                        clock=clock,
+                        rng=rng,
+                    )
             except InputError:
                 raise
             except Exception as exc:
@@ -310,53 +373,110 @@ def benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None
                 try:
                     slot_k, dedup_k = _check_kernels(kernels, device)
                 except InputError:
-                    raise RuntimeError("no per-slot or no dedup kernel ran: "
-                                       + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                                       ) from None
+                    raise RuntimeError(
+                        "no per-slot or no dedup kernel ran: "
+                        + "; ".join(f"{k}: {v}" for k, v in failed.items())
+                    ) from None
         order = rng.permutation(len(records))
         prog.start(len(records), "timing passes")
         try:
             for i, idx in enumerate(order):
                 rec = records[idx]
-                rec.timed = time_pass(pool, fns, rec.ids, reps=cfg.reps, device=device,
-                                      clock=clock, rng=rng, rotate_from=i)
+                rec.timed = time_pass(
+                    pool,
+                    fns,
+                    rec.ids,
+                    reps=cfg.reps,
+                    device=device,
+                    clock=clock,
+                    rng=rng,
+                    rotate_from=i,
+                )
                 prog.advance()
         finally:
             prog.stop()
         del pool
     wall = time.perf_counter() - t_start
-    prof = summarize(records, tspec, kernels=kernels, slot_kernel=slot_k, dedup_kernel=dedup_k,
-                     layers=layers, trace=tr, n_values=n_values, ceiling=ceiling, peak=peak,
-                     device=device, dtype=dtype, settings=cfg, threads=threads, clock=clock,
-                     pool_slots=slots, flush_bytes=flush, wall_s=wall, trace_label=trace_label,
-                     seed=seed, quick=quick)
+    prof = summarize(
+        records,
+        tspec,
+        kernels=kernels,
+        slot_kernel=slot_k,
+        dedup_kernel=dedup_k,
+        layers=layers,
+        trace=tr,
+        n_values=n_values,
+        ceiling=ceiling,
+        peak=peak,
+        device=device,
+        dtype=dtype,
+        settings=cfg,
+        threads=threads,
+        clock=clock,
+        pool_slots=slots,
+        flush_bytes=flush,
+        wall_s=wall,
+        trace_label=trace_label,
+        seed=seed,
+        quick=quick,
+    )
     prof.extra["failed_kernels"] = failed
     return BenchResult(profile=prof, records=records, ceiling=ceiling)
 
 
-def run_benchmark(spec: ModelSpec, *, trace: RoutingTrace | str | os.PathLike | None = None,
-                  device: str = "cpu", dtype: str = "float32", quick: bool = False,
-                  seed: int = 0, progress: bool = True) -> BandwidthProfile:
+def run_benchmark(
+    spec: ModelSpec,
+    *,
+    trace: RoutingTrace | str | os.PathLike | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+) -> BandwidthProfile:
     """The bandwidth profile of ``spec``'s expert operation on this machine (see module doc)."""
-    return benchmark(spec, trace=trace, device=device, dtype=dtype, quick=quick, seed=seed,
-                     progress=progress).profile
+    return benchmark(
+        spec, trace=trace, device=device, dtype=dtype, quick=quick, seed=seed, progress=progress
+    ).profile
 
 
 # ----------------------------------------------------------------------------------- summary
 
+
 def _arrays(records: list[Record], source: str, kernel: str) -> dict[str, np.ndarray]:
     sel = [r for r in records if r.source == source]
-    return {"n": np.array([r.n for r in sel]), "u": np.array([r.u for r in sel], dtype=float),
-            "t": np.array([r.timed[kernel].median for r in sel]),
-            "layer": np.array([-1 if r.layer is None else r.layer for r in sel])}
+    return {
+        "n": np.array([r.n for r in sel]),
+        "u": np.array([r.u for r in sel], dtype=float),
+        "t": np.array([r.timed[kernel].median for r in sel]),
+        "layer": np.array([-1 if r.layer is None else r.layer for r in sel]),
+    }
 
 
-def summarize(records: list[Record], spec: ModelSpec, *, kernels: list[str], slot_kernel: str,
-              dedup_kernel: str, layers: list[int], trace: RoutingTrace, n_values: list[int],
-              ceiling: Ceiling, peak: float | None, device: str, dtype: str,
-              settings: Settings, threads: int | None, clock: str, pool_slots: int,
-              flush_bytes: float, wall_s: float, trace_label: str, seed: int,
-              quick: bool) -> BandwidthProfile:
+def summarize(
+    records: list[Record],
+    spec: ModelSpec,
+    *,
+    kernels: list[str],
+    slot_kernel: str,
+    dedup_kernel: str,
+    layers: list[int],
+    trace: RoutingTrace,
+    n_values: list[int],
+    ceiling: Ceiling,
+    peak: float | None,
+    device: str,
+    dtype: str,
+    settings: Settings,
+    threads: int | None,
+    clock: str,
+    pool_slots: int,
+    flush_bytes: float,
+    wall_s: float,
+    trace_label: str,
+    seed: int,
+    quick: bool,
+) -> BandwidthProfile:
     """Fits, scores, bandwidths and op times from timed records (pure numpy)."""
     m, b = spec.top_k, spec.expert_bytes
     flops_per_slot = 6.0 * spec.hidden_size * spec.expert_intermediate
@@ -372,8 +492,15 @@ def summarize(records: list[Record], spec: ModelSpec, *, kernels: list[str], slo
         for li in layers:
             sel = (rec["layer"] == li) & (rec["n"] >= 2)
             if sel.any():
-                eps_layers.append(float(np.median(F.relative_errors(
-                    tf, rec["n"][sel], rec["u"][sel], rec["t"][sel], m=m, b=b))))
+                eps_layers.append(
+                    float(
+                        np.median(
+                            F.relative_errors(
+                                tf, rec["n"][sel], rec["u"][sel], rec["t"][sel], m=m, b=b
+                            )
+                        )
+                    )
+                )
         req = rec["n"] * m * b if kind == "per_slot" else rec["u"] * b
         bound = np.maximum(req / ceil_bps, rec["n"] * m * flops_per_slot / peak if peak else 0)
         beta, iqr, roof, pred, meas = [], [], [], [], []
@@ -394,23 +521,36 @@ def summarize(records: list[Record], spec: ModelSpec, *, kernels: list[str], slo
             pred.append(pl)
             meas.append(ml)
         per_kernel[k] = {
-            "kind": kind, "fit": tf, "epsilon": float(np.median(eps_layers)),
-            "epsilon_by_layer": eps_layers, "beta": beta, "beta_iqr": iqr, "roofline": roof,
-            "predicted": pred, "measured": meas, "chosen": ch, "recorded": rec,
+            "kind": kind,
+            "fit": tf,
+            "epsilon": float(np.median(eps_layers)),
+            "epsilon_by_layer": eps_layers,
+            "beta": beta,
+            "beta_iqr": iqr,
+            "roofline": roof,
+            "predicted": pred,
+            "measured": meas,
+            "chosen": ch,
+            "recorded": rec,
         }
     ks, kd = per_kernel[slot_kernel], per_kernel[dedup_kernel]
     rec_s, rec_d = ks["recorded"], kd["recorded"]
     bw = F.bandwidths(n_values, rec_s["n"], rec_s["u"], rec_s["t"], rec_d["t"], m=m, b=b)
-    saving = [float(rec_s["t"][rec_s["n"] == n].sum() - rec_d["t"][rec_d["n"] == n].sum())
-              for n in n_values]
+    saving = [
+        float(rec_s["t"][rec_s["n"] == n].sum() - rec_d["t"][rec_d["n"] == n].sum())
+        for n in n_values
+    ]
     eps = {"per_slot": ks["epsilon"], "dedup": kd["epsilon"]}
     eps_raw = dict(eps)
     eps = {p: min(v, 0.999) for p, v in eps.items()}  # the profile format requires ε < 1
-    fit_out = {p: dict(per_kernel[k]["fit"].coef) for p, k in (("per_slot", slot_kernel),
-                                                               ("dedup", dedup_kernel))}
-    op_time = {p: {"predicted": per_kernel[k]["predicted"],
-                   "measured": per_kernel[k]["measured"]}
-               for p, k in (("per_slot", slot_kernel), ("dedup", dedup_kernel))}
+    fit_out = {
+        p: dict(per_kernel[k]["fit"].coef)
+        for p, k in (("per_slot", slot_kernel), ("dedup", dedup_kernel))
+    }
+    op_time = {
+        p: {"predicted": per_kernel[k]["predicted"], "measured": per_kernel[k]["measured"]}
+        for p, k in (("per_slot", slot_kernel), ("dedup", dedup_kernel))
+    }
     # Predictions must be positive for the profile; a fit with a negative intercept can dip
     # below zero at small bytes: floor at the smallest measured time's tenth, and say so.
     floored = False
@@ -423,42 +563,74 @@ def summarize(records: list[Record], spec: ModelSpec, *, kernels: list[str], slo
                     r[i] = lo
                     floored = True
     extra = {
-        "kernels": {k: {"kind": v["kind"], "beta_gbps": [x / 1e9 for x in v["beta"]],
-                        "beta_iqr_gbps": [[q / 1e9 for q in qq] for qq in v["beta_iqr"]],
-                        "roofline_ratio": v["roofline"], "epsilon": v["epsilon"],
-                        "epsilon_by_layer": v["epsilon_by_layer"],
-                        "fit": {**v["fit"].coef, "rank": v["fit"].rank,
-                                "rms_rel": v["fit"].rms_rel,
-                                "reread_cost": v["fit"].reread_cost},
-                        "chosen": [[int(n), int(u), float(t)] for n, u, t in
-                                   zip(v["chosen"]["n"], v["chosen"]["u"], v["chosen"]["t"])],
-                        "op_time_measured": v["measured"]}
-                    for k, v in per_kernel.items()},
+        "kernels": {
+            k: {
+                "kind": v["kind"],
+                "beta_gbps": [x / 1e9 for x in v["beta"]],
+                "beta_iqr_gbps": [[q / 1e9 for q in qq] for qq in v["beta_iqr"]],
+                "roofline_ratio": v["roofline"],
+                "epsilon": v["epsilon"],
+                "epsilon_by_layer": v["epsilon_by_layer"],
+                "fit": {
+                    **v["fit"].coef,
+                    "rank": v["fit"].rank,
+                    "rms_rel": v["fit"].rms_rel,
+                    "reread_cost": v["fit"].reread_cost,
+                },
+                "chosen": [
+                    [int(n), int(u), float(t)]
+                    for n, u, t in zip(v["chosen"]["n"], v["chosen"]["u"], v["chosen"]["t"])
+                ],
+                "op_time_measured": v["measured"],
+            }
+            for k, v in per_kernel.items()
+        },
         "roles": {"per_slot": slot_kernel, "dedup": dedup_kernel},
         "epsilon_raw": eps_raw,
         "predicted_floored": floored,
-        "expert_bytes": b, "flops_per_slot": flops_per_slot,
+        "expert_bytes": b,
+        "flops_per_slot": flops_per_slot,
         "llc_bytes": ceiling.llc_bytes,
-        "llc_note": None if ceiling.llc_bytes is not None else
-        f"last-level cache unknown; flushed as if it were {UNKNOWN_LLC_ASSUMED >> 20} MiB",
-        "ceiling_iqr_gbps": list(ceiling.iqr_gbps), "ceiling_method": ceiling.method,
+        "llc_note": None
+        if ceiling.llc_bytes is not None
+        else f"last-level cache unknown; flushed as if it were {UNKNOWN_LLC_ASSUMED >> 20} MiB",
+        "ceiling_iqr_gbps": list(ceiling.iqr_gbps),
+        "ceiling_method": ceiling.method,
         "ceiling_buffer_bytes": ceiling.buffer_bytes,
-        "threads": threads, "clock": clock, "pool_slots": pool_slots,
-        "flush_bytes": flush_bytes, "wall_s": wall_s, "settings": settings.__dict__,
-        "saving_s": saving, "quick": quick,
+        "threads": threads,
+        "clock": clock,
+        "pool_slots": pool_slots,
+        "flush_bytes": flush_bytes,
+        "wall_s": wall_s,
+        "settings": settings.__dict__,
+        "saving_s": saving,
+        "quick": quick,
     }
     reread = ks["fit"].reread_cost
     return BandwidthProfile(
-        model=spec.to_dict(), device=device, dtype=dtype, ceiling_gbps=ceiling.gbps,
-        n=n_values, beta_slot=[x / 1e9 for x in bw["beta_slot"]],
-        beta_dedup=[x / 1e9 for x in bw["beta_dedup"]], r=bw["r"], u_bar=bw["u_bar"],
+        model=spec.to_dict(),
+        device=device,
+        dtype=dtype,
+        ceiling_gbps=ceiling.gbps,
+        n=n_values,
+        beta_slot=[x / 1e9 for x in bw["beta_slot"]],
+        beta_dedup=[x / 1e9 for x in bw["beta_dedup"]],
+        r=bw["r"],
+        u_bar=bw["u_bar"],
         reread_cost=None if reread is None or not math.isfinite(reread) else reread,
-        epsilon=eps, crossover=F.crossover(n_values, saving), fits=fit_out, op_time=op_time,
-        layers=[trace.layers[i] for i in layers], device_name=device_name(device),
+        epsilon=eps,
+        crossover=F.crossover(n_values, saving),
+        fits=fit_out,
+        op_time=op_time,
+        layers=[trace.layers[i] for i in layers],
+        device_name=device_name(device),
         peak_gflops=None if peak is None else peak / 1e9,
-        source={"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                "trace": trace_label, "seed": seed,
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "torch": torch.__version__},
+        source={
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "trace": trace_label,
+            "seed": seed,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+        },
         extra=extra,
     )

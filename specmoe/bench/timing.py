@@ -35,10 +35,10 @@ CLOCKS = ("wall", "cpu")
 class WeightPool:
     """Dummy weights of one MoE layer, P slots of the layer's shapes, in the timed dtype."""
 
-    w_gate_up: torch.Tensor            # [P, 2I, h]
-    w_down: torch.Tensor               # [P, h, I]
-    b_gate_up: torch.Tensor | None     # [P, 2I]
-    b_down: torch.Tensor | None        # [P, h]
+    w_gate_up: torch.Tensor  # [P, 2I, h]
+    w_down: torch.Tensor  # [P, h, I]
+    b_gate_up: torch.Tensor | None  # [P, 2I]
+    b_down: torch.Tensor | None  # [P, h]
     activation: str
     rotation: Rotation = field(init=False)
 
@@ -50,8 +50,17 @@ class WeightPool:
         return int(self.w_gate_up.shape[0])
 
 
-def make_pool(slots: int, hidden: int, inter: int, *, dtype: torch.dtype, device: str,
-              activation: str = "swiglu", bias: bool = False, seed: int = 0) -> WeightPool:
+def make_pool(
+    slots: int,
+    hidden: int,
+    inter: int,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    activation: str = "swiglu",
+    bias: bool = False,
+    seed: int = 0,
+) -> WeightPool:
     """Uniform dummy weights scaled like an initialised layer (no denormals, no overflow)."""
     g = torch.Generator(device=device).manual_seed(seed)
 
@@ -112,9 +121,17 @@ def _timer(device: str, clock: str) -> Callable[[Callable[[], object]], float]:
     return cpu_time
 
 
-def time_pass(pool: WeightPool, kernels: Sequence[tuple[str, Callable]], ids: np.ndarray,
-              *, reps: int, device: str, clock: str, rng: np.random.Generator,
-              rotate_from: int = 0) -> dict[str, Timed]:
+def time_pass(
+    pool: WeightPool,
+    kernels: Sequence[tuple[str, Callable]],
+    ids: np.ndarray,
+    *,
+    reps: int,
+    device: str,
+    clock: str,
+    rng: np.random.Generator,
+    rotate_from: int = 0,
+) -> dict[str, Timed]:
     """Time one pass (``ids`` [n, m], experts in [0, N)) with every kernel, ``reps`` times.
 
     Each call gets its own relabelling onto fresh pool slots; kernels alternate within a
@@ -134,8 +151,17 @@ def time_pass(pool: WeightPool, kernels: Sequence[tuple[str, Callable]], ids: np
             idt = torch.from_numpy(pool.rotation(ids)).to(device)
 
             def call(fn=fn, idt=idt):
-                return fn(x, pool.w_gate_up, pool.w_down, idt, w, activation=pool.activation,
-                          b_gate_up=pool.b_gate_up, b_down=pool.b_down, check=False)
+                return fn(
+                    x,
+                    pool.w_gate_up,
+                    pool.w_down,
+                    idt,
+                    w,
+                    activation=pool.activation,
+                    b_gate_up=pool.b_gate_up,
+                    b_down=pool.b_down,
+                    check=False,
+                )
 
             out[name].times.append(timer(call))
     return out

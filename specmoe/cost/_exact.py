@@ -53,8 +53,9 @@ def check_step_times(V: Any, name: str = "V") -> list[Number]:
         raise InputError(f"{name}: expected a sequence of step times V(0..k_max)")
     vals = [check_number(v, f"{name}[{k}]") for k, v in enumerate(V)]
     if len(vals) < 2:
-        raise InputError(f"{name}: needs V(0) and at least V(1) (k_max >= 1), got {len(vals)} "
-                         f"value(s)")
+        raise InputError(
+            f"{name}: needs V(0) and at least V(1) (k_max >= 1), got {len(vals)} value(s)"
+        )
     for k, v in enumerate(vals):
         if not v > 0:
             raise InputError(f"{name}[{k}]: step times must be positive, got {v!r}")
@@ -81,6 +82,7 @@ def out(x: Fraction, exact: bool) -> Number:
 
 # ------------------------------------------------------------------------------------------
 # Polynomials with rational coefficients, ascending powers: c[0] + c[1] x + ... + c[d] x^d.
+
 
 def integer_coefficients(coeffs: Sequence[Fraction]) -> list[int]:
     """The coefficients times the positive lcm of their denominators (same sign everywhere)."""
@@ -134,7 +136,7 @@ def unit_root(coeffs: Sequence[Fraction]) -> float:
             hi = mid
     x_lo, x_hi = _float(lo), _float(hi)
     s = sign_at(ci, (Fraction(x_lo) + Fraction(x_hi)) / 2)
-    if s > 0:   # the root lies below the midpoint
+    if s > 0:  # the root lies below the midpoint
         return x_lo
     if s < 0:
         return x_hi

@@ -68,8 +68,7 @@ def verify_time_bound(memory_time: Number | np.ndarray, eps: Number):
     return _scale(memory_time, f, "memory_time")
 
 
-def saving_bound(expert_slot: Number | np.ndarray, expert_dedup: Number | np.ndarray,
-                 eps: Number):
+def saving_bound(expert_slot: Number | np.ndarray, expert_dedup: Number | np.ndarray, eps: Number):
     """Eq. (18): |S_hat(n) - S(n)| <= eps/(1 - eps) (M^e_slot(n) + M^e_dedup(n)), with
     M^e_p(n) = E_p(n)/beta_p(n) the expert part of each kernel's verify time."""
     f = relative_error_factor(eps)
@@ -79,8 +78,10 @@ def saving_bound(expert_slot: Number | np.ndarray, expert_dedup: Number | np.nda
     b = check_number(expert_dedup, "expert_dedup")
     if a < 0 or b < 0:
         raise InputError("expert_slot, expert_dedup: expert times must be non-negative")
-    return out((to_fraction(a) + to_fraction(b)) * to_fraction(f), is_exact(a) and is_exact(b)
-               and is_exact(f))
+    return out(
+        (to_fraction(a) + to_fraction(b)) * to_fraction(f),
+        is_exact(a) and is_exact(b) and is_exact(f),
+    )
 
 
 def _scale(x, f: Number, name: str):

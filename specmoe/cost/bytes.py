@@ -138,10 +138,11 @@ def mean_reuse(w: Any, rho: Any, k: int) -> Any:
     reuse of the k drafted tokens of a pass of k + 1 tokens."""
     r = _array(rho, "rho", 2)
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k < r.shape[1]:
-        raise InputError(f"k: must lie in 1..{r.shape[1] - 1} (rho holds n <= {r.shape[1]}), "
-                         f"got {k!r}")
+        raise InputError(
+            f"k: must lie in 1..{r.shape[1] - 1} (rho holds n <= {r.shape[1]}), got {k!r}"
+        )
     wa = _weights(w, r.shape[0])
-    total = (wa[:, None] * r[:, 1:k + 1]).sum()
+    total = (wa[:, None] * r[:, 1 : k + 1]).sum()
     return total / (k * wa.sum())
 
 
@@ -171,22 +172,24 @@ def layer_mean(arr: Any, num_layers: int) -> tuple[np.ndarray, str]:
     if a.shape[0] == num_layers:
         return a, f"{num_layers} trace layers used as the model's {num_layers} MoE layers"
     mean = a.mean(axis=0) if a.dtype != object else a.sum(axis=0) / a.shape[0]
-    return (np.repeat(mean[None, :], num_layers, axis=0),
-            f"the trace has {a.shape[0]} MoE layers, the model {num_layers}: every model layer "
-            f"takes the layer-mean of the trace's statistics")
+    return (
+        np.repeat(mean[None, :], num_layers, axis=0),
+        f"the trace has {a.shape[0]} MoE layers, the model {num_layers}: every model layer "
+        f"takes the layer-mean of the trace's statistics",
+    )
 
 
 @dataclass(frozen=True)
 class PassBytes:
     """The bytes of passes of n = 1..n_max tokens for one model and routing. All [n_max]."""
 
-    n: np.ndarray            # pass sizes 1..n_max
-    dense: np.ndarray        # D(n)
-    slot: np.ndarray         # E_slot(n) = m n W
-    union: np.ndarray        # E_dedup(n) = sum_l w_l U_l(n), the union bytes
-    dedup: np.ndarray        # sum_l f_l w_l U_l(n), requested by the deduplicating kernel
-    u_bar: np.ndarray        # E_dedup(n)/E_slot(n)
-    mean_reuse: np.ndarray   # [n_max - 1]: rho_bar_k for k = 1..n_max-1, Eq. (11)
+    n: np.ndarray  # pass sizes 1..n_max
+    dense: np.ndarray  # D(n)
+    slot: np.ndarray  # E_slot(n) = m n W
+    union: np.ndarray  # E_dedup(n) = sum_l w_l U_l(n), the union bytes
+    dedup: np.ndarray  # sum_l f_l w_l U_l(n), requested by the deduplicating kernel
+    u_bar: np.ndarray  # E_dedup(n)/E_slot(n)
+    mean_reuse: np.ndarray  # [n_max - 1]: rho_bar_k for k = 1..n_max-1, Eq. (11)
     m: int
     W: float
 
@@ -205,11 +208,14 @@ def pass_bytes(spec: Any, union: Any, *, context: int = 0, byte_factor: Any = 1)
     mr = np.array([mean_reuse(w, rho, k) for k in range(1, U.shape[1])], dtype=np.float64)
     return PassBytes(
         n=n,
-        dense=dense_pass_bytes(spec.dense_bytes, spec.kv_bytes_per_token, n, context=context)
-        .astype(np.float64),
+        dense=dense_pass_bytes(
+            spec.dense_bytes, spec.kv_bytes_per_token, n, context=context
+        ).astype(np.float64),
         slot=(m * n * W).astype(np.float64),
         union=union_bytes(w, U).astype(np.float64),
         dedup=dedup_request_bytes(w, U, byte_factor).astype(np.float64),
         u_bar=byte_share(w, U, m).astype(np.float64),
-        mean_reuse=mr, m=m, W=W,
+        mean_reuse=mr,
+        m=m,
+        W=W,
     )

@@ -43,9 +43,17 @@ import numpy as np
 
 from specmoe.errors import InputError
 
-__all__ = ["activated_bytes_efficiency", "batch_unique", "choose_starts", "expected_tokens",
-           "layer_map", "speedup", "summarise_efficiency", "uniform_batch_unique",
-           "window_rows"]
+__all__ = [
+    "activated_bytes_efficiency",
+    "batch_unique",
+    "choose_starts",
+    "expected_tokens",
+    "layer_map",
+    "speedup",
+    "summarise_efficiency",
+    "uniform_batch_unique",
+    "window_rows",
+]
 
 
 def layer_map(num_layers: int, source_layers: int) -> np.ndarray:
@@ -54,12 +62,12 @@ def layer_map(num_layers: int, source_layers: int) -> np.ndarray:
         raise InputError(f"layers must be >= 1, got {num_layers} and {source_layers}")
     if num_layers == 1 or source_layers == 1:
         return np.zeros(num_layers, dtype=np.int64)
-    return np.rint(np.arange(num_layers) * (source_layers - 1)
-                   / (num_layers - 1)).astype(np.int64)
+    return np.rint(np.arange(num_layers) * (source_layers - 1) / (num_layers - 1)).astype(np.int64)
 
 
-def window_rows(starts: Sequence[int] | np.ndarray, position: int, tokens: int,
-                table_rows: int) -> np.ndarray:
+def window_rows(
+    starts: Sequence[int] | np.ndarray, position: int, tokens: int, table_rows: int
+) -> np.ndarray:
     """[B, s] table rows of a pass: sequence b, token i takes ``(starts[b] + position + i) mod T``.
 
     Rows flatten batch-major (``reshape(-1)``), the order in which an MoE block hands a batch's
@@ -78,7 +86,7 @@ def batch_unique(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
     if table.ndim != 3:
         raise InputError(f"table: expected expert ids [T, L, m], got shape {table.shape}")
     L = table.shape[1]
-    ids = table[np.asarray(rows).reshape(-1)]                  # [r, L, m]
+    ids = table[np.asarray(rows).reshape(-1)]  # [r, L, m]
     n_exp = int(table.max()) + 1
     seen = np.zeros((L, n_exp), dtype=bool)
     layer = np.broadcast_to(np.arange(L)[None, :, None], ids.shape)
@@ -92,8 +100,9 @@ def uniform_batch_unique(num_experts: int, top_k: int, tokens: int) -> float:
     return float(num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens))
 
 
-def choose_starts(doc_offsets: Sequence[int] | np.ndarray, count: int, length: int,
-                  rng: np.random.Generator) -> np.ndarray:
+def choose_starts(
+    doc_offsets: Sequence[int] | np.ndarray, count: int, length: int, rng: np.random.Generator
+) -> np.ndarray:
     """[count] distinct window starts of ``length`` tokens, each window inside one document
     where the documents allow it (uniform over such starts, without replacement); documents too
     short for a whole window are used only when no document is long enough."""
@@ -103,16 +112,19 @@ def choose_starts(doc_offsets: Sequence[int] | np.ndarray, count: int, length: i
     if count < 1 or length < 1:
         raise InputError(f"count and length must be >= 1, got {count}, {length}")
     T = int(off[-1])
-    ends = np.repeat(off[1:], np.diff(off))                    # [T] end of each row's document
+    ends = np.repeat(off[1:], np.diff(off))  # [T] end of each row's document
     valid = np.flatnonzero(ends - np.arange(T) >= length)
     if valid.size == 0:
         valid = np.arange(T)
     return rng.choice(valid, size=count, replace=valid.size < count)
 
 
-def activated_bytes_efficiency(dense_bytes: float, expert_bytes: float | Sequence[float],
-                               k: float | Sequence[float],
-                               unique: float | Sequence[float]) -> float:
+def activated_bytes_efficiency(
+    dense_bytes: float,
+    expert_bytes: float | Sequence[float],
+    k: float | Sequence[float],
+    unique: float | Sequence[float],
+) -> float:
     """Eq. of paper 003 Section 5: (C_dense + Σ_l k_l C_expert,l) / (C_dense + Σ_l u_l C_expert,l).
 
     ``expert_bytes``: bytes of one expert (a scalar, or [L] per layer); ``k``: experts the
@@ -148,8 +160,9 @@ def expected_tokens(acceptance: float, k: int | np.ndarray) -> float | np.ndarra
     return float(g) if np.ndim(g) == 0 else g
 
 
-def speedup(t_step: float, t_verify: float, k: int, *, acceptance: float,
-            draft_cost: float) -> float:
+def speedup(
+    t_step: float, t_verify: float, k: int, *, acceptance: float, draft_cost: float
+) -> float:
     """G_a(K) · t_step / (t_verify + K · draft_cost · t_step): time per token of plain decoding
     over time per token of speculation, a draft token costing ``draft_cost`` target steps."""
     if t_step <= 0 or t_verify <= 0:
@@ -159,10 +172,15 @@ def speedup(t_step: float, t_verify: float, k: int, *, acceptance: float,
     return float(expected_tokens(acceptance, k) * t_step / (t_verify + k * draft_cost * t_step))
 
 
-def summarise_efficiency(records: Sequence[dict], *, dense_bytes: float,
-                         expert_bytes: float | Sequence[float],
-                         kv_bytes: dict | None = None, acceptance: float = 0.7,
-                         draft_cost: float = 0.05) -> list[dict]:
+def summarise_efficiency(
+    records: Sequence[dict],
+    *,
+    dense_bytes: float,
+    expert_bytes: float | Sequence[float],
+    kv_bytes: dict | None = None,
+    acceptance: float = 0.7,
+    draft_cost: float = 0.05,
+) -> list[dict]:
     """One row per (routing, B, K) from timed passes.
 
     ``records``: dicts with ``routing``, ``batch`` B, ``k`` (None for the one-token step, else
@@ -177,9 +195,10 @@ def summarise_efficiency(records: Sequence[dict], *, dense_bytes: float,
     the activated-expert-bytes estimate, the gap measured − estimate, G_a(K) and the speedup.
     """
     rows: list[dict] = []
-    order = list(dict.fromkeys(r["routing"] for r in records))       # routings as first seen
-    keys = sorted({(r["routing"], int(r["batch"])) for r in records},
-                  key=lambda x: (order.index(x[0]), x[1]))
+    order = list(dict.fromkeys(r["routing"] for r in records))  # routings as first seen
+    keys = sorted(
+        {(r["routing"], int(r["batch"])) for r in records}, key=lambda x: (order.index(x[0]), x[1])
+    )
     for routing, b in keys:
         sel = [r for r in records if r["routing"] == routing and int(r["batch"]) == b]
         step = {r["repetition"]: r for r in sel if r["k"] is None}
@@ -190,23 +209,32 @@ def summarise_efficiency(records: Sequence[dict], *, dense_bytes: float,
         for kk in sorted({int(r["k"]) for r in sel if r["k"] is not None}):
             ver = {r["repetition"]: r for r in sel if r["k"] is not None and int(r["k"]) == kk}
             tv = float(np.median([r["t_ms"] for r in ver.values()]))
-            u_l = np.mean([np.asarray(r["unique"], dtype=np.float64) for r in ver.values()],
-                          axis=0)
+            u_l = np.mean([np.asarray(r["unique"], dtype=np.float64) for r in ver.values()], axis=0)
             ratios = [step[i]["t_ms"] / ver[i]["t_ms"] for i in ver if i in step]
             est = activated_bytes_efficiency(dense_bytes, expert_bytes, k_l, u_l)
             eff = t1 / tv
-            row = {"routing": routing, "batch": b, "k": kk, "rows": b * (kk + 1),
-                   "t_step_ms": t1, "t_verify_ms": tv, "efficiency": eff,
-                   "efficiency_range": [float(min(ratios)), float(max(ratios))]
-                   if ratios else None,
-                   "repetitions": len(ver), "k_active": float(k_l.sum()),
-                   "unique": float(u_l.sum()), "k_active_per_layer": k_l.tolist(),
-                   "unique_per_layer": u_l.tolist(), "estimate": est, "gap": eff - est,
-                   "expected_tokens": expected_tokens(acceptance, kk),
-                   "speedup": speedup(t1, tv, kk, acceptance=acceptance,
-                                      draft_cost=draft_cost)}
+            row = {
+                "routing": routing,
+                "batch": b,
+                "k": kk,
+                "rows": b * (kk + 1),
+                "t_step_ms": t1,
+                "t_verify_ms": tv,
+                "efficiency": eff,
+                "efficiency_range": [float(min(ratios)), float(max(ratios))] if ratios else None,
+                "repetitions": len(ver),
+                "k_active": float(k_l.sum()),
+                "unique": float(u_l.sum()),
+                "k_active_per_layer": k_l.tolist(),
+                "unique_per_layer": u_l.tolist(),
+                "estimate": est,
+                "gap": eff - est,
+                "expected_tokens": expected_tokens(acceptance, kk),
+                "speedup": speedup(t1, tv, kk, acceptance=acceptance, draft_cost=draft_cost),
+            }
             if kv_bytes is not None and b in kv_bytes:
                 row["estimate_with_kv"] = activated_bytes_efficiency(
-                    dense_bytes + float(kv_bytes[b]), expert_bytes, k_l, u_l)
+                    dense_bytes + float(kv_bytes[b]), expert_bytes, k_l, u_l
+                )
             rows.append(row)
     return rows

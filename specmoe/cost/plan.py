@@ -68,8 +68,10 @@ def _eq22(profile: Any, tau1: float, k_max: int, num_layers: int) -> dict[str, l
     check of the bandwidth route; None when the profile holds no usable operation times."""
     try:
         idx = [profile.n.index(k) for k in range(1, k_max + 2)]
-        return {p: (whole_model_verify_time(profile, p, tau1, num_layers=num_layers)[idx]
-                    * MS).tolist() for p in ("per_slot", "dedup")}
+        return {
+            p: (whole_model_verify_time(profile, p, tau1, num_layers=num_layers)[idx] * MS).tolist()
+            for p in ("per_slot", "dedup")
+        }
     except (InputError, KeyError, ValueError, TypeError, IndexError):
         return None
 
@@ -78,23 +80,39 @@ def engine_settings(k: int, crossover: int | None) -> dict[str, Any]:
     """Engine flags for a fixed draft length k and the pass size from which the deduplicating
     kernel should run (the crossover): vLLM, SGLang (chain drafting, top-k 1) and llama.cpp."""
     if k == 0:
-        spec = {"vllm": None, "sglang": None, "llama.cpp": None,
-                "note": "plain decoding is fastest: run without a draft model"}
+        spec = {
+            "vllm": None,
+            "sglang": None,
+            "llama.cpp": None,
+            "note": "plain decoding is fastest: run without a draft model",
+        }
     else:
         spec = {
             "vllm": {"speculative_config": {"num_speculative_tokens": k}},
-            "sglang": {"--speculative-num-steps": k, "--speculative-eagle-topk": 1,
-                       "--speculative-num-draft-tokens": k + 1},
+            "sglang": {
+                "--speculative-num-steps": k,
+                "--speculative-eagle-topk": 1,
+                "--speculative-num-draft-tokens": k + 1,
+            },
             "llama.cpp": {"--draft-max": k, "--draft-min": k},
         }
     spec["dedup_from_pass_size"] = crossover
     return spec
 
 
-def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
-               acceptance: Sequence[Fraction | float] = (), draft_ms: Sequence[float] | None = None,
-               context: int = 512, expected_acceptance: Fraction | float | None = None,
-               notes: Sequence[str] = (), sources: dict[str, Any] | None = None) -> Plan:
+def build_plan(
+    spec: Any,
+    union: Any,
+    profile: Any,
+    *,
+    k_max: int = 8,
+    acceptance: Sequence[Fraction | float] = (),
+    draft_ms: Sequence[float] | None = None,
+    context: int = 512,
+    expected_acceptance: Fraction | float | None = None,
+    notes: Sequence[str] = (),
+    sources: dict[str, Any] | None = None,
+) -> Plan:
     """The plan for ``spec`` with ``union`` [L, n >= k_max+1] (U_l(n), mapped onto the spec's L
     MoE layers) and a bandwidth ``profile`` measured on the spec's shapes at its dtype.
 
@@ -106,7 +124,7 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
     U = np.asarray(union, dtype=np.float64)
     if U.ndim != 2 or U.shape[1] < k_max + 1:
         raise InputError(f"union: needs pass sizes up to {k_max + 1}, got shape {U.shape}")
-    U = U[:, :k_max + 1]
+    U = U[:, : k_max + 1]
     acc = [check_acceptance(a, "--acceptance") for a in acceptance]
     h = np.zeros(k_max + 1) if draft_ms is None else np.asarray(draft_ms, dtype=np.float64)
     if h.shape != (k_max + 1,):
@@ -117,8 +135,9 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
 
     bw = profile_bandwidths(profile, k_max + 1)
     pb = pass_bytes(spec, U, context=context)
-    vm = verify_model(pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"],
-                      beta_dense=bw["beta_dense"])
+    vm = verify_model(
+        pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"], beta_dense=bw["beta_dense"]
+    )
     eps = _policy_eps(bw["epsilon"])
     f_time = float(bounds.relative_error_factor(eps))
     delta = float(bounds.delta_from_epsilon(eps)) if eps < 0.5 else None
@@ -137,32 +156,51 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
         "n": n.tolist(),
         "acceptance": [float(a) for a in acc],
         "draft_ms": h.tolist(),
-        "epsilon": {"per_slot": bw["epsilon"].get("per_slot"),
-                    "dedup": bw["epsilon"].get("dedup"), "used": eps},
+        "epsilon": {
+            "per_slot": bw["epsilon"].get("per_slot"),
+            "dedup": bw["epsilon"].get("dedup"),
+            "used": eps,
+        },
         "delta": delta,
-        "loss_bound": (float(bounds.throughput_loss_bound(delta)) if delta is not None
-                       else None),
-        "bandwidth_gbps": {"per_slot": (bw["beta_slot"] / 1e9).tolist(),
-                           "dedup": (bw["beta_dedup"] / 1e9).tolist(),
-                           "dense": bw["beta_dense"] / 1e9},
-        "bytes": {"dense": pb.dense.tolist(), "slot": pb.slot.tolist(),
-                  "union": pb.union.tolist(), "u_bar": pb.u_bar.tolist(),
-                  "mean_reuse": pb.mean_reuse.tolist(), "W": pb.W, "m": pb.m},
+        "loss_bound": (float(bounds.throughput_loss_bound(delta)) if delta is not None else None),
+        "bandwidth_gbps": {
+            "per_slot": (bw["beta_slot"] / 1e9).tolist(),
+            "dedup": (bw["beta_dedup"] / 1e9).tolist(),
+            "dense": bw["beta_dense"] / 1e9,
+        },
+        "bytes": {
+            "dense": pb.dense.tolist(),
+            "slot": pb.slot.tolist(),
+            "union": pb.union.tolist(),
+            "u_bar": pb.u_bar.tolist(),
+            "mean_reuse": pb.mean_reuse.tolist(),
+            "W": pb.W,
+            "m": pb.m,
+        },
         "r": vm.r.tolist(),
         "saving_ms": (vm.saving * MS).tolist(),
         "saving_band_ms": band.tolist(),
         "dedup_faster": [bool(x) for x in (vm.saving > 0)],
-        "kernel_decision_robust": [bool(bounds.kernel_decision_robust(float(u), float(r), eps))
-                                   if i else None
-                                   for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))],
+        "kernel_decision_robust": [
+            bool(bounds.kernel_decision_robust(float(u), float(r), eps)) if i else None
+            for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))
+        ],
         "crossover": cross,
         "crossover_measured_in_profile": getattr(profile, "crossover", None),
-        "verify_ms": {}, "verify_band_ms": {}, "step_ms": {}, "a0": {}, "step_points": {},
-        "staircase": {}, "best_k": {}, "speedup": {}, "speedup_bound": {}, "best_k_certain": {},
+        "verify_ms": {},
+        "verify_band_ms": {},
+        "step_ms": {},
+        "a0": {},
+        "step_points": {},
+        "staircase": {},
+        "best_k": {},
+        "speedup": {},
+        "speedup_bound": {},
+        "best_k_certain": {},
     }
     for p in POLICIES:
         tau_ms = vm.tau[p] * MS
-        Vl = (tau_ms + h).tolist()     # every theory call uses the step times plan.json holds
+        Vl = (tau_ms + h).tolist()  # every theory call uses the step times plan.json holds
         st = theory.staircase(Vl)
         data["verify_ms"][p] = tau_ms.tolist()
         data["verify_band_ms"][p] = (vm.memory[p] * f_time * MS).tolist()
@@ -185,8 +223,9 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
         data["best_k"][p], data["speedup"][p] = ks, sps
         data["speedup_bound"][p], data["best_k_certain"][p] = sbs, certain
 
-    data["verify_ms_eq22"] = _eq22(profile, float(vm.tau["per_slot"][0]), k_max,
-                                   spec.num_moe_layers)
+    data["verify_ms_eq22"] = _eq22(
+        profile, float(vm.tau["per_slot"][0]), k_max, spec.num_moe_layers
+    )
 
     # Reuse thresholds of a deduplicating engine, Eq. (14); h enters as fixed work (App. B.2).
     m, W = pb.m, pb.W
@@ -195,11 +234,22 @@ def build_plan(spec: Any, union: Any, profile: Any, *, k_max: int = 8,
     for a in acc:
         row = []
         for k in range(1, k_max + 1):
-            row.append(float(theory.reuse_threshold(
-                a, k, m=m, W=W, tau1=V0, bandwidth_k=float(bw["beta_dedup"][k]),
-                bandwidth_1=float(bw["beta_slot"][0]),
-                dense_growth_bytes=float(pb.dense[k] - pb.dense[0]),
-                dense_bandwidth=bw["beta_dense"], fixed_work_growth=float(h_s[k] - h_s[0]))))
+            row.append(
+                float(
+                    theory.reuse_threshold(
+                        a,
+                        k,
+                        m=m,
+                        W=W,
+                        tau1=V0,
+                        bandwidth_k=float(bw["beta_dedup"][k]),
+                        bandwidth_1=float(bw["beta_slot"][0]),
+                        dense_growth_bytes=float(pb.dense[k] - pb.dense[0]),
+                        dense_bandwidth=bw["beta_dense"],
+                        fixed_work_growth=float(h_s[k] - h_s[0]),
+                    )
+                )
+            )
         thr.append(row)
     data["reuse_threshold"] = {"dedup": thr}
 

@@ -32,40 +32,73 @@ DEFAULT_EXPECTED = "0.7"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help=f"model preset or path to an HF config / spec JSON "
-                             f"(default {DEFAULT_MODEL})")
-    parser.add_argument("--layers", type=int, default=None, metavar="N",
-                        help="keep the model's first N MoE layers (a CPU-sized copy of a "
-                             "preset, such as a dummy-weight run's model)")
-    parser.add_argument("--trace", default=None,
-                        help="routing trace (.npz or shard folder); default: the bundled "
-                             "model's fit trace")
-    parser.add_argument("--bandwidth", default=None, metavar="PROFILE",
-                        help="bandwidth profile JSON from `specmoe bench`; default: a quick "
-                             "benchmark on this machine (cached)")
-    parser.add_argument("--draft-time", default=None, metavar="TABLE_OR_A,B",
-                        help="draft/host time per step h(k) in ms: a table file (JSON list, "
-                             "or lines 'k ms') or 'a,b' for h(k) = a k + b (h(0) = 0); "
-                             "default 0")
-    parser.add_argument("--acceptance", default=DEFAULT_ACCEPTANCE, metavar="GRID",
-                        help="acceptance values: comma list of numbers or START:STOP:STEP "
-                             f"ranges (default {DEFAULT_ACCEPTANCE})")
-    parser.add_argument("--expected-acceptance", default=DEFAULT_EXPECTED, metavar="A",
-                        help="acceptance for the engine settings (default "
-                             f"{DEFAULT_EXPECTED})")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"model preset or path to an HF config / spec JSON (default {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the model's first N MoE layers (a CPU-sized copy of a "
+        "preset, such as a dummy-weight run's model)",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="routing trace (.npz or shard folder); default: the bundled model's fit trace",
+    )
+    parser.add_argument(
+        "--bandwidth",
+        default=None,
+        metavar="PROFILE",
+        help="bandwidth profile JSON from `specmoe bench`; default: a quick "
+        "benchmark on this machine (cached)",
+    )
+    parser.add_argument(
+        "--draft-time",
+        default=None,
+        metavar="TABLE_OR_A,B",
+        help="draft/host time per step h(k) in ms: a table file (JSON list, "
+        "or lines 'k ms') or 'a,b' for h(k) = a k + b (h(0) = 0); "
+        "default 0",
+    )
+    parser.add_argument(
+        "--acceptance",
+        default=DEFAULT_ACCEPTANCE,
+        metavar="GRID",
+        help="acceptance values: comma list of numbers or START:STOP:STEP "
+        f"ranges (default {DEFAULT_ACCEPTANCE})",
+    )
+    parser.add_argument(
+        "--expected-acceptance",
+        default=DEFAULT_EXPECTED,
+        metavar="A",
+        help=f"acceptance for the engine settings (default {DEFAULT_EXPECTED})",
+    )
     parser.add_argument("--k-max", type=int, default=8, help="largest draft length (default 8)")
-    parser.add_argument("--context", type=int, default=512, metavar="D",
-                        help="context depth in tokens for the key-value bytes (default 512)")
-    parser.add_argument("--device", default="cpu", help="benchmark device when no --bandwidth "
-                        "(default cpu)")
-    parser.add_argument("--dtype", default="float32", help="benchmark dtype when no "
-                        "--bandwidth (default float32)")
-    parser.add_argument("--rebench", action="store_true",
-                        help="ignore a cached benchmark profile and measure again")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=512,
+        metavar="D",
+        help="context depth in tokens for the key-value bytes (default 512)",
+    )
+    parser.add_argument(
+        "--device", default="cpu", help="benchmark device when no --bandwidth (default cpu)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="benchmark dtype when no --bandwidth (default float32)"
+    )
+    parser.add_argument(
+        "--rebench", action="store_true", help="ignore a cached benchmark profile and measure again"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="write plan.json and figures to DIR")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
+    )
 
 
 def _err(msg: str) -> None:
@@ -142,8 +175,9 @@ def parse_draft_time(text: str | None, k_max: int) -> tuple[np.ndarray, str]:
         if isinstance(data, dict):
             data = data.get("h_ms", data.get("draft_ms"))
         if not isinstance(data, list):
-            raise InputError(f"{path}: a JSON draft-time table is a list of ms per k "
-                             f"(or an object with 'h_ms')")
+            raise InputError(
+                f"{path}: a JSON draft-time table is a list of ms per k (or an object with 'h_ms')"
+            )
         table = dict(enumerate(data))
     else:
         for line in raw.splitlines():
@@ -166,8 +200,9 @@ def parse_draft_time(text: str | None, k_max: int) -> tuple[np.ndarray, str]:
     for k in range(k_max + 1):
         v = table[k]
         if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
-            raise InputError(f"{path}: draft time at k = {k} must be a non-negative number of "
-                             f"ms, got {v!r}")
+            raise InputError(
+                f"{path}: draft time at k = {k} must be a non-negative number of ms, got {v!r}"
+            )
         h.append(float(v))
     return np.asarray(h), f"draft time h(k) from {path}"
 
@@ -199,12 +234,14 @@ def _default_trace() -> Path:
     try:
         from specmoe.data.corpus import bundled_trace_path
     except ImportError:
-        raise RuntimeError("the bundled data (specmoe.data.corpus) is not available: "
-                           "pass --trace") from None
+        raise RuntimeError(
+            "the bundled data (specmoe.data.corpus) is not available: pass --trace"
+        ) from None
     path = bundled_trace_path("fit")
     if not path.exists():
-        raise RuntimeError(f"the bundled fit trace {path.name} is missing from the package "
-                           f"data: pass --trace")
+        raise RuntimeError(
+            f"the bundled fit trace {path.name} is missing from the package data: pass --trace"
+        )
     return path
 
 
@@ -214,21 +251,30 @@ def routing_union(trace_path: Path, spec: Any, k_max: int) -> tuple[np.ndarray, 
     try:
         from specmoe.routing.stats import compute_stats
     except ImportError:
-        raise RuntimeError("the routing statistics module (specmoe.routing.stats) is not "
-                           "available") from None
+        raise RuntimeError(
+            "the routing statistics module (specmoe.routing.stats) is not available"
+        ) from None
     from specmoe.cost.bytes import layer_mean
 
     _err(f"plan: routing statistics of {trace_path} ...")
     stats = compute_stats(trace_path, max_n=k_max + 1, aligned=True, max_lag=1)
     if (stats.num_experts, stats.top_k) != (spec.num_experts, spec.top_k):
-        raise InputError(f"--trace {trace_path}: routes N={stats.num_experts}, m={stats.top_k} "
-                         f"but model {spec.name!r} has N={spec.num_experts}, m={spec.top_k}")
+        raise InputError(
+            f"--trace {trace_path}: routes N={stats.num_experts}, m={stats.top_k} "
+            f"but model {spec.name!r} has N={spec.num_experts}, m={spec.top_k}"
+        )
     union, note = layer_mean(np.asarray(stats.union, dtype=np.float64), spec.num_moe_layers)
     notes = [] if stats.num_layers == spec.num_moe_layers else [note]
-    info = {"path": str(trace_path), "sha256_16": trace_hash(trace_path),
-            "num_experts": stats.num_experts, "top_k": stats.top_k,
-            "num_layers": stats.num_layers, "tokens": stats.tokens,
-            "documents": stats.documents, "identity_error": stats.identity_error}
+    info = {
+        "path": str(trace_path),
+        "sha256_16": trace_hash(trace_path),
+        "num_experts": stats.num_experts,
+        "top_k": stats.top_k,
+        "num_layers": stats.num_layers,
+        "tokens": stats.tokens,
+        "documents": stats.documents,
+        "identity_error": stats.identity_error,
+    }
     return union, info, notes
 
 
@@ -239,9 +285,12 @@ def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any,
     if args.bandwidth is not None:
         prof = load_profile(args.bandwidth, spec=spec)
         return prof, {"path": str(args.bandwidth), "cached": False}
-    key = hashlib.sha256(json.dumps({"model": spec.to_dict(), "device": args.device,
-                                     "dtype": args.dtype, "trace": thash},
-                                    sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            {"model": spec.to_dict(), "device": args.device, "dtype": args.dtype, "trace": thash},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
     path = cache_dir() / "profiles" / f"{spec.name}-{args.device}-{args.dtype}-{key}.json"
     if path.exists() and not args.rebench:
         try:
@@ -253,14 +302,23 @@ def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any,
     try:
         from specmoe.bench.run import run_benchmark
     except ImportError:
-        raise RuntimeError("the benchmark module (specmoe.bench.run) is not available: pass "
-                           "--bandwidth PROFILE") from None
+        raise RuntimeError(
+            "the benchmark module (specmoe.bench.run) is not available: pass --bandwidth PROFILE"
+        ) from None
     from specmoe.routing.trace import load_trace
 
-    _err(f"plan: quick benchmark of the expert operation on {args.device} ({args.dtype}); "
-         f"cached afterwards in {path.parent}")
-    prof = run_benchmark(spec.with_dtype(args.dtype), trace=load_trace(trace_path),
-                         device=args.device, dtype=args.dtype, quick=True, progress=True)
+    _err(
+        f"plan: quick benchmark of the expert operation on {args.device} ({args.dtype}); "
+        f"cached afterwards in {path.parent}"
+    )
+    prof = run_benchmark(
+        spec.with_dtype(args.dtype),
+        trace=load_trace(trace_path),
+        device=args.device,
+        dtype=args.dtype,
+        quick=True,
+        progress=True,
+    )
     prof.save(path)
     return prof, {"path": str(path), "cached": False, "measured_now": True}
 
@@ -291,7 +349,7 @@ def make_plan(args) -> tuple[Any, dict]:
     trace_path = Path(args.trace) if args.trace is not None else _default_trace()
     if not trace_path.exists():
         raise InputError(f"--trace {trace_path}: no such trace file or folder")
-    if args.bandwidth is not None:   # a given profile is checked before the routing pass
+    if args.bandwidth is not None:  # a given profile is checked before the routing pass
         prof, prof_info = resolve_profile(args, spec, trace_path, "")
     union, trace_info, notes = routing_union(trace_path, spec, args.k_max)
     if args.bandwidth is None:
@@ -300,16 +358,27 @@ def make_plan(args) -> tuple[Any, dict]:
     if bpw is None:
         raise InputError(f"bandwidth profile: unknown dtype {prof.dtype!r}")
     if bpw != spec.bytes_per_weight:
-        notes.append(f"bytes counted at the profile's dtype {prof.dtype} "
-                     f"({bpw:g} bytes per weight), not the model's {spec.bytes_per_weight:g}")
+        notes.append(
+            f"bytes counted at the profile's dtype {prof.dtype} "
+            f"({bpw:g} bytes per weight), not the model's {spec.bytes_per_weight:g}"
+        )
         spec = spec.with_dtype(prof.dtype)
     notes.append(draft_note)
     for note in notes:
         _err(f"plan: {note}")
     prof_info.update(device=prof.device, device_name=prof.device_name, dtype=prof.dtype)
-    plan = build_plan(spec, union, prof, k_max=args.k_max, acceptance=acceptance,
-                      draft_ms=draft_ms, context=args.context, expected_acceptance=expected[0],
-                      notes=notes, sources={"trace": trace_info, "bandwidth": prof_info})
+    plan = build_plan(
+        spec,
+        union,
+        prof,
+        k_max=args.k_max,
+        acceptance=acceptance,
+        draft_ms=draft_ms,
+        context=args.context,
+        expected_acceptance=expected[0],
+        notes=notes,
+        sources={"trace": trace_info, "bandwidth": prof_info},
+    )
     return plan, plan.to_dict()
 
 
@@ -325,8 +394,10 @@ def run(args) -> int:
         from specmoe.report.plan_figures import write_plan_figures
 
         figs = write_plan_figures(data, out)
-        _err(f"plan: wrote {out / 'plan.json'}, {out / 'summary.txt'} and "
-             f"{', '.join(p.name for p in figs)}")
+        _err(
+            f"plan: wrote {out / 'plan.json'}, {out / 'summary.txt'} and "
+            f"{', '.join(p.name for p in figs)}"
+        )
     if args.json:
         print(dumps_json(data))
     else:
@@ -361,40 +432,55 @@ def summary(d: dict[str, Any]) -> str:
         f"  routing: {Path(tr.get('path', '?')).name} ({tr.get('num_layers', '?')} MoE layers, "
         f"{tr.get('tokens', '?')} tokens); context {d['context']}; k_max {d['k_max']}",
         f"  bandwidth error eps = {eps['used']:.3f} (per-slot {eps['per_slot']:.3f}, dedup "
-        f"{eps['dedup']:.3f})" + ("" if d["delta"] is None else
-                                  f"; step-time error delta = {d['delta']:.3f}"),
+        f"{eps['dedup']:.3f})"
+        + ("" if d["delta"] is None else f"; step-time error delta = {d['delta']:.3f}"),
     ]
     lines += [f"  note: {n}" for n in d.get("notes", [])]
     n = d["n"]
-    lines += ["", _row("tokens per pass n", n, "{:8d}"),
-              _row("verify ms, per-slot", d["verify_ms"]["per_slot"]),
-              _row("verify ms, dedup", d["verify_ms"]["dedup"]),
-              *([_row("  Eq. (22), per-slot", d["verify_ms_eq22"]["per_slot"]),
-                 _row("  Eq. (22), dedup", d["verify_ms_eq22"]["dedup"])]
-                if d.get("verify_ms_eq22") else []),
-              _row("saving ms S(n)", d["saving_ms"]),
-              _row("  bound (18) +/-", d["saving_band_ms"]),
-              _row("byte share u_bar(n)", d["bytes"]["u_bar"], "{:8.3f}"),
-              _row("bandwidth ratio r(n)", d["r"], "{:8.3f}")]
+    lines += [
+        "",
+        _row("tokens per pass n", n, "{:8d}"),
+        _row("verify ms, per-slot", d["verify_ms"]["per_slot"]),
+        _row("verify ms, dedup", d["verify_ms"]["dedup"]),
+        *(
+            [
+                _row("  Eq. (22), per-slot", d["verify_ms_eq22"]["per_slot"]),
+                _row("  Eq. (22), dedup", d["verify_ms_eq22"]["dedup"]),
+            ]
+            if d.get("verify_ms_eq22")
+            else []
+        ),
+        _row("saving ms S(n)", d["saving_ms"]),
+        _row("  bound (18) +/-", d["saving_band_ms"]),
+        _row("byte share u_bar(n)", d["bytes"]["u_bar"], "{:8.3f}"),
+        _row("bandwidth ratio r(n)", d["r"], "{:8.3f}"),
+    ]
     cross = d["crossover"]
     robust = [nn for nn, ok in zip(n, d["kernel_decision_robust"]) if ok]
     if cross is None:
-        lines.append(f"crossover: none up to n = {n[-1]}: the per-slot kernel is as fast or "
-                     f"faster at the longest passes")
+        lines.append(
+            f"crossover: none up to n = {n[-1]}: the per-slot kernel is as fast or "
+            f"faster at the longest passes"
+        )
     else:
-        lines.append(f"crossover: the deduplicating kernel is faster from n = {cross}"
-                     + (f" (the sign is certain under eps by Eq. (19) at n = "
-                        f"{', '.join(map(str, robust))})" if robust else
-                        " (not certain under eps by Eq. (19) at any n)"))
+        lines.append(
+            f"crossover: the deduplicating kernel is faster from n = {cross}"
+            + (
+                f" (the sign is certain under eps by Eq. (19) at n = {', '.join(map(str, robust))})"
+                if robust
+                else " (not certain under eps by Eq. (19) at any n)"
+            )
+        )
     lines += ["", "staircase: best draft length k*(a) (policy: the faster kernel per pass)"]
     for lvl in d["staircase"]["best"]:
         lines.append(f"  a in ({lvl['from']:.4f}, {lvl['to']:.4f})  k* = {lvl['k']}")
     K = d["k_max"]
-    lines += [_row("step points a_j", range(1, K + 1), "{:8d}"),
-              *(_row(f"  {p}", d["step_points"][p], "{:8.4f}") for p in ("per_slot", "dedup",
-                                                                         "best")),
-              _row("a0 = V(1)/V(0) - 1", [d["a0"][p] for p in ("per_slot", "dedup", "best")],
-                   "{:8.4f}") + "   (per-slot, dedup, best)"]
+    lines += [
+        _row("step points a_j", range(1, K + 1), "{:8d}"),
+        *(_row(f"  {p}", d["step_points"][p], "{:8.4f}") for p in ("per_slot", "dedup", "best")),
+        _row("a0 = V(1)/V(0) - 1", [d["a0"][p] for p in ("per_slot", "dedup", "best")], "{:8.4f}")
+        + "   (per-slot, dedup, best)",
+    ]
     acc = d["acceptance"]
     lines.append("")
     for p in ("per_slot", "dedup", "best"):
@@ -402,27 +488,43 @@ def summary(d: dict[str, Any]) -> str:
         sp = d["speedup"][p]
         i = int(np.argmax(sp))
         bound = d["speedup_bound"][p][i]
-        head = (f"{p:<9} speculation never pays (a_1 = 1)" if a1 >= 1.0 else
-                f"{p:<9} speculation pays for a > {a1:.4f} (a_1)")
-        tail = ("" if sp[i] <= 1.0 else
-                f"; best speedup on the grid {sp[i]:.3f} at a = {acc[i]:g}"
-                + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})"))
+        head = (
+            f"{p:<9} speculation never pays (a_1 = 1)"
+            if a1 >= 1.0
+            else f"{p:<9} speculation pays for a > {a1:.4f} (a_1)"
+        )
+        tail = (
+            ""
+            if sp[i] <= 1.0
+            else f"; best speedup on the grid {sp[i]:.3f} at a = {acc[i]:g}"
+            + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})")
+        )
         lines.append(head + tail)
     eng = d.get("engine")
     if eng:
         s = eng["settings"]
         k = eng["best"]["draft_length"]
-        lines += ["", f"engine settings at expected acceptance {eng['expected_acceptance']:g} "
-                      f"(k* = {k}, predicted speedup {eng['best']['speedup']:.3f}):"]
+        lines += [
+            "",
+            f"engine settings at expected acceptance {eng['expected_acceptance']:g} "
+            f"(k* = {k}, predicted speedup {eng['best']['speedup']:.3f}):",
+        ]
         if k == 0:
             lines.append("  speculation off: plain decoding is fastest (run without a draft)")
         else:
-            lines += [f"  vLLM       --speculative-config '{{\"num_speculative_tokens\": {k}}}'",
-                      f"  SGLang     --speculative-num-steps {k} --speculative-eagle-topk 1 "
-                      f"--speculative-num-draft-tokens {k + 1}",
-                      f"  llama.cpp  --draft-max {k} --draft-min {k}"]
+            lines += [
+                f"  vLLM       --speculative-config '{{\"num_speculative_tokens\": {k}}}'",
+                f"  SGLang     --speculative-num-steps {k} --speculative-eagle-topk 1 "
+                f"--speculative-num-draft-tokens {k + 1}",
+                f"  llama.cpp  --draft-max {k} --draft-min {k}",
+            ]
         dd = s["dedup_from_pass_size"]
-        lines.append("  deduplicating kernel: " + (
-            f"from {dd} tokens per pass (per-slot below)" if dd is not None
-            else f"never up to {n[-1]} tokens per pass (keep the per-slot kernel)"))
+        lines.append(
+            "  deduplicating kernel: "
+            + (
+                f"from {dd} tokens per pass (per-slot below)"
+                if dd is not None
+                else f"never up to {n[-1]} tokens per pass (keep the per-slot kernel)"
+            )
+        )
     return "\n".join(lines)

@@ -52,26 +52,41 @@ def _nonneg(x: Any, name: str) -> np.ndarray:
     return a
 
 
-def verify_time(*, dense_bytes: Any, dense_bandwidth: Any, expert_bytes: Any,
-                expert_bandwidth: Any, t0: Any = 0.0, fixed_work: Any = 0.0) -> np.ndarray:
+def verify_time(
+    *,
+    dense_bytes: Any,
+    dense_bandwidth: Any,
+    expert_bytes: Any,
+    expert_bandwidth: Any,
+    t0: Any = 0.0,
+    fixed_work: Any = 0.0,
+) -> np.ndarray:
     """tau_p(n) = t0 + D(n)/beta_D + E_p(n)/beta_p(n) + phi_p(n), Eq. (5) of paper 002.
 
     ``t0`` >= 0 is time outside the memory reads, ``fixed_work`` = phi_p(n) >= 0 (launches)."""
-    return (_nonneg(t0, "t0") + _nonneg(dense_bytes, "dense_bytes")
-            / _positive(dense_bandwidth, "dense_bandwidth")
-            + _nonneg(expert_bytes, "expert_bytes") / _positive(expert_bandwidth,
-                                                                  "expert_bandwidth")
-            + _nonneg(fixed_work, "fixed_work"))
+    return (
+        _nonneg(t0, "t0")
+        + _nonneg(dense_bytes, "dense_bytes") / _positive(dense_bandwidth, "dense_bandwidth")
+        + _nonneg(expert_bytes, "expert_bytes") / _positive(expert_bandwidth, "expert_bandwidth")
+        + _nonneg(fixed_work, "fixed_work")
+    )
 
 
-def saving_from_shares(slot_bytes: Any, beta_slot: Any, u_bar: Any, r: Any, *,
-                       fixed_work_slot: Any = 0.0, fixed_work_dedup: Any = 0.0) -> np.ndarray:
+def saving_from_shares(
+    slot_bytes: Any,
+    beta_slot: Any,
+    u_bar: Any,
+    r: Any,
+    *,
+    fixed_work_slot: Any = 0.0,
+    fixed_work_dedup: Any = 0.0,
+) -> np.ndarray:
     """S(n) = E_slot(n)/beta_slot(n) (1 - u_bar(n)/r(n)) - (phi_dedup(n) - phi_slot(n)), Eq. (6)
     with f_l = 1: the time deduplication removes from a pass (t0 and dense reads cancel)."""
     expert = _nonneg(slot_bytes, "slot_bytes") / _positive(beta_slot, "beta_slot")
-    return (expert * (1 - _positive(u_bar, "u_bar") / _positive(r, "r"))
-            - (_nonneg(fixed_work_dedup, "fixed_work_dedup")
-               - _nonneg(fixed_work_slot, "fixed_work_slot")))
+    return expert * (1 - _positive(u_bar, "u_bar") / _positive(r, "r")) - (
+        _nonneg(fixed_work_dedup, "fixed_work_dedup") - _nonneg(fixed_work_slot, "fixed_work_slot")
+    )
 
 
 def dedup_faster(u_bar: Any, r: Any) -> np.ndarray:
@@ -102,8 +117,9 @@ def linear_draft_time(slope: float, intercept: float, k_max: int) -> np.ndarray:
     """h(k) = slope k + intercept for k >= 1 and h(0) = 0 (no draft runs in plain decoding):
     a linear draft-time model like T_D = 0.459 K + 0.073 ms of paper 000 (Figure A6)."""
     if not (np.isfinite(slope) and np.isfinite(intercept)) or slope < 0 or intercept < 0:
-        raise InputError(f"draft time: slope and intercept must be non-negative, got "
-                         f"{slope!r}, {intercept!r}")
+        raise InputError(
+            f"draft time: slope and intercept must be non-negative, got {slope!r}, {intercept!r}"
+        )
     h = slope * np.arange(k_max + 1, dtype=np.float64) + intercept
     h[0] = 0.0
     return h
@@ -119,8 +135,9 @@ def step_times(tau: Any, h: Any = None) -> np.ndarray:
     return tau + h
 
 
-def verify_time_from_op_times(op_kernel: Any, op_one: Any, tau1: float, *,
-                              num_layers: int | None = None) -> np.ndarray:
+def verify_time_from_op_times(
+    op_kernel: Any, op_one: Any, tau1: float, *, num_layers: int | None = None
+) -> np.ndarray:
     """Eq. (22): tau_hat_p(n) = tau_meas(1) + sum_l (t_p,l(n) - t_l(1)).
 
     ``op_kernel`` [L, n_max]: layer l's expert-operation time with kernel p at pass size n;
@@ -134,14 +151,22 @@ def verify_time_from_op_times(op_kernel: Any, op_one: Any, tau1: float, *,
         raise InputError(f"op_kernel [L, n] and op_one [L] disagree: {op.shape}, {one.shape}")
     (tau1,) = _positive([tau1], "tau1")
     growth = op - one[:, None]
-    total = growth.sum(axis=0) if num_layers in (None, op.shape[0]) else (
-        growth.mean(axis=0) * num_layers)
+    total = (
+        growth.sum(axis=0)
+        if num_layers in (None, op.shape[0])
+        else (growth.mean(axis=0) * num_layers)
+    )
     return tau1 + total
 
 
-def whole_model_verify_time(profile: Any, kernel: str, tau1: float, *,
-                            source: str = "predicted", num_layers: int | None = None
-                            ) -> np.ndarray:
+def whole_model_verify_time(
+    profile: Any,
+    kernel: str,
+    tau1: float,
+    *,
+    source: str = "predicted",
+    num_layers: int | None = None,
+) -> np.ndarray:
     """Eq. (22) from a :class:`~specmoe.bench.profile.BandwidthProfile`: ``source`` "predicted"
     uses the fits at the union bytes of recorded windows (the prediction), "measured" the
     measured median operation times (the measured-time version). Returns tau_hat_p(n) [n_max] at
@@ -156,7 +181,7 @@ def whole_model_verify_time(profile: Any, kernel: str, tau1: float, *,
     i1 = profile.n.index(1)
     op = np.array(profile.op_time[kernel][source], dtype=np.float64)
     one = np.asarray(profile.op_time["per_slot"][source], dtype=np.float64)[:, i1]
-    op[:, i1] = one   # a one-token pass runs the per-slot kernel with dedup off and on
+    op[:, i1] = one  # a one-token pass runs the per-slot kernel with dedup off and on
     return verify_time_from_op_times(op, one, tau1, num_layers=num_layers)
 
 
@@ -165,9 +190,11 @@ def profile_bandwidths(profile: Any, n_max: int) -> dict[str, Any]:
     measured read ceiling) and eps per kernel, from a bandwidth profile."""
     missing = [n for n in range(1, n_max + 1) if n not in profile.n]
     if missing:
-        raise InputError(f"bandwidth profile: no pass size {missing[0]} (it covers n = "
-                         f"{min(profile.n)}..{max(profile.n)}; lower --k-max to at most "
-                         f"{max(profile.n) - 1})")
+        raise InputError(
+            f"bandwidth profile: no pass size {missing[0]} (it covers n = "
+            f"{min(profile.n)}..{max(profile.n)}; lower --k-max to at most "
+            f"{max(profile.n) - 1})"
+        )
     idx = [profile.n.index(n) for n in range(1, n_max + 1)]
     return {
         "beta_slot": np.asarray(profile.beta_slot, dtype=np.float64)[idx] * GB,
@@ -190,9 +217,9 @@ class VerifyModel:
     expert: dict[str, np.ndarray]
     memory: dict[str, np.ndarray]
     tau: dict[str, np.ndarray]
-    saving: np.ndarray          # S(n) = tau_slot(n) - tau_dedup(n)
+    saving: np.ndarray  # S(n) = tau_slot(n) - tau_dedup(n)
     u_bar: np.ndarray
-    r: np.ndarray               # beta_dedup(n)/beta_slot(n)
+    r: np.ndarray  # beta_dedup(n)/beta_slot(n)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -200,31 +227,52 @@ class VerifyModel:
         return crossover(self.saving, self.n)
 
 
-def verify_model(pb: PassBytes, *, beta_slot: Any, beta_dedup: Any, beta_dense: float,
-                 t0: float = 0.0, phi_slot: Any = 0.0, phi_dedup: Any = 0.0) -> VerifyModel:
+def verify_model(
+    pb: PassBytes,
+    *,
+    beta_slot: Any,
+    beta_dedup: Any,
+    beta_dense: float,
+    t0: float = 0.0,
+    phi_slot: Any = 0.0,
+    phi_dedup: Any = 0.0,
+) -> VerifyModel:
     """tau_p(n) of Eq. (5) for both kernels and the ``best`` policy from the pass bytes and the
     bandwidths (bytes/s, [n_max] each). With bandwidths measured on whole operation times (as in
     a profile), the fixed work is inside beta and phi = 0."""
     nn = pb.n.size
     bs, bd = _positive(beta_slot, "beta_slot"), _positive(beta_dedup, "beta_dedup")
     if bs.shape != (nn,) or bd.shape != (nn,):
-        raise InputError(f"beta_slot, beta_dedup: need {nn} pass sizes, got {bs.shape}, "
-                         f"{bd.shape}")
+        raise InputError(f"beta_slot, beta_dedup: need {nn} pass sizes, got {bs.shape}, {bd.shape}")
     phs = np.broadcast_to(_nonneg(phi_slot, "phi_slot"), (nn,)).copy()
     phd = np.broadcast_to(_nonneg(phi_dedup, "phi_dedup"), (nn,)).copy()
     dense = pb.dense / _positive(beta_dense, "beta_dense")
     exp_slot = pb.slot / bs
     exp_dedup = pb.dedup / bd
-    exp_dedup[0], phd[0] = exp_slot[0], phs[0]   # a one-token pass runs the per-slot kernel
+    exp_dedup[0], phd[0] = exp_slot[0], phs[0]  # a one-token pass runs the per-slot kernel
     t0 = float(_nonneg(t0, "t0"))
     tau_slot = t0 + dense + exp_slot + phs
     tau_dedup = t0 + dense + exp_dedup + phd
     use_dedup = tau_dedup < tau_slot
-    expert = {"per_slot": exp_slot, "dedup": exp_dedup,
-              "best": np.where(use_dedup, exp_dedup, exp_slot)}
+    expert = {
+        "per_slot": exp_slot,
+        "dedup": exp_dedup,
+        "best": np.where(use_dedup, exp_dedup, exp_slot),
+    }
     memory = {p: dense + e for p, e in expert.items()}
-    tau = {"per_slot": tau_slot, "dedup": tau_dedup,
-           "best": np.where(use_dedup, tau_dedup, tau_slot)}
-    return VerifyModel(n=pb.n, dense_time=dense, expert=expert, memory=memory, tau=tau,
-                       saving=tau_slot - tau_dedup, u_bar=pb.u_bar, r=bd / bs,
-                       extra={"uses_dedup": use_dedup})
+    tau = {
+        "per_slot": tau_slot,
+        "dedup": tau_dedup,
+        "best": np.where(use_dedup, tau_dedup, tau_slot),
+    }
+    return VerifyModel(
+        n=pb.n,
+        dense_time=dense,
+        expert=expert,
+        memory=memory,
+        tau=tau,
+        saving=tau_slot - tau_dedup,
+        u_bar=pb.u_bar,
+        r=bd / bs,
+        extra={"uses_dedup": use_dedup},
+    )

@@ -155,12 +155,13 @@ def first_threshold(V: Sequence[Number]) -> Number:
 # ------------------------------------------------------------------------------------------
 # The staircase (paper 002 Section 3.3, Appendix B.3)
 
+
 def _alpha(Vf: list[Fraction], k: int, i: int) -> float:
     """alpha_{k,i} (exact logic, float root), for i < k."""
     Vi, Vk = Vf[i], Vf[k]
-    if Vk <= Vi:                       # T(k) > T(i) at every a > 0 (and at 0 when Vk < Vi)
+    if Vk <= Vi:  # T(k) > T(i) at every a > 0 (and at 0 when Vk < Vi)
         return 0.0
-    if Vk * (i + 1) >= Vi * (k + 1):   # G(k)/G(i) < (k+1)/(i+1) <= V(k)/V(i) on [0, 1)
+    if Vk * (i + 1) >= Vi * (k + 1):  # G(k)/G(i) < (k+1)/(i+1) <= V(k)/V(i) on [0, 1)
         return 1.0
     # p(a) = V(i) P_k(a) - V(k) P_i(a): negative at 0, positive at 1, one sign change (B.26).
     coeffs = [Vi - Vk] * (i + 1) + [Vi] * (k - i)
@@ -199,8 +200,10 @@ def step_points(V: Sequence[Number]) -> list[float]:
     Vf = [to_fraction(v) for v in V]
     k_max = len(Vf) - 1
     alpha = {(k, i): _alpha(Vf, k, i) for k in range(1, k_max + 1) for i in range(k)}
-    return [max(min(alpha[k, i] for k in range(j, k_max + 1)) for i in range(j))
-            for j in range(1, k_max + 1)]
+    return [
+        max(min(alpha[k, i] for k in range(j, k_max + 1)) for i in range(j))
+        for j in range(1, k_max + 1)
+    ]
 
 
 def _increments(Vf: list[Fraction]) -> list[Fraction]:
@@ -220,8 +223,10 @@ def step_points_convex(V: Sequence[Number]) -> list[float]:
     Vf = [to_fraction(v) for v in V]
     c = _increments(Vf)
     if c[0] < 0 or any(c[i] > c[i + 1] for i in range(len(c) - 1)):
-        raise InputError("V: the increments c_i = V(i) - V(i-1) are not 0 <= c_1 <= c_2 <= ...; "
-                         "use step_points (Eq. (B.31)) for a general V")
+        raise InputError(
+            "V: the increments c_i = V(i) - V(i-1) are not 0 <= c_1 <= c_2 <= ...; "
+            "use step_points (Eq. (B.31)) for a general V"
+        )
     pts = []
     for j in range(1, len(Vf)):
         cj, Vprev = c[j - 1], Vf[j - 1]
@@ -250,7 +255,7 @@ def convex_reaches(V: Sequence[Number], a: Number, j: int) -> bool:
     if c[0] < 0 or any(c[i] > c[i + 1] for i in range(len(c) - 1)):
         raise InputError("V: the increments are not 0 <= c_1 <= c_2 <= ... (Eq. (10) needs it)")
     af = to_fraction(a)
-    return af ** j * Vf[j - 1] > _G(af, j - 1) * c[j - 1]
+    return af**j * Vf[j - 1] > _G(af, j - 1) * c[j - 1]
 
 
 @dataclass(frozen=True)
@@ -276,18 +281,29 @@ def staircase(V: Sequence[Number]) -> Staircase:
     """The staircase a -> k*(a) from the step points of Eq. (B.31)."""
     pts = step_points(V)
     bounds = [0.0, *pts, 1.0]
-    levels = [(bounds[j], bounds[j + 1], j) for j in range(len(bounds) - 1)
-              if bounds[j] < bounds[j + 1]]
+    levels = [
+        (bounds[j], bounds[j + 1], j) for j in range(len(bounds) - 1) if bounds[j] < bounds[j + 1]
+    ]
     return Staircase(step_points=pts, levels=levels, k_at_zero=best_draft_length(V, 0))
 
 
 # ------------------------------------------------------------------------------------------
 # Deduplicating engines (paper 002 Section 3.4, Appendix B.2)
 
-def reuse_threshold(a: Number, k: int, *, m: Number, W: Number, tau1: Number,
-                    bandwidth_k: Number, bandwidth_1: Number,
-                    dense_growth_bytes: Number = 0, dense_bandwidth: Number | None = None,
-                    fixed_work_growth: Number = 0) -> Number:
+
+def reuse_threshold(
+    a: Number,
+    k: int,
+    *,
+    m: Number,
+    W: Number,
+    tau1: Number,
+    bandwidth_k: Number,
+    bandwidth_1: Number,
+    dense_growth_bytes: Number = 0,
+    dense_bandwidth: Number | None = None,
+    fixed_work_growth: Number = 0,
+) -> Number:
     """rho*_k(a), Eq. (14) of paper 002: the least byte-weighted mean reuse rho_bar_k at which
     draft length k is faster than plain decoding on a deduplicating engine (f_l = 1),
 
@@ -305,10 +321,18 @@ def reuse_threshold(a: Number, k: int, *, m: Number, W: Number, tau1: Number,
     if isinstance(k, bool) or not hasattr(k, "__index__") or int(k) < 1:
         raise InputError(f"k: draft length must be a positive integer, got {k!r}")
     k = int(k)
-    vals = {name: check_number(v, name) for name, v in (
-        ("m", m), ("W", W), ("tau1", tau1), ("bandwidth_k", bandwidth_k),
-        ("bandwidth_1", bandwidth_1), ("dense_growth_bytes", dense_growth_bytes),
-        ("fixed_work_growth", fixed_work_growth))}
+    vals = {
+        name: check_number(v, name)
+        for name, v in (
+            ("m", m),
+            ("W", W),
+            ("tau1", tau1),
+            ("bandwidth_k", bandwidth_k),
+            ("bandwidth_1", bandwidth_1),
+            ("dense_growth_bytes", dense_growth_bytes),
+            ("fixed_work_growth", fixed_work_growth),
+        )
+    }
     for name in ("m", "W", "tau1", "bandwidth_k", "bandwidth_1"):
         if not vals[name] > 0:
             raise InputError(f"{name}: must be positive, got {vals[name]!r}")
@@ -327,8 +351,9 @@ def reuse_threshold(a: Number, k: int, *, m: Number, W: Number, tau1: Number,
     return out(rho, exact)
 
 
-def reuse_threshold_bytes(a: Number, k: int, *, m: Number, W: Number, D: Number = 0,
-                          kv: Sequence[Number] | None = None) -> Number:
+def reuse_threshold_bytes(
+    a: Number, k: int, *, m: Number, W: Number, D: Number = 0, kv: Sequence[Number] | None = None
+) -> Number:
     """rho*_k(a) in bytes, Eq. (16) of paper 002 (Eq. (B.16)): one bandwidth for every byte and
     no fixed time,
 
@@ -358,9 +383,20 @@ def reuse_threshold_bytes(a: Number, k: int, *, m: Number, W: Number, D: Number 
     return out(rho, exact)
 
 
-def dedup_speedup(a: Number, k: int, *, tau1: Number, dedup_bytes: Number, m: Number, W: Number,
-                  bandwidth_k: Number, bandwidth_1: Number, dense_growth_bytes: Number = 0,
-                  dense_bandwidth: Number | None = None, fixed_work_growth: Number = 0) -> Number:
+def dedup_speedup(
+    a: Number,
+    k: int,
+    *,
+    tau1: Number,
+    dedup_bytes: Number,
+    m: Number,
+    W: Number,
+    bandwidth_k: Number,
+    bandwidth_1: Number,
+    dense_growth_bytes: Number = 0,
+    dense_bandwidth: Number | None = None,
+    fixed_work_growth: Number = 0,
+) -> Number:
     """T_a(k)/T_a(0) on a deduplicating engine, Eq. (15) of paper 002:
 
         G_a(k) V(0) / ( V(0) + dD_k/beta_D + dphi_k + E_dedup(k+1)/B_k - m W/beta(1) ),
@@ -369,10 +405,19 @@ def dedup_speedup(a: Number, k: int, *, tau1: Number, dedup_bytes: Number, m: Nu
     """
     a = check_acceptance(a)
     k = check_draft_length(k, 1 << 30)
-    vals = [check_number(v, n) for v, n in (
-        (tau1, "tau1"), (dedup_bytes, "dedup_bytes"), (m, "m"), (W, "W"),
-        (bandwidth_k, "bandwidth_k"), (bandwidth_1, "bandwidth_1"),
-        (dense_growth_bytes, "dense_growth_bytes"), (fixed_work_growth, "fixed_work_growth"))]
+    vals = [
+        check_number(v, n)
+        for v, n in (
+            (tau1, "tau1"),
+            (dedup_bytes, "dedup_bytes"),
+            (m, "m"),
+            (W, "W"),
+            (bandwidth_k, "bandwidth_k"),
+            (bandwidth_1, "bandwidth_1"),
+            (dense_growth_bytes, "dense_growth_bytes"),
+            (fixed_work_growth, "fixed_work_growth"),
+        )
+    ]
     if dense_bandwidth is not None:
         vals.append(check_number(dense_bandwidth, "dense_bandwidth"))
     tau1f, Ef, mf, Wf, Bk, B1, dD, dphi = (to_fraction(v) for v in vals[:8])

@@ -45,13 +45,19 @@ __all__ = [
 SPLITS: tuple[str, ...] = ("train", "fit", "validation")
 # Upper bounds (exclusive) of ``h % 100`` for each split, in SPLITS order.
 _BOUNDS: tuple[int, ...] = (80, 90, 100)
-_EXCLUDED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test",
-                             "__pycache__"})
-RULE = ("h = int(sha256(relative POSIX path, utf-8).hexdigest(), 16) % 100; "
-        "train if h < 80, fit if h < 90, else validation; within a split, ordered by the "
-        "sha256 hex digest")
-EXCLUSION = ("*.py under the stdlib root; excluded: any path with a component in "
-             + ", ".join(sorted(_EXCLUDED_PARTS)) + ", and files that are not valid UTF-8")
+_EXCLUDED_PARTS = frozenset(
+    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+)
+RULE = (
+    "h = int(sha256(relative POSIX path, utf-8).hexdigest(), 16) % 100; "
+    "train if h < 80, fit if h < 90, else validation; within a split, ordered by the "
+    "sha256 hex digest"
+)
+EXCLUSION = (
+    "*.py under the stdlib root; excluded: any path with a component in "
+    + ", ".join(sorted(_EXCLUDED_PARTS))
+    + ", and files that are not valid UTF-8"
+)
 
 
 def _data_dir() -> Path:
@@ -152,8 +158,9 @@ def split_paths(split: str) -> list[str]:
     return list(_load_split()["splits"][split])
 
 
-def documents(split: str, *, limit_tokens: int | None = None,
-              tokenizer: Any = None) -> list[tuple[str, str]]:
+def documents(
+    split: str, *, limit_tokens: int | None = None, tokenizer: Any = None
+) -> list[tuple[str, str]]:
     """The (name, text) documents of ``split``, read from this interpreter's stdlib.
 
     ``name`` is the path relative to the stdlib root. Files listed in split.json that this
@@ -192,8 +199,11 @@ def documents(split: str, *, limit_tokens: int | None = None,
             total += len(enc.ids)
         out.append((rel, text))
     if missing:
-        print(f"specmoe: warning: {len(missing)} of {len(rels)} {split} documents are not in "
-              f"this interpreter's stdlib ({root}), skipped (e.g. {missing[0]})", file=sys.stderr)
+        print(
+            f"specmoe: warning: {len(missing)} of {len(rels)} {split} documents are not in "
+            f"this interpreter's stdlib ({root}), skipped (e.g. {missing[0]})",
+            file=sys.stderr,
+        )
     return out
 
 

@@ -33,24 +33,32 @@ from specmoe.engine.models import family_of, model_label, moe_layers
 from specmoe.errors import InputError
 from specmoe.routing.trace import RoutingTrace
 
-__all__ = ["RouterRecorder", "RouterRule", "capture_documents", "capture_generation",
-           "capture_tokens", "route_logits", "rule_for"]
+__all__ = [
+    "RouterRecorder",
+    "RouterRule",
+    "capture_documents",
+    "capture_generation",
+    "capture_tokens",
+    "route_logits",
+    "rule_for",
+]
 
 
 # ------------------------------------------------------------------------------------------
 # Selection rules
 
+
 @dataclass(frozen=True)
 class RouterRule:
     """How one family's router picks m of N experts from its logits (see ``route_logits``)."""
 
-    kind: str                     # softmax_topk | softmax_topk_norm | topk_softmax | deepseek_v2/3
+    kind: str  # softmax_topk | softmax_topk_norm | topk_softmax | deepseek_v2/3
     top_k: int
     norm_topk_prob: bool = False
-    topk_method: str = "greedy"   # DeepSeek-V2: greedy | group_limited_greedy
+    topk_method: str = "greedy"  # DeepSeek-V2: greedy | group_limited_greedy
     n_group: int = 1
     topk_group: int = 1
-    scaling: float = 1.0          # routed_scaling_factor
+    scaling: float = 1.0  # routed_scaling_factor
 
 
 def rule_for(model: Any) -> RouterRule:
@@ -58,7 +66,8 @@ def rule_for(model: Any) -> RouterRule:
     cfg = model.config
     family = family_of(cfg)
     return RouterRule(
-        kind=family.rule, top_k=int(cfg.num_experts_per_tok),
+        kind=family.rule,
+        top_k=int(cfg.num_experts_per_tok),
         norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
         topk_method=str(getattr(cfg, "topk_method", None) or "greedy"),
         n_group=int(getattr(cfg, "n_group", None) or 1),
@@ -72,7 +81,7 @@ def _group_mask(choice: Any, rule: RouterRule, *, top2: bool) -> Any:
     import torch
 
     n, n_exp = choice.shape
-    grouped = choice.view(n, rule.n_group, n_exp // rule.n_group)      # [n, G, N/G]
+    grouped = choice.view(n, rule.n_group, n_exp // rule.n_group)  # [n, G, N/G]
     gscore = grouped.topk(2, dim=-1).values.sum(-1) if top2 else grouped.max(-1).values
     keep = torch.zeros_like(gscore, dtype=torch.bool)
     keep.scatter_(1, gscore.topk(rule.topk_group, dim=-1).indices, True)
@@ -107,8 +116,9 @@ def route_logits(logits: Any, rule: RouterRule, *, correction_bias: Any = None) 
         w = torch.softmax(top, dim=-1)
     elif rule.kind == "deepseek_v2":
         p = torch.softmax(z, dim=-1)
-        choice = (_group_mask(p, rule, top2=False)
-                  if rule.topk_method == "group_limited_greedy" else p)
+        choice = (
+            _group_mask(p, rule, top2=False) if rule.topk_method == "group_limited_greedy" else p
+        )
         ids = choice.topk(k, dim=-1).indices
         w = p.gather(1, ids) * rule.scaling
     elif rule.kind == "deepseek_v3":
@@ -127,12 +137,14 @@ def route_logits(logits: Any, rule: RouterRule, *, correction_bias: Any = None) 
 # ------------------------------------------------------------------------------------------
 # Hooks
 
+
 def _parse_router_output(output: Any, module: Any, rule: RouterRule) -> tuple[Any, Any]:
     """``(ids [n, m], weights [n, m] or None)`` from whatever a router's forward returned."""
     import torch
 
-    tensors = [t for t in (output if isinstance(output, tuple | list) else (output,))
-               if torch.is_tensor(t)]
+    tensors = [
+        t for t in (output if isinstance(output, tuple | list) else (output,)) if torch.is_tensor(t)
+    ]
     k = rule.top_k
     ids = next((t for t in tensors if not t.is_floating_point() and t.shape[-1] == k), None)
     if ids is not None:  # the router says which experts it chose
@@ -147,10 +159,12 @@ def _parse_router_output(output: Any, module: Any, rule: RouterRule) -> tuple[An
         return ids, None
     logits = next((t for t in tensors if t.is_floating_point()), None)
     if logits is None or logits.shape[-1] != module.weight.shape[0]:
-        raise RuntimeError(f"router {type(module).__name__} returned neither expert ids nor "
-                           f"[n, N] logits")
-    return route_logits(logits, rule,
-                        correction_bias=getattr(module, "e_score_correction_bias", None))
+        raise RuntimeError(
+            f"router {type(module).__name__} returned neither expert ids nor [n, N] logits"
+        )
+    return route_logits(
+        logits, rule, correction_bias=getattr(module, "e_score_correction_bias", None)
+    )
 
 
 class RouterRecorder:
@@ -162,7 +176,7 @@ class RouterRecorder:
 
     def __init__(self, model: Any):
         self.model = model
-        self.routers = moe_layers(model)                         # [(layer index, module)]
+        self.routers = moe_layers(model)  # [(layer index, module)]
         self.layers = [i for i, _ in self.routers]
         self.rule = rule_for(model)
         self.num_experts = int(self.routers[0][1].weight.shape[0])
@@ -193,6 +207,7 @@ class RouterRecorder:
             if self.enabled:
                 ids, w = _parse_router_output(output, module, self.rule)
                 self._calls[pos].append((ids.detach(), None if w is None else w.detach()))
+
         return hook
 
     def clear(self) -> None:
@@ -208,19 +223,24 @@ class RouterRecorder:
         calls, self._calls = self._calls, [[] for _ in self.routers]
         counts = {sum(int(i.shape[0]) for i, _ in c) for c in calls}
         if len(counts) != 1 or 0 in counts:
-            raise RuntimeError(f"router hooks saw unequal or no token counts {sorted(counts)} "
-                               "over the MoE layers (does a fused MoE kernel bypass a router?)")
+            raise RuntimeError(
+                f"router hooks saw unequal or no token counts {sorted(counts)} "
+                "over the MoE layers (does a fused MoE kernel bypass a router?)"
+            )
         ids = np.stack([torch.cat([i for i, _ in c]).cpu().numpy() for c in calls], axis=1)
         if any(w is None for c in calls for _, w in c):
             return ids.astype(np.int64), None
         w = np.stack([torch.cat([w for _, w in c]).float().cpu().numpy() for c in calls], axis=1)
         order = np.argsort(-w, axis=-1, kind="stable")
-        return (np.take_along_axis(ids, order, -1).astype(np.int64),
-                np.take_along_axis(w, order, -1).astype(np.float32))
+        return (
+            np.take_along_axis(ids, order, -1).astype(np.int64),
+            np.take_along_axis(w, order, -1).astype(np.float32),
+        )
 
 
 # ------------------------------------------------------------------------------------------
 # Teacher-forced capture
+
 
 def _context(model: Any, max_context: int | None) -> int:
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
@@ -230,9 +250,14 @@ def _context(model: Any, max_context: int | None) -> int:
     return c
 
 
-def capture_tokens(model: Any, token_ids: Sequence[int], *, max_context: int | None = None,
-                   overlap: int | None = None,
-                   recorder: RouterRecorder | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def capture_tokens(
+    model: Any,
+    token_ids: Sequence[int],
+    *,
+    max_context: int | None = None,
+    overlap: int | None = None,
+    recorder: RouterRecorder | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Teacher-forced routing of one token sequence: ``experts [T, L, m]``, ``weights``.
 
     Windows of at most C = ``max_context`` tokens; consecutive windows overlap by ``overlap``
@@ -258,7 +283,7 @@ def capture_tokens(model: Any, token_ids: Sequence[int], *, max_context: int | N
             ctx = 0 if start == 0 else min(ov, start)
             end = min(ids.numel(), start - ctx + c)
             with torch.inference_mode():
-                base(input_ids=ids[start - ctx:end][None].to(device), use_cache=False)
+                base(input_ids=ids[start - ctx : end][None].to(device), use_cache=False)
             e, w = rec.pop()
             parts.append(e[ctx:])
             wparts.append(None if w is None else w[ctx:])
@@ -275,22 +300,33 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids with the tokenizer's default special tokens (a long text is not an error)."""
     if hasattr(tokenizer, "model_max_length"):  # a transformers tokenizer
         return list(tokenizer(text, verbose=False)["input_ids"])
-    return list(tokenizer(text)["input_ids"]) if callable(tokenizer) else list(
-        tokenizer.encode(text))
+    return (
+        list(tokenizer(text)["input_ids"]) if callable(tokenizer) else list(tokenizer.encode(text))
+    )
 
 
 def _progress(total: int, *, enabled: bool, desc: str) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="tok", desc=desc, file=sys.stderr, disable=not enabled,
-                dynamic_ncols=True)
+    return tqdm(
+        total=total, unit="tok", desc=desc, file=sys.stderr, disable=not enabled, dynamic_ncols=True
+    )
 
 
-def capture_documents(model: Any, tokenizer: Any, documents: Sequence[tuple[str, str]],
-                      out_dir: str | Path, *, max_tokens: int | None = None,
-                      max_context: int | None = None, overlap: int | None = None,
-                      shard_tokens: int = 1 << 16, progress: bool = True, source: str = "",
-                      model_name: str | None = None) -> Path:
+def capture_documents(
+    model: Any,
+    tokenizer: Any,
+    documents: Sequence[tuple[str, str]],
+    out_dir: str | Path,
+    *,
+    max_tokens: int | None = None,
+    max_context: int | None = None,
+    overlap: int | None = None,
+    shard_tokens: int = 1 << 16,
+    progress: bool = True,
+    source: str = "",
+    model_name: str | None = None,
+) -> Path:
     """Teacher-forced capture of ``documents`` ``[(name, text)]`` into shards under ``out_dir``.
 
     Each shard ``shard-NNNNN.npz`` holds whole documents (about ``shard_tokens`` tokens) and is
@@ -312,10 +348,16 @@ def capture_documents(model: Any, tokenizer: Any, documents: Sequence[tuple[str,
     out = Path(out_dir)
     rec = RouterRecorder(model)
     label = model_name or model_label(model)
-    header = {"model": label, "model_type": str(model.config.model_type),
-              "num_experts": rec.num_experts, "top_k": rec.rule.top_k, "layers": rec.layers,
-              "source": source, "capture": "teacher_forced",
-              "max_context": _context(model, max_context)}
+    header = {
+        "model": label,
+        "model_type": str(model.config.model_type),
+        "num_experts": rec.num_experts,
+        "top_k": rec.rule.top_k,
+        "layers": rec.layers,
+        "source": source,
+        "capture": "teacher_forced",
+        "max_context": _context(model, max_context),
+    }
     writer = _ShardWriter(out, header, shard_tokens=shard_tokens)
     todo = [(str(n), t) for n, t in documents if str(n) not in writer.done]
     budget = None if max_tokens is None else max(0, max_tokens - writer.tokens)
@@ -335,8 +377,9 @@ def capture_documents(model: Any, tokenizer: Any, documents: Sequence[tuple[str,
                 cut = budget is not None and len(ids) > budget
                 if cut:
                     ids = ids[:budget]
-                e, w = capture_tokens(model, ids, max_context=max_context, overlap=overlap,
-                                      recorder=rec)
+                e, w = capture_tokens(
+                    model, ids, max_context=max_context, overlap=overlap, recorder=rec
+                )
                 writer.add(name, e, w, truncated=cut)
                 if budget is not None:
                     budget -= len(ids)
@@ -375,17 +418,21 @@ class _ShardWriter:
             meta, offsets = _shard_header(path)
             for key in _SAME:
                 if meta.get(key) != header[key]:
-                    raise InputError(f"{path}: holds a capture with {key}={meta.get(key)!r}, "
-                                     f"not {header[key]!r}; use another --out directory")
+                    raise InputError(
+                        f"{path}: holds a capture with {key}={meta.get(key)!r}, "
+                        f"not {header[key]!r}; use another --out directory"
+                    )
             self.done.update(meta.get("documents", []))
             self.tokens += int(offsets[-1])
-            self.shards.append({"file": path.name, "documents": len(offsets) - 1,
-                                "tokens": int(offsets[-1])})
+            self.shards.append(
+                {"file": path.name, "documents": len(offsets) - 1, "tokens": int(offsets[-1])}
+            )
         self._next = 1 + max((int(s["file"][6:11]) for s in self.shards), default=-1)
         self._pending: list[tuple[str, np.ndarray, np.ndarray | None, bool]] = []
 
-    def add(self, name: str, experts: np.ndarray, weights: np.ndarray | None, *,
-            truncated: bool) -> None:
+    def add(
+        self, name: str, experts: np.ndarray, weights: np.ndarray | None, *, truncated: bool
+    ) -> None:
         self._pending.append((name, experts, weights, truncated))
         if sum(len(p[1]) for p in self._pending) >= self.shard_tokens:
             self.flush()
@@ -398,22 +445,35 @@ class _ShardWriter:
             docs, parts = self._pending, [p[1] for p in self._pending]
             self._pending = []
             wts = None if any(p[2] is None for p in docs) else np.concatenate([p[2] for p in docs])
-            meta = {**self.header, "documents": [p[0] for p in docs],
-                    "truncated": [p[0] for p in docs if p[3]]}
+            meta = {
+                **self.header,
+                "documents": [p[0] for p in docs],
+                "truncated": [p[0] for p in docs if p[3]],
+            }
             file = _SHARD.format(self._next)
             trace = RoutingTrace(
-                experts=np.concatenate(parts), weights=wts, num_experts=self.header["num_experts"],
+                experts=np.concatenate(parts),
+                weights=wts,
+                num_experts=self.header["num_experts"],
                 doc_offsets=np.concatenate([[0], np.cumsum([len(e) for e in parts])]),
-                meta=meta, name=str(self.out / file))
+                meta=meta,
+                name=str(self.out / file),
+            )
             save_trace(trace, self.out / file)
             self._next += 1
             self.shards.append({"file": file, "documents": len(docs), "tokens": trace.num_tokens})
             self.done.update(meta["documents"])
             self.tokens += trace.num_tokens
         if self.shards:
-            atomic_write_json(self.out / _MANIFEST, {
-                **self.header, "shards": self.shards, "tokens": self.tokens,
-                "documents": sum(s["documents"] for s in self.shards)})
+            atomic_write_json(
+                self.out / _MANIFEST,
+                {
+                    **self.header,
+                    "shards": self.shards,
+                    "tokens": self.tokens,
+                    "documents": sum(s["documents"] for s in self.shards),
+                },
+            )
 
 
 def _shard_header(path: Path) -> tuple[dict[str, Any], np.ndarray]:
@@ -423,18 +483,23 @@ def _shard_header(path: Path) -> tuple[dict[str, Any], np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return json.loads(str(z["meta"])), np.asarray(z["doc_offsets"])
     except Exception as exc:
-        raise InputError(f"{path}: unreadable capture shard ({type(exc).__name__}); "
-                         "remove it to capture its documents again") from None
+        raise InputError(
+            f"{path}: unreadable capture shard ({type(exc).__name__}); "
+            "remove it to capture its documents again"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------
 # Generation capture
 
+
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     found: set[int] = set()
-    for src in (getattr(tokenizer, "eos_token_id", None),
-                getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-                getattr(model.config, "eos_token_id", None)):
+    for src in (
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+    ):
         if isinstance(src, int):
             found.add(src)
         elif isinstance(src, list | tuple):
@@ -442,10 +507,17 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return found
 
 
-def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
-                       max_new_tokens: int, include_prompt: bool = False,
-                       stop_at_eos: bool = True, progress: bool = True,
-                       model_name: str | None = None) -> RoutingTrace:
+def capture_generation(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    include_prompt: bool = False,
+    stop_at_eos: bool = True,
+    progress: bool = True,
+    model_name: str | None = None,
+) -> RoutingTrace:
     """Greedy decoding with the KV cache, one document per prompt.
 
     Each generated token's routing is recorded when it is fed back (so the last generated token
@@ -460,8 +532,9 @@ def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     if not prompts:
         raise InputError("prompts: no prompts given")
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    cache_kw = (
+        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    )
     eos = _eos_ids(model, tokenizer) if stop_at_eos else set()
     device = next(model.parameters()).device
     encoded = [_encode(tokenizer, p) for p in prompts]
@@ -469,8 +542,10 @@ def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
         if not ids:
             raise InputError(f"prompts: prompt {i} is empty after tokenization")
         if len(ids) + max_new_tokens > limit:
-            raise InputError(f"prompts: prompt {i} ({len(ids)} tokens) plus {max_new_tokens} "
-                             f"new tokens exceeds the model's context of {limit}")
+            raise InputError(
+                f"prompts: prompt {i} ({len(ids)} tokens) plus {max_new_tokens} "
+                f"new tokens exceeds the model's context of {limit}"
+            )
     label = model_name or model_label(model)
     bar = _progress(len(prompts) * max_new_tokens, enabled=progress, desc=f"generate {label}")
     rec = RouterRecorder(model)
@@ -478,8 +553,9 @@ def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
     try:
         with rec, torch.inference_mode():
             for ids in encoded:
-                out = model(input_ids=torch.tensor([ids], device=device), use_cache=True,
-                            logits_to_keep=1)
+                out = model(
+                    input_ids=torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1
+                )
                 e_prompt, w_prompt = rec.pop()
                 e_parts = [e_prompt] if include_prompt else []
                 w_parts = [w_prompt] if include_prompt else []
@@ -487,10 +563,16 @@ def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
                 while len(gen) < max_new_tokens:
                     nxt = int(out.logits[0, -1].argmax())
                     gen.append(nxt)
-                    cache = out.cache if getattr(out, "cache", None) is not None \
+                    cache = (
+                        out.cache
+                        if getattr(out, "cache", None) is not None
                         else out.past_key_values
-                    out = model(input_ids=torch.tensor([[nxt]], device=device), use_cache=True,
-                                **{cache_kw: cache})
+                    )
+                    out = model(
+                        input_ids=torch.tensor([[nxt]], device=device),
+                        use_cache=True,
+                        **{cache_kw: cache},
+                    )
                     e, w = rec.pop()
                     e_parts.append(e)
                     w_parts.append(w)
@@ -498,20 +580,29 @@ def capture_generation(model: Any, tokenizer: Any, prompts: Sequence[str], *,
                     if nxt in eos:
                         break
                 experts.append(np.concatenate(e_parts))
-                weights.append(None if any(w is None for w in w_parts)
-                               else np.concatenate(w_parts))
+                weights.append(None if any(w is None for w in w_parts) else np.concatenate(w_parts))
                 lengths.append(len(experts[-1]))
                 token_ids.append((ids if include_prompt else []) + gen)
                 prompt_lens.append(len(ids))
     finally:
         bar.close()
-    meta = {"model": label, "model_type": str(model.config.model_type), "layers": rec.layers,
-            "top_k": rec.rule.top_k, "source": "generation", "capture": "greedy_generation",
-            "documents": [f"prompt-{i:04d}" for i in range(len(prompts))],
-            "include_prompt": include_prompt, "prompt_tokens": prompt_lens,
-            "token_ids": token_ids}
+    meta = {
+        "model": label,
+        "model_type": str(model.config.model_type),
+        "layers": rec.layers,
+        "top_k": rec.rule.top_k,
+        "source": "generation",
+        "capture": "greedy_generation",
+        "documents": [f"prompt-{i:04d}" for i in range(len(prompts))],
+        "include_prompt": include_prompt,
+        "prompt_tokens": prompt_lens,
+        "token_ids": token_ids,
+    }
     return RoutingTrace(
-        experts=np.concatenate(experts), doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        experts=np.concatenate(experts),
+        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
         num_experts=rec.num_experts,
         weights=None if any(w is None for w in weights) else np.concatenate(weights),
-        meta=meta, name=f"generation of {label}")
+        meta=meta,
+        name=f"generation of {label}",
+    )

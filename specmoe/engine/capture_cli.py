@@ -24,24 +24,39 @@ _SPLITS = ("train", "fit", "validation")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled",
-                        help="HF model directory, 'bundled' (default) or 'random:MODEL_TYPE'")
+    parser.add_argument(
+        "--model",
+        default="bundled",
+        help="HF model directory, 'bundled' (default) or 'random:MODEL_TYPE'",
+    )
     src = parser.add_argument_group("tokens to capture (default: --corpus stdlib --split fit)")
     src.add_argument("--corpus", default=None, help="bundled corpus name (only 'stdlib')")
     src.add_argument("--split", default="fit", help="corpus split: train, fit or validation")
     src.add_argument("--text", nargs="+", metavar="FILE", help="text files, one document each")
-    src.add_argument("--generate", type=int, metavar="N", help="greedy-generate N tokens per prompt")
-    src.add_argument("--prompts", metavar="FILE", help="prompts for --generate: one per line, "
-                     "or a JSON list of strings")
-    src.add_argument("--include-prompt", action="store_true",
-                     help="with --generate, record the prompt's routing too")
+    src.add_argument(
+        "--generate", type=int, metavar="N", help="greedy-generate N tokens per prompt"
+    )
+    src.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="prompts for --generate: one per line, or a JSON list of strings",
+    )
+    src.add_argument(
+        "--include-prompt",
+        action="store_true",
+        help="with --generate, record the prompt's routing too",
+    )
     parser.add_argument("--tokens", type=int, metavar="N", help="capture at most N tokens")
-    parser.add_argument("--out", help="shard directory, or a .npz file (default: "
-                        "capture-MODEL/ or capture-MODEL-generation.npz)")
+    parser.add_argument(
+        "--out",
+        help="shard directory, or a .npz file (default: "
+        "capture-MODEL/ or capture-MODEL-generation.npz)",
+    )
     parser.add_argument("--max-context", type=int, help="longest window per forward pass")
     parser.add_argument("--overlap", type=int, help="context tokens re-fed between windows")
-    parser.add_argument("--shard-tokens", type=int, default=1 << 16,
-                        help="tokens per shard (default 65536)")
+    parser.add_argument(
+        "--shard-tokens", type=int, default=1 << 16, help="tokens per shard (default 65536)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="torch dtype (default float32 on cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed (random models)")
@@ -102,13 +117,16 @@ def _corpus_documents(args: argparse.Namespace, tokenizer: Any) -> list[tuple[st
     if name != "stdlib":
         raise InputError(f"--corpus {name!r}: unknown corpus (choose from stdlib)")
     if args.split not in _SPLITS:
-        raise InputError(f"--split {args.split!r}: unknown split (choose from "
-                         f"{', '.join(_SPLITS)})")
+        raise InputError(
+            f"--split {args.split!r}: unknown split (choose from {', '.join(_SPLITS)})"
+        )
     try:
         corpus = importlib.import_module("specmoe.data.corpus")
     except ImportError:
-        raise InputError("--corpus stdlib: the bundled corpus module specmoe.data.corpus is "
-                         "not installed; pass --text FILE instead") from None
+        raise InputError(
+            "--corpus stdlib: the bundled corpus module specmoe.data.corpus is "
+            "not installed; pass --text FILE instead"
+        ) from None
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if args.tokens is not None and backend is not None:
         return corpus.documents(args.split, limit_tokens=args.tokens, tokenizer=backend)
@@ -126,8 +144,15 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--generate needs --prompts FILE")
     if args.prompts and args.generate is None:
         raise InputError("--prompts is only used with --generate N")
-    chosen = [f for f, on in (("--corpus", args.corpus), ("--text", args.text),
-                              ("--generate", args.generate is not None)) if on]
+    chosen = [
+        f
+        for f, on in (
+            ("--corpus", args.corpus),
+            ("--text", args.text),
+            ("--generate", args.generate is not None),
+        )
+        if on
+    ]
     if len(chosen) > 1:
         raise InputError(f"{chosen[0]} and {chosen[1]} exclude each other: choose one source")
 
@@ -146,46 +171,82 @@ def run(args: argparse.Namespace) -> int:
     else:
         docs = texts if texts is not None else _corpus_documents(args, tokenizer)
         source = "text files" if texts is not None else f"stdlib:{args.split}"
-        summary = _documents(args, model, tokenizer, label, docs, source=source,
-                             progress=progress)
+        summary = _documents(args, model, tokenizer, label, docs, source=source, progress=progress)
     if args.json:
         from specmoe._io import dumps_json
 
         print(dumps_json(summary))
     else:
-        print(f"captured {summary['tokens']} tokens in {summary['documents']} documents, "
-              f"{summary['num_layers']} MoE layers, N={summary['num_experts']}, "
-              f"m={summary['top_k']} -> {summary['out']}")
+        print(
+            f"captured {summary['tokens']} tokens in {summary['documents']} documents, "
+            f"{summary['num_layers']} MoE layers, N={summary['num_experts']}, "
+            f"m={summary['top_k']} -> {summary['out']}"
+        )
     return 0
 
 
-def _summary(trace_meta: dict[str, Any], *, out: Path, tokens: int, documents: int,
-             mode: str) -> dict[str, Any]:
+def _summary(
+    trace_meta: dict[str, Any], *, out: Path, tokens: int, documents: int, mode: str
+) -> dict[str, Any]:
     layers = list(trace_meta["layers"])
-    return {"out": str(out), "mode": mode, "model": trace_meta.get("model"),
-            "model_type": trace_meta.get("model_type"), "tokens": tokens,
-            "documents": documents, "layers": layers, "num_layers": len(layers),
-            "num_experts": trace_meta["num_experts"], "top_k": trace_meta["top_k"]}
+    return {
+        "out": str(out),
+        "mode": mode,
+        "model": trace_meta.get("model"),
+        "model_type": trace_meta.get("model_type"),
+        "tokens": tokens,
+        "documents": documents,
+        "layers": layers,
+        "num_layers": len(layers),
+        "num_experts": trace_meta["num_experts"],
+        "top_k": trace_meta["top_k"],
+    }
 
 
-def _generate(args: argparse.Namespace, model: Any, tokenizer: Any, label: str,
-              prompts: list[str], *, progress: bool) -> dict[str, Any]:
+def _generate(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    label: str,
+    prompts: list[str],
+    *,
+    progress: bool,
+) -> dict[str, Any]:
     from specmoe.engine.capture import capture_generation
     from specmoe.routing.trace import save_trace
 
     out = Path(args.out or f"capture-{label}-generation.npz")
     if out.suffix != ".npz":
         out = out / "generation.npz"
-    trace = capture_generation(model, tokenizer, prompts, max_new_tokens=args.generate,
-                               include_prompt=args.include_prompt, progress=progress,
-                               model_name=label)
+    trace = capture_generation(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=args.generate,
+        include_prompt=args.include_prompt,
+        progress=progress,
+        model_name=label,
+    )
     save_trace(trace, out)
-    return _summary(trace.meta, out=out, tokens=trace.num_tokens,
-                    documents=trace.num_documents, mode="generation")
+    return _summary(
+        trace.meta,
+        out=out,
+        tokens=trace.num_tokens,
+        documents=trace.num_documents,
+        mode="generation",
+    )
 
 
-def _documents(args: argparse.Namespace, model: Any, tokenizer: Any, label: str,
-               docs: list[tuple[str, str]], *, source: str, progress: bool) -> dict[str, Any]:
+def _documents(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    label: str,
+    docs: list[tuple[str, str]],
+    *,
+    source: str,
+    progress: bool,
+) -> dict[str, Any]:
     from specmoe.engine.capture import capture_documents
     from specmoe.routing.trace import RoutingTrace, open_trace, save_trace
 
@@ -194,10 +255,19 @@ def _documents(args: argparse.Namespace, model: Any, tokenizer: Any, label: str,
     out = Path(args.out or f"capture-{label}")
     single = out.suffix == ".npz"
     shard_dir = out.with_name(out.name + ".parts") if single else out
-    capture_documents(model, tokenizer, docs, shard_dir, max_tokens=args.tokens,
-                      max_context=args.max_context, overlap=args.overlap,
-                      shard_tokens=args.shard_tokens, progress=progress, source=source,
-                      model_name=label)
+    capture_documents(
+        model,
+        tokenizer,
+        docs,
+        shard_dir,
+        max_tokens=args.tokens,
+        max_context=args.max_context,
+        overlap=args.overlap,
+        shard_tokens=args.shard_tokens,
+        progress=progress,
+        source=source,
+        model_name=label,
+    )
     manifest = json.loads((shard_dir / "manifest.json").read_text(encoding="utf-8"))
     if single:
         shards = list(open_trace(shard_dir).iter_shards())
@@ -205,8 +275,13 @@ def _documents(args: argparse.Namespace, model: Any, tokenizer: Any, label: str,
         trace.meta["truncated"] = [n for s in shards for n in s.meta.get("truncated", [])]
         save_trace(trace, out)
         shutil.rmtree(shard_dir)
-    return _summary(manifest, out=out, tokens=manifest["tokens"],
-                    documents=manifest["documents"], mode="teacher_forced")
+    return _summary(
+        manifest,
+        out=out,
+        tokens=manifest["tokens"],
+        documents=manifest["documents"],
+        mode="teacher_forced",
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,8 +37,16 @@ import numpy as np
 
 from specmoe.errors import InputError
 
-__all__ = ["DRAFTERS", "Drafter", "ModelDrafter", "NgramDrafter", "OracleDrafter", "Proposal",
-           "load_draft_model", "make_drafter"]
+__all__ = [
+    "DRAFTERS",
+    "Drafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "OracleDrafter",
+    "Proposal",
+    "load_draft_model",
+    "make_drafter",
+]
 
 DRAFTERS = ("oracle", "ngram", "draft-model")
 
@@ -62,14 +70,22 @@ class Drafter(Protocol):
 # ------------------------------------------------------------------------------------------
 # Oracle draft
 
+
 class OracleDrafter:
     """The target's greedy continuation, each draft corrupted with probability 1 - a."""
 
     name = "oracle"
 
-    def __init__(self, reference: Callable[[Sequence[int], int], list[int]], *,
-                 acceptance: float | None, vocab_size: int, seed: int = 0, horizon: int = 16,
-                 cache: dict[tuple[int, ...], list[int]] | None = None):
+    def __init__(
+        self,
+        reference: Callable[[Sequence[int], int], list[int]],
+        *,
+        acceptance: float | None,
+        vocab_size: int,
+        seed: int = 0,
+        horizon: int = 16,
+        cache: dict[tuple[int, ...], list[int]] | None = None,
+    ):
         if acceptance is not None and not 0.0 <= acceptance <= 1.0:
             raise InputError(f"--acceptance {acceptance}: must be in [0, 1]")
         if vocab_size < 2:
@@ -91,11 +107,13 @@ class OracleDrafter:
         key = tuple(int(t) for t in prompt)
         self._end = len(key) + int(max_new_tokens)
         if len(self._cache.get(key, ())) < self._end + self.horizon:
-            self._cache[key] = list(key) + list(self.reference(key, int(max_new_tokens)
-                                                               + self.horizon))
+            self._cache[key] = list(key) + list(
+                self.reference(key, int(max_new_tokens) + self.horizon)
+            )
         self._ref = self._cache[key]
-        self._rng = np.random.default_rng([self.seed, zlib.crc32(np.asarray(key, np.int64)
-                                                                 .tobytes())])
+        self._rng = np.random.default_rng(
+            [self.seed, zlib.crc32(np.asarray(key, np.int64).tobytes())]
+        )
 
     def prepare(self, context: Sequence[int], k: int) -> None:
         """Make sure the cached greedy continuation covers ``context`` and k more tokens."""
@@ -113,17 +131,19 @@ class OracleDrafter:
             raise ValueError("OracleDrafter without an acceptance rate proposes no drafts")
         self.prepare(context, k)
         c, ref = len(context), self._ref
-        true = ref[c:c + k]
-        flags = self._rng.random(k) >= self.acceptance        # True: corrupt this draft
+        true = ref[c : c + k]
+        flags = self._rng.random(k) >= self.acceptance  # True: corrupt this draft
         shift = self._rng.integers(1, self.vocab_size, size=k)  # another token, uniformly
-        tokens = [int((t + s) % self.vocab_size) if f else int(t)
-                  for t, f, s in zip(true, flags, shift)]
+        tokens = [
+            int((t + s) % self.vocab_size) if f else int(t) for t, f, s in zip(true, flags, shift)
+        ]
         self.corrupted = [bool(f) for f in flags]
         return Proposal(tokens)  # no confidence: it would reveal the corruption flags
 
 
 # ------------------------------------------------------------------------------------------
 # Prompt lookup
+
 
 class NgramDrafter:
     """Prompt-lookup drafting from the context's own earlier n-grams."""
@@ -132,8 +152,9 @@ class NgramDrafter:
 
     def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
-            raise InputError(f"ngram sizes: need 1 <= min_ngram <= max_ngram, got "
-                             f"{min_ngram}, {max_ngram}")
+            raise InputError(
+                f"ngram sizes: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}"
+            )
         self.max_ngram, self.min_ngram = int(max_ngram), int(min_ngram)
 
     def begin(self, prompt: Sequence[int], max_new_tokens: int) -> None:
@@ -145,23 +166,25 @@ class NgramDrafter:
         ctx = np.asarray(context, dtype=np.int64)
         size = len(ctx)
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
-            pattern = ctx[size - n:]
-            hay = ctx[:size - 1]               # an occurrence must end before the suffix does
+            pattern = ctx[size - n :]
+            hay = ctx[: size - 1]  # an occurrence must end before the suffix does
             if len(hay) < n:
                 continue
             win = np.lib.stride_tricks.sliding_window_view(hay, n)
             hits = np.flatnonzero((win == pattern).all(axis=1))
             if len(hits):
-                start = int(hits[-1]) + n      # the latest occurrence's continuation
-                return Proposal([int(t) for t in ctx[start:start + k]])
+                start = int(hits[-1]) + n  # the latest occurrence's continuation
+                return Proposal([int(t) for t in ctx[start : start + k]])
         return Proposal([])
 
 
 # ------------------------------------------------------------------------------------------
 # A draft model
 
-def load_draft_model(path: str | Path | None = None, *, device: str = "cpu",
-                     dtype: str | None = None) -> Any:
+
+def load_draft_model(
+    path: str | Path | None = None, *, device: str = "cpu", dtype: str | None = None
+) -> Any:
     """A causal LM from a local directory (default: the bundled draft model), eval mode."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -171,16 +194,18 @@ def load_draft_model(path: str | Path | None = None, *, device: str = "cpu",
 
         path = corpus.bundled_draft_dir()
         if not (Path(path) / "config.json").is_file():
-            raise InputError(f"--drafter draft-model: no bundled draft model at {path} "
-                             f"(pass --draft-model PATH)")
+            raise InputError(
+                f"--drafter draft-model: no bundled draft model at {path} (pass --draft-model PATH)"
+            )
     path = Path(path)
     if not (path / "config.json").is_file():
         raise InputError(f"--draft-model {path}: no config.json (expected an HF model folder)")
     from specmoe.engine.models import from_pretrained
 
     torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
-    return from_pretrained(AutoModelForCausalLM, path, dtype=torch_dtype, device=device,
-                           option="--draft-model")
+    return from_pretrained(
+        AutoModelForCausalLM, path, dtype=torch_dtype, device=device, option="--draft-model"
+    )
 
 
 class ModelDrafter:
@@ -192,8 +217,10 @@ class ModelDrafter:
         self.model = model
         vocab = int(model.config.vocab_size)
         if target_vocab is not None and vocab > target_vocab:
-            raise InputError(f"draft model vocabulary {vocab} exceeds the target's "
-                             f"{target_vocab}: they must share a tokenizer")
+            raise InputError(
+                f"draft model vocabulary {vocab} exceeds the target's "
+                f"{target_vocab}: they must share a tokenizer"
+            )
         self.device = next(model.parameters()).device
         self._cache: Any = None
         self._ids: list[int] = []  # the tokens whose keys and values are in the cache
@@ -210,13 +237,18 @@ class ModelDrafter:
         ids = torch.as_tensor([list(tokens)], dtype=torch.long, device=self.device)
         from specmoe.engine.speculative import cache_kwarg
 
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                         **{cache_kwarg(self.model): self._cache})
+        out = self.model(
+            input_ids=ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg(self.model): self._cache},
+        )
         self._ids.extend(int(t) for t in tokens)
         return out.logits[0, -1].float()
 
-    def propose(self, context: Sequence[int], k: int, *,
-                stop: Callable[[list[float]], bool] | None = None) -> Proposal:
+    def propose(
+        self, context: Sequence[int], k: int, *, stop: Callable[[list[float]], bool] | None = None
+    ) -> Proposal:
         """Up to k greedy drafts and their probabilities. ``stop(confidences so far)`` is asked
         after each draft; True ends the proposal there (a confidence policy that will not
         verify the last draft need not pay for more)."""
@@ -255,20 +287,31 @@ class ModelDrafter:
 # ------------------------------------------------------------------------------------------
 # Registry
 
-def make_drafter(name: str, *, reference: Callable[[Sequence[int], int], list[int]] | None = None,
-                 acceptance: float | None = None, vocab_size: int | None = None, seed: int = 0,
-                 draft_model: Any = None, draft_path: str | Path | None = None,
-                 device: str = "cpu") -> Any:
+
+def make_drafter(
+    name: str,
+    *,
+    reference: Callable[[Sequence[int], int], list[int]] | None = None,
+    acceptance: float | None = None,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    draft_model: Any = None,
+    draft_path: str | Path | None = None,
+    device: str = "cpu",
+) -> Any:
     """A drafter by name; an unknown name lists the valid ones."""
     if name == "oracle":
         if reference is None or acceptance is None or vocab_size is None:
-            raise InputError("--drafter oracle needs the target (reference decoding), an "
-                             "--acceptance and the vocabulary size")
+            raise InputError(
+                "--drafter oracle needs the target (reference decoding), an "
+                "--acceptance and the vocabulary size"
+            )
         return OracleDrafter(reference, acceptance=acceptance, vocab_size=vocab_size, seed=seed)
     if name == "ngram":
         return NgramDrafter()
     if name == "draft-model":
-        net = draft_model if draft_model is not None else load_draft_model(draft_path,
-                                                                            device=device)
+        net = (
+            draft_model if draft_model is not None else load_draft_model(draft_path, device=device)
+        )
         return ModelDrafter(net, target_vocab=vocab_size)
     raise InputError(f"--drafter {name!r}: unknown (choose from {', '.join(DRAFTERS)})")

@@ -46,15 +46,25 @@ from specmoe.cost.efficiency import batch_unique, choose_starts, layer_map, wind
 from specmoe.engine.switch import ForcedRouting, KernelPolicy, KernelSwitch
 from specmoe.errors import InputError
 
-__all__ = ["BatchForcedRouting", "ModelBytes", "RoutingTable", "build_model", "cache_bytes",
-           "measure_efficiency", "model_bytes", "recorded_table", "synthetic_table",
-           "uniform_table"]
+__all__ = [
+    "BatchForcedRouting",
+    "ModelBytes",
+    "RoutingTable",
+    "build_model",
+    "cache_bytes",
+    "measure_efficiency",
+    "model_bytes",
+    "recorded_table",
+    "synthetic_table",
+    "uniform_table",
+]
 
 SYNTHETIC = ("uniform", "ipf-uniform", "ipf-skewed")
 
 
 # ------------------------------------------------------------------------------------------
 # Routing tables
+
 
 @dataclass(frozen=True, eq=False)
 class RoutingTable:
@@ -66,55 +76,88 @@ class RoutingTable:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def uniform_table(tokens: int, num_layers: int, num_experts: int, top_k: int, *,
-                  seed: int = 0) -> RoutingTable:
+def uniform_table(
+    tokens: int, num_layers: int, num_experts: int, top_k: int, *, seed: int = 0
+) -> RoutingTable:
     """Uniform random routing: every token and layer m distinct experts drawn uniformly."""
     rng = np.random.default_rng(seed)
     keys = rng.random((tokens, num_layers, num_experts))
     ids = np.argpartition(keys, top_k - 1, axis=2)[:, :, :top_k].astype(np.int64)
-    return RoutingTable("uniform", ids, np.array([0, tokens]),
-                        {"source": "uniform random routing", "seed": seed})
+    return RoutingTable(
+        "uniform", ids, np.array([0, tokens]), {"source": "uniform random routing", "seed": seed}
+    )
 
 
 def check_shape(name: str, num_experts: int, top_k: int, spec: Any) -> None:
     """InputError unless a routing source's N and m are the model's."""
     if num_experts != spec.num_experts or top_k != spec.top_k:
-        raise InputError(f"{name}: routing of N={num_experts}, m={top_k} does not fit the "
-                         f"model {spec.name} (N={spec.num_experts}, m={spec.top_k})")
+        raise InputError(
+            f"{name}: routing of N={num_experts}, m={top_k} does not fit the "
+            f"model {spec.name} (N={spec.num_experts}, m={spec.top_k})"
+        )
 
 
-def recorded_table(trace: Any, spec: Any, num_layers: int, *, name: str,
-                   min_tokens: int) -> RoutingTable:
+def recorded_table(
+    trace: Any, spec: Any, num_layers: int, *, name: str, min_tokens: int
+) -> RoutingTable:
     """A recorded trace's routing, its layers mapped onto ``num_layers`` by relative depth."""
     check_shape(name, int(trace.num_experts), int(trace.top_k), spec)
     if trace.num_tokens < min_tokens:
-        raise InputError(f"{name}: {trace.num_tokens} tokens, fewer than a window of "
-                         f"{min_tokens}")
+        raise InputError(f"{name}: {trace.num_tokens} tokens, fewer than a window of {min_tokens}")
     lmap = layer_map(num_layers, trace.num_layers)
     ids = np.asarray(trace.experts)[:, lmap].astype(np.int64)
-    return RoutingTable(name, ids, np.asarray(trace.doc_offsets, dtype=np.int64),
-                        {"source": str(trace.meta.get("source", name)),
-                         "layer_map": lmap.tolist(), "documents": int(trace.num_documents)})
+    return RoutingTable(
+        name,
+        ids,
+        np.asarray(trace.doc_offsets, dtype=np.int64),
+        {
+            "source": str(trace.meta.get("source", name)),
+            "layer_map": lmap.tolist(),
+            "documents": int(trace.num_documents),
+        },
+    )
 
 
-def synthetic_table(moments: Any, spec: Any, num_layers: int, tokens: int, *, variant: str,
-                    max_pass: int, seed: int = 0, source: str = "statistics") -> RoutingTable:
+def synthetic_table(
+    moments: Any,
+    spec: Any,
+    num_layers: int,
+    tokens: int,
+    *,
+    variant: str,
+    max_pass: int,
+    seed: int = 0,
+    source: str = "statistics",
+) -> RoutingTable:
     """IPF synthetic routing (``uniform`` or ``skewed`` expert probabilities) of ``tokens``
     tokens; its windows of ``max_pass`` tokens must lie within the statistics' lags."""
     from specmoe.routing.synth import synthesize
 
     check_shape(f"--stats {source}", moments.num_experts, moments.top_k, spec)
     moments.check_window(max_pass, name="--k")
-    tr = synthesize(moments, tokens, num_layers=num_layers, num_experts=spec.num_experts,
-                    top_k=spec.top_k, variant=variant, seed=seed)
-    return RoutingTable(f"ipf-{variant}", np.asarray(tr.experts).astype(np.int64),
-                        np.asarray(tr.doc_offsets, dtype=np.int64),
-                        {"source": f"synthetic ({variant} IPF) from {source}",
-                         "synthetic": tr.meta.get("synthetic")})
+    tr = synthesize(
+        moments,
+        tokens,
+        num_layers=num_layers,
+        num_experts=spec.num_experts,
+        top_k=spec.top_k,
+        variant=variant,
+        seed=seed,
+    )
+    return RoutingTable(
+        f"ipf-{variant}",
+        np.asarray(tr.experts).astype(np.int64),
+        np.asarray(tr.doc_offsets, dtype=np.int64),
+        {
+            "source": f"synthetic ({variant} IPF) from {source}",
+            "synthetic": tr.meta.get("synthetic"),
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # Forced routing for a batch
+
 
 class BatchForcedRouting(ForcedRouting):
     """:class:`ForcedRouting` for B sequences of s tokens: the token i of sequence b takes table
@@ -137,8 +180,9 @@ class BatchForcedRouting(ForcedRouting):
         """The forced ids [n, L_table, m] of a call of n = B·s rows."""
         b = len(self.starts)
         if n % b:
-            raise RuntimeError(f"{self.name}: a call of {n} rows is not {b} sequences of "
-                               f"equal length")
+            raise RuntimeError(
+                f"{self.name}: a call of {n} rows is not {b} sequences of equal length"
+            )
         idx = window_rows(self.starts, self.position, n // b, self.table.shape[0])
         return self.table[idx.reshape(-1)]
 
@@ -146,9 +190,17 @@ class BatchForcedRouting(ForcedRouting):
 # ------------------------------------------------------------------------------------------
 # The model and its bytes
 
-def build_model(model: str, *, layers: int | None = None, vocab: int | None = None,
-                device: str = "cpu", dense_dtype: str | None = None, seed: int = 0,
-                context: int = 4096) -> tuple[Any, bool]:
+
+def build_model(
+    model: str,
+    *,
+    layers: int | None = None,
+    vocab: int | None = None,
+    device: str = "cpu",
+    dense_dtype: str | None = None,
+    seed: int = 0,
+    context: int = 4096,
+) -> tuple[Any, bool]:
     """(model, is_dummy): a preset's dummy-weight model or a local model, on ``device``."""
     import torch
 
@@ -202,7 +254,7 @@ class ModelBytes:
 
 
 def _experts(model: Any) -> list[Any]:
-    return KernelSwitch(model).experts            # the experts module of each MoE layer
+    return KernelSwitch(model).experts  # the experts module of each MoE layer
 
 
 def model_bytes(model: Any) -> ModelBytes:
@@ -229,8 +281,9 @@ def model_bytes(model: Any) -> ModelBytes:
         dense += p.numel() * p.element_size()
         ddt.add(str(p.dtype).removeprefix("torch."))
     total = sum(w * int(ex.gate_up_proj.shape[0]) for w, ex in zip(per_layer, experts))
-    return ModelBytes(float(dense), per_layer, float(total), ",".join(sorted(ddt)),
-                      ",".join(sorted(dtypes)))
+    return ModelBytes(
+        float(dense), per_layer, float(total), ",".join(sorted(ddt)), ",".join(sorted(dtypes))
+    )
 
 
 def cache_bytes(kv: Any) -> float:
@@ -247,6 +300,7 @@ def cache_bytes(kv: Any) -> float:
 # ------------------------------------------------------------------------------------------
 # The measurement
 
+
 def _sync(device: Any) -> None:
     import torch
 
@@ -254,10 +308,20 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_efficiency(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[int],
-                       ks: Sequence[int], kernel: str = "dedup", context: int = 128,
-                       repeats: int = 3, warmup: int = 1, seed: int = 0, clock: str = "wall",
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def measure_efficiency(
+    model: Any,
+    tables: Sequence[RoutingTable],
+    *,
+    batches: Sequence[int],
+    ks: Sequence[int],
+    kernel: str = "dedup",
+    context: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    clock: str = "wall",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Time one-token steps and verification passes for every table, B and K (module docstring).
 
     ``clock``: ``wall`` (``time.perf_counter``, synchronised on CUDA) or ``cpu`` (CPU only: one
@@ -279,30 +343,61 @@ def measure_efficiency(model: Any, tables: Sequence[RoutingTable], *, batches: S
     if clock == "cpu" and device.type != "cpu":
         raise InputError(f"--clock cpu: times CPU runs only, the model is on {device}")
     if repeats < 1 or warmup < 0 or context < 1:
-        raise InputError(f"repeats >= 1, warmup >= 0 and context >= 1, got {repeats}, "
-                         f"{warmup}, {context}")
+        raise InputError(
+            f"repeats >= 1, warmup >= 0 and context >= 1, got {repeats}, {warmup}, {context}"
+        )
     if clock == "wall":
-        return _measure(model, tables, batches=batches, ks=ks, kernel=kernel, context=context,
-                        repeats=repeats, warmup=warmup, seed=seed, cpu_clock=False,
-                        progress=progress)
+        return _measure(
+            model,
+            tables,
+            batches=batches,
+            ks=ks,
+            kernel=kernel,
+            context=context,
+            repeats=repeats,
+            warmup=warmup,
+            seed=seed,
+            cpu_clock=False,
+            progress=progress,
+        )
     from specmoe.kernels import cpu as cpu_kernels
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     cpu_kernels.set_num_threads(1)
     try:
-        return _measure(model, tables, batches=batches, ks=ks, kernel=kernel, context=context,
-                        repeats=repeats, warmup=warmup, seed=seed, cpu_clock=True,
-                        progress=progress)
+        return _measure(
+            model,
+            tables,
+            batches=batches,
+            ks=ks,
+            kernel=kernel,
+            context=context,
+            repeats=repeats,
+            warmup=warmup,
+            seed=seed,
+            cpu_clock=True,
+            progress=progress,
+        )
     finally:
         torch.set_num_threads(threads)
         cpu_kernels.set_num_threads(None)
 
 
-def _measure(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[int],
-             ks: Sequence[int], kernel: str, context: int, repeats: int, warmup: int,
-             seed: int, cpu_clock: bool,
-             progress: Callable[[str], None] | None) -> dict[str, Any]:
+def _measure(
+    model: Any,
+    tables: Sequence[RoutingTable],
+    *,
+    batches: Sequence[int],
+    ks: Sequence[int],
+    kernel: str,
+    context: int,
+    repeats: int,
+    warmup: int,
+    seed: int,
+    cpu_clock: bool,
+    progress: Callable[[str], None] | None,
+) -> dict[str, Any]:
     import torch
 
     from specmoe.engine.speculative import cache_kwarg, crop_cache, new_cache
@@ -315,7 +410,7 @@ def _measure(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[in
     gen = torch.Generator().manual_seed(seed)
     max_rows = max(batches) * (max(ks) + 1)
     measure = KernelPolicy(kernel, max_pass=max_rows)
-    prefill = KernelPolicy(kernel, max_pass=1)               # every prefill call is skipped
+    prefill = KernelPolicy(kernel, max_pass=1)  # every prefill call is skipped
     switch = KernelSwitch(model, prefill, prefill="skip").install()
     records: list[dict[str, Any]] = []
     kv_bytes: dict[int, float] = {}
@@ -352,19 +447,30 @@ def _measure(model: Any, tables: Sequence[RoutingTable], *, batches: Sequence[in
                             if rep < warmup:
                                 continue
                             rows = window_rows(starts, 0, s, table.experts.shape[0])
-                            records.append({
-                                "routing": table.name, "batch": b, "k": k,
-                                "repetition": rep - warmup, "rows": b * s,
-                                "t_ms": t_cpu if cpu_clock else t_wall,
-                                "t_wall_ms": t_wall, "t_cpu_ms": t_cpu,
-                                "unique": batch_unique(table.experts, rows).tolist()})
+                            records.append(
+                                {
+                                    "routing": table.name,
+                                    "batch": b,
+                                    "k": k,
+                                    "repetition": rep - warmup,
+                                    "rows": b * s,
+                                    "t_ms": t_cpu if cpu_clock else t_wall,
+                                    "t_wall_ms": t_wall,
+                                    "t_cpu_ms": t_cpu,
+                                    "unique": batch_unique(table.experts, rows).tolist(),
+                                }
+                            )
                     if progress is not None:
-                        last = [r for r in records if r["routing"] == table.name
-                                and r["batch"] == b]
-                        med = {k: np.median([r["t_ms"] for r in last if r["k"] == k])
-                               for k in passes}
-                        progress(f"{table.name} B={b}: step {med[None]:.1f} ms, "
-                                 + ", ".join(f"K={k} {med[k]:.1f} ms" for k in ks))
+                        last = [
+                            r for r in records if r["routing"] == table.name and r["batch"] == b
+                        ]
+                        med = {
+                            k: np.median([r["t_ms"] for r in last if r["k"] == k]) for k in passes
+                        }
+                        progress(
+                            f"{table.name} B={b}: step {med[None]:.1f} ms, "
+                            + ", ".join(f"K={k} {med[k]:.1f} ms" for k in ks)
+                        )
                     del kv
             finally:
                 forced.remove()

@@ -33,11 +33,18 @@ from specmoe.engine.switch import KernelPolicy
 __all__ = ["measured_crossover", "summarise_verify", "verify_passes"]
 
 
-def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], *,
-                  settings: Sequence[str] = ("per_slot", "dedup"),
-                  n_values: Sequence[int] = tuple(range(1, 10)), repeats: int = 3,
-                  warmup: int = 1, crossover: int | None = None,
-                  progress: Any = None, on_prompt: Any = None) -> dict[str, Any]:
+def verify_passes(
+    engine: Engine,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    *,
+    settings: Sequence[str] = ("per_slot", "dedup"),
+    n_values: Sequence[int] = tuple(range(1, 10)),
+    repeats: int = 3,
+    warmup: int = 1,
+    crossover: int | None = None,
+    progress: Any = None,
+    on_prompt: Any = None,
+) -> dict[str, Any]:
     """Time passes of n tokens under each kernel setting; returns records and agreement.
 
     ``prompts``: (prompt id, tokens) pairs, every prompt at least 2 tokens; ``on_prompt(id)``
@@ -65,9 +72,9 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
                 on_prompt(pid)
             kv = new_cache(engine.model)
             engine.prefill(kv, tokens[:-1])
-            depth, ctx = len(tokens), len(tokens) - 1   # prompt tokens; cached before a pass
+            depth, ctx = len(tokens), len(tokens) - 1  # prompt tokens; cached before a pass
             cont, cur = [], tokens[-1]
-            for _ in range(max_n - 1):                   # the greedy continuation
+            for _ in range(max_n - 1):  # the greedy continuation
                 cur = engine.forward(kv, [cur]).tokens[0]
                 cont.append(cur)
             crop_cache(kv, ctx)
@@ -76,19 +83,31 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
                 for n in n_values:
                     argmax: dict[str, Any] = {}
                     for s in order:
-                        engine.set_policy(KernelPolicy(s, crossover=crossover,
-                                                       max_pass=max(saved.max_pass, max_n)))
-                        v = engine.forward(kv, [tokens[-1], *cont[:n - 1]])
+                        engine.set_policy(
+                            KernelPolicy(
+                                s, crossover=crossover, max_pass=max(saved.max_pass, max_n)
+                            )
+                        )
+                        v = engine.forward(kv, [tokens[-1], *cont[: n - 1]])
                         crop_cache(kv, ctx)
                         argmax[s] = v
                         if rep >= warmup:
                             u, e = pass_stats(v.routing, engine.num_experts)
-                            records.append({"prompt_id": pid, "depth": depth,
-                                            "context_len": ctx, "setting": s,
-                                            "kernel": v.kernel, "n": n, "repetition": rep - warmup,
-                                            "t_ms": v.t_ms, "wall_ms": v.wall_ms,
-                                            "u_mean": float(u),
-                                            "e_max": int(e)})
+                            records.append(
+                                {
+                                    "prompt_id": pid,
+                                    "depth": depth,
+                                    "context_len": ctx,
+                                    "setting": s,
+                                    "kernel": v.kernel,
+                                    "n": n,
+                                    "repetition": rep - warmup,
+                                    "t_ms": v.t_ms,
+                                    "wall_ms": v.wall_ms,
+                                    "u_mean": float(u),
+                                    "e_max": int(e),
+                                }
+                            )
                         if progress is not None:
                             progress.update(1)
                     if rep == warmup and n >= 2 and len(argmax) >= 2:
@@ -98,16 +117,22 @@ def verify_passes(engine: Engine, prompts: Sequence[tuple[str, Sequence[int]]], 
                             rows += len(same)
                             agree += int(same.sum())
                             for j in np.flatnonzero(~same):
-                                near.append({"prompt_id": pid, "n": n, "row": int(j),
-                                             "margin": float(min(ref.margin[j], o.margin[j]))})
+                                near.append(
+                                    {
+                                        "prompt_id": pid,
+                                        "n": n,
+                                        "row": int(j),
+                                        "margin": float(min(ref.margin[j], o.margin[j])),
+                                    }
+                                )
     finally:
         engine.set_policy(saved)
-    return {"records": records, "agreement": {"rows": rows, "agree": agree,
-                                              "disagreements": near}}
+    return {"records": records, "agreement": {"rows": rows, "agree": agree, "disagreements": near}}
 
 
-def _bootstrap_median_diff(a: np.ndarray, b: np.ndarray, *, rng: np.random.Generator,
-                           draws: int = 2000) -> tuple[float, float]:
+def _bootstrap_median_diff(
+    a: np.ndarray, b: np.ndarray, *, rng: np.random.Generator, draws: int = 2000
+) -> tuple[float, float]:
     ia = rng.integers(0, len(a), size=(draws, len(a)))
     ib = rng.integers(0, len(b), size=(draws, len(b)))
     d = np.median(a[ia], axis=1) - np.median(b[ib], axis=1)
@@ -140,15 +165,21 @@ def summarise_verify(records: Sequence[dict[str, Any]], *, seed: int = 0) -> dic
         for s in settings:
             rows = []
             for n in sorted({r["n"] for r in records if r["depth"] == d and r["setting"] == s}):
-                sel = [r for r in records if r["depth"] == d and r["setting"] == s
-                       and r["n"] == n]
+                sel = [r for r in records if r["depth"] == d and r["setting"] == s and r["n"] == n]
                 t = np.array([r["t_ms"] for r in sel])
                 times[(s, n)] = t
                 q1, med, q3 = np.percentile(t, [25, 50, 75])
-                rows.append({"n": n, "median_ms": float(med), "q25_ms": float(q1),
-                             "q75_ms": float(q3), "count": len(t),
-                             "u_mean": float(np.mean([r["u_mean"] for r in sel])),
-                             "kernel": sel[0]["kernel"]})
+                rows.append(
+                    {
+                        "n": n,
+                        "median_ms": float(med),
+                        "q25_ms": float(q1),
+                        "q75_ms": float(q3),
+                        "count": len(t),
+                        "u_mean": float(np.mean([r["u_mean"] for r in sel])),
+                        "kernel": sel[0]["kernel"],
+                    }
+                )
             table[s] = rows
         entry: dict[str, Any] = {"tau": table}
         if "per_slot" in settings and "dedup" in settings:

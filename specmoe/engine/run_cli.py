@@ -28,40 +28,65 @@ K_MAX = 15  # the switch covers passes up to 16 tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="bundled",
-                        help="HF model directory, 'bundled', 'PRESET-dummy' or 'random:TYPE'")
+    parser.add_argument(
+        "--model",
+        default="bundled",
+        help="HF model directory, 'bundled', 'PRESET-dummy' or 'random:TYPE'",
+    )
     parser.add_argument("--drafter", default="oracle", help="oracle, ngram or draft-model")
-    parser.add_argument("--draft-model", metavar="PATH",
-                        help="draft model directory (default: the bundled draft model)")
+    parser.add_argument(
+        "--draft-model",
+        metavar="PATH",
+        help="draft model directory (default: the bundled draft model)",
+    )
     parser.add_argument("--k", default="4", help="draft budgets: 4, 0..8 or 0,2,4")
-    parser.add_argument("--acceptance", default=None,
-                        help="oracle acceptance grid: 0.8, 0.5,0.9 or 0.2..0.98:11 "
-                             "(default 0.8)")
+    parser.add_argument(
+        "--acceptance",
+        default=None,
+        help="oracle acceptance grid: 0.8, 0.5,0.9 or 0.2..0.98:11 (default 0.8)",
+    )
     parser.add_argument("--kernel", default="dedup", help="per_slot, dedup or auto")
     parser.add_argument("--crossover", type=int, help="auto: dedup from this pass size on")
     parser.add_argument("--plan", metavar="PLAN", help="auto: the crossover of a plan.json")
-    parser.add_argument("--forced-trace", metavar="TRACE",
-                        help="force routing from a trace (.npz or shard directory, or "
-                             "bundled:fit / bundled:validation); dummy models default to "
-                             "bundled:validation")
+    parser.add_argument(
+        "--forced-trace",
+        metavar="TRACE",
+        help="force routing from a trace (.npz or shard directory, or "
+        "bundled:fit / bundled:validation); dummy models default to "
+        "bundled:validation",
+    )
     parser.add_argument("--layers", type=int, help="decoder layers of a PRESET-dummy model")
-    parser.add_argument("--prompts", metavar="FILE",
-                        help="prompts: one per line, or a JSON list of strings")
-    parser.add_argument("--num-prompts", type=int, default=3,
-                        help="validation documents to use as prompts (default 3)")
-    parser.add_argument("--prompt-offset", type=int, default=0,
-                        help="skip this many eligible validation documents (held-out sets)")
-    parser.add_argument("--context", type=int, default=512,
-                        help="prompt tokens before decoding (default 512)")
-    parser.add_argument("--tokens", type=int, default=256,
-                        help="tokens to generate per prompt (default 256)")
+    parser.add_argument(
+        "--prompts", metavar="FILE", help="prompts: one per line, or a JSON list of strings"
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        default=3,
+        help="validation documents to use as prompts (default 3)",
+    )
+    parser.add_argument(
+        "--prompt-offset",
+        type=int,
+        default=0,
+        help="skip this many eligible validation documents (held-out sets)",
+    )
+    parser.add_argument(
+        "--context", type=int, default=512, help="prompt tokens before decoding (default 512)"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=256, help="tokens to generate per prompt (default 256)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="repetitions of each run")
     parser.add_argument("--seed", type=int, default=0, help="seed (oracle draws, dummy weights)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, help="torch and kernel threads")
-    parser.add_argument("--clock", default="wall",
-                        help="wall (default) or cpu: time passes by the CPU time of the one "
-                             "thread that runs them (with --threads 1, on the CPU)")
+    parser.add_argument(
+        "--clock",
+        default="wall",
+        help="wall (default) or cpu: time passes by the CPU time of the one "
+        "thread that runs them (with --threads 1, on the CPU)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     parser.add_argument("--out", help="directory for round logs and summary.json")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -69,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------------------------
 # argument parsing
+
 
 def parse_k(text: str) -> list[int]:
     """``4`` | ``0..8`` | ``0,2,4`` -> sorted distinct budgets in 0..K_MAX."""
@@ -100,13 +126,13 @@ def parse_grid(text: str) -> list[float]:
             count = int(m.group(3))
             if count < 1:
                 raise ValueError
-            vals = [float(round(v, 6)) for v in np.linspace(float(m.group(1)),
-                                                           float(m.group(2)), count)]
+            vals = [
+                float(round(v, 6)) for v in np.linspace(float(m.group(1)), float(m.group(2)), count)
+            ]
         else:
             vals = [float(x) for x in t.split(",")]
     except ValueError:
-        raise InputError(f"--acceptance {text!r}: expected 0.8, 0.5,0.9 or 0.2..0.98:11"
-                         ) from None
+        raise InputError(f"--acceptance {text!r}: expected 0.8, 0.5,0.9 or 0.2..0.98:11") from None
     bad = [a for a in vals if not 0.0 <= a <= 1.0]
     if bad:
         raise InputError(f"--acceptance {bad[0]}: must be in [0, 1]")
@@ -126,11 +152,11 @@ def _check(args: argparse.Namespace) -> None:
     from specmoe.engine.switch import KERNEL_SETTINGS
 
     if args.drafter not in DRAFTERS:
-        raise InputError(f"--drafter {args.drafter!r}: unknown (choose from "
-                         f"{', '.join(DRAFTERS)})")
+        raise InputError(f"--drafter {args.drafter!r}: unknown (choose from {', '.join(DRAFTERS)})")
     if args.kernel not in KERNEL_SETTINGS:
-        raise InputError(f"--kernel {args.kernel!r}: unknown (choose from "
-                         f"{', '.join(KERNEL_SETTINGS)})")
+        raise InputError(
+            f"--kernel {args.kernel!r}: unknown (choose from {', '.join(KERNEL_SETTINGS)})"
+        )
     if args.acceptance is not None and args.drafter != "oracle":
         raise InputError("--acceptance applies to --drafter oracle only")
     if args.draft_model is not None and args.drafter != "draft-model":
@@ -152,8 +178,10 @@ def _check(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------
 # model, prompts, forced routing
 
-def load_target(spec: str, *, device: str = "cpu", layers: int | None = None,
-                seed: int = 0, context: int = 4096) -> tuple[Any, Any, str, bool]:
+
+def load_target(
+    spec: str, *, device: str = "cpu", layers: int | None = None, seed: int = 0, context: int = 4096
+) -> tuple[Any, Any, str, bool]:
     """``(model, tokenizer, label, dummy)`` for a --model value."""
     from specmoe.engine import models
     from specmoe.engine.switch import dummy_model, parse_dummy
@@ -168,8 +196,9 @@ def load_target(spec: str, *, device: str = "cpu", layers: int | None = None,
         n = net.config.num_hidden_layers
         return net, tok, f"{preset}-dummy-{n}L", True
     if spec.startswith("random:"):
-        net = models.tiny_random_model(spec.split(":", 1)[1], seed=seed,
-                                       context=max(256, context + 64))
+        net = models.tiny_random_model(
+            spec.split(":", 1)[1], seed=seed, context=max(256, context + 64)
+        )
         net.to(device)
         return net, models.byte_tokenizer(), f"random-{spec.split(':', 1)[1]}", False
     path = models.resolve_model_dir(spec)
@@ -181,8 +210,9 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 
-def validation_prompts(tokenizer: Any, *, count: int, context: int,
-                       offset: int = 0) -> list[tuple[str, list[int]]]:
+def validation_prompts(
+    tokenizer: Any, *, count: int, context: int, offset: int = 0
+) -> list[tuple[str, list[int]]]:
     """The first ``count`` validation documents (after ``offset``) with at least ``context``
     tokens, truncated to ``context`` tokens: ``[(document name, token ids)]``."""
     from specmoe.data import corpus
@@ -199,9 +229,11 @@ def validation_prompts(tokenizer: Any, *, count: int, context: int,
         if len(out) == count:
             break
     if len(out) < count:
-        raise InputError(f"--context {context}: only {len(out)} validation documents (after "
-                         f"--prompt-offset {offset}) have that many tokens, "
-                         f"{count} needed")
+        raise InputError(
+            f"--context {context}: only {len(out)} validation documents (after "
+            f"--prompt-offset {offset}) have that many tokens, "
+            f"{count} needed"
+        )
     return out
 
 
@@ -239,6 +271,7 @@ def forced_from(spec: str | None, model: Any) -> Any:
 # ------------------------------------------------------------------------------------------
 # the grid of runs
 
+
 def run_id(**fields: Any) -> str:
     return ",".join(f"{k}={v}" for k, v in fields.items())
 
@@ -247,12 +280,25 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(",", "__"))
 
 
-def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
-             ks: list[int], accs: list[float] | None, tokens: int, label: str,
-             out: Path | None, seed: int = 0, repeats: int = 1, rep_offset: int = 0,
-             draft_model: Any = None, forced: Any = None, progress: bool = True,
-             extra: dict[str, Any] | None = None, depth: int | None = None
-             ) -> list[dict[str, Any]]:
+def run_grid(
+    engine: Any,
+    prompts: list[tuple[str, list[int]]],
+    *,
+    drafter: str,
+    ks: list[int],
+    accs: list[float] | None,
+    tokens: int,
+    label: str,
+    out: Path | None,
+    seed: int = 0,
+    repeats: int = 1,
+    rep_offset: int = 0,
+    draft_model: Any = None,
+    forced: Any = None,
+    progress: bool = True,
+    extra: dict[str, Any] | None = None,
+    depth: int | None = None,
+) -> list[dict[str, Any]]:
     """Run every (k, a, repetition) on every prompt; one summary dict per generation.
 
     With ``out``, each run's rounds go to ``out/rounds/<run id>/`` (a part file per prompt).
@@ -270,8 +316,14 @@ def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
         else:
             combos.append((k, None))
     total = len(combos) * repeats * len(prompts) * tokens
-    bar = tqdm(total=total, unit="tok", desc=f"run {label}", file=sys.stderr,
-               disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        unit="tok",
+        desc=f"run {label}",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
     refs: dict[tuple[int, ...], list[int]] = {}  # the oracle's greedy continuations, shared
     model_drafter = None
     results = []
@@ -280,36 +332,71 @@ def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
         for rep in range(rep_offset, rep_offset + repeats):
             for k, a in combos:
                 if drafter == "oracle":
-                    d = OracleDrafter(engine.greedy, acceptance=a,
-                                      vocab_size=engine.vocab_size, seed=seed + 7919 * rep,
-                                      cache=refs)
+                    d = OracleDrafter(
+                        engine.greedy,
+                        acceptance=a,
+                        vocab_size=engine.vocab_size,
+                        seed=seed + 7919 * rep,
+                        cache=refs,
+                    )
                 elif drafter == "draft-model":
                     model_drafter = model_drafter or make_drafter(
-                        "draft-model", draft_model=draft_model, vocab_size=engine.vocab_size)
+                        "draft-model", draft_model=draft_model, vocab_size=engine.vocab_size
+                    )
                     d = model_drafter
                 else:
                     d = make_drafter(drafter)
-                rid = run_id(model=label, drafter=drafter, k=k,
-                             a="none" if a is None else f"{a:.3f}", kernel=kernel,
-                             depth=depth or len(prompts[0][1]), clock=engine.clock, rep=rep,
-                             **(extra or {}))
-                writer = (RoundLogWriter(out / "rounds" / _safe(rid), flush_every=64,
-                                         defaults={"run_id": rid})
-                          if out is not None else None)
+                rid = run_id(
+                    model=label,
+                    drafter=drafter,
+                    k=k,
+                    a="none" if a is None else f"{a:.3f}",
+                    kernel=kernel,
+                    depth=depth or len(prompts[0][1]),
+                    clock=engine.clock,
+                    rep=rep,
+                    **(extra or {}),
+                )
+                writer = (
+                    RoundLogWriter(
+                        out / "rounds" / _safe(rid), flush_every=64, defaults={"run_id": rid}
+                    )
+                    if out is not None
+                    else None
+                )
                 try:
                     for pid, ids in prompts:
                         if forced is not None:
-                            forced.use_document(pid if pid in forced.documents
-                                                else prompts.index((pid, ids)))
-                        gen = speculative_generate(engine, ids, d, budget=k,
-                                                   max_new_tokens=tokens, max_k=K_MAX,
-                                                   writer=writer, row={"run_id": rid,
-                                                                       "prompt_id": pid},
-                                                   progress=bar)
+                            forced.use_document(
+                                pid if pid in forced.documents else prompts.index((pid, ids))
+                            )
+                        gen = speculative_generate(
+                            engine,
+                            ids,
+                            d,
+                            budget=k,
+                            max_new_tokens=tokens,
+                            max_k=K_MAX,
+                            writer=writer,
+                            row={"run_id": rid, "prompt_id": pid},
+                            progress=bar,
+                        )
                         if writer is not None:
                             writer.flush()
-                        results.append(_summary(gen, rid, pid, k, a, drafter, kernel, rep,
-                                                len(ids), realised_acceptance))
+                        results.append(
+                            _summary(
+                                gen,
+                                rid,
+                                pid,
+                                k,
+                                a,
+                                drafter,
+                                kernel,
+                                rep,
+                                len(ids),
+                                realised_acceptance,
+                            )
+                        )
                         if progress:
                             bar.set_postfix_str(f"k={k} a={a}")
                 finally:
@@ -320,25 +407,52 @@ def run_grid(engine: Any, prompts: list[tuple[str, list[int]]], *, drafter: str,
     return results
 
 
-def _summary(gen: Any, rid: str, pid: str, k: int, a: float | None, drafter: str, kernel: str,
-             rep: int, depth: int, realised: Any) -> dict[str, Any]:
+def _summary(
+    gen: Any,
+    rid: str,
+    pid: str,
+    k: int,
+    a: float | None,
+    drafter: str,
+    kernel: str,
+    rep: int,
+    depth: int,
+    realised: Any,
+) -> dict[str, Any]:
     import numpy as np
 
     tv = [r["t_verify_ms"] for r in gen.rounds]
     td = [r["t_draft_ms"] for r in gen.rounds]
-    return {"run_id": rid, "prompt_id": pid, "k": k, "acceptance": a, "drafter": drafter,
-            "kernel": kernel, "rep": rep, "depth": depth, "tokens": len(gen.tokens),
-            "rounds": len(gen.rounds), "drafted": gen.drafted, "accepted": gen.accepted,
-            "decode_ms": gen.decode_ms, "decode_wall_ms": gen.decode_wall_ms,
-            "prefill_ms": gen.prefill_ms, "tokens_per_s": gen.tokens_per_s,
-            "tokens_per_s_wall": 1e3 * len(gen.tokens) / gen.decode_wall_ms,
-            "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
-            "realised_acceptance": realised(gen.rounds), "mismatches": gen.mismatches,
-            "sum_t_verify_ms": float(np.sum(tv)), "sum_t_draft_ms": float(np.sum(td)),
-            "median_t_verify_ms": float(np.median(tv)), "median_t_draft_ms": float(np.median(td))}
+    return {
+        "run_id": rid,
+        "prompt_id": pid,
+        "k": k,
+        "acceptance": a,
+        "drafter": drafter,
+        "kernel": kernel,
+        "rep": rep,
+        "depth": depth,
+        "tokens": len(gen.tokens),
+        "rounds": len(gen.rounds),
+        "drafted": gen.drafted,
+        "accepted": gen.accepted,
+        "decode_ms": gen.decode_ms,
+        "decode_wall_ms": gen.decode_wall_ms,
+        "prefill_ms": gen.prefill_ms,
+        "tokens_per_s": gen.tokens_per_s,
+        "tokens_per_s_wall": 1e3 * len(gen.tokens) / gen.decode_wall_ms,
+        "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
+        "realised_acceptance": realised(gen.rounds),
+        "mismatches": gen.mismatches,
+        "sum_t_verify_ms": float(np.sum(tv)),
+        "sum_t_draft_ms": float(np.sum(td)),
+        "median_t_verify_ms": float(np.median(tv)),
+        "median_t_draft_ms": float(np.median(td)),
+    }
 
 
 # ------------------------------------------------------------------------------------------
+
 
 def run(args: argparse.Namespace) -> int:
     import torch
@@ -366,13 +480,19 @@ def run(args: argparse.Namespace) -> int:
         from specmoe.engine.drafters import load_draft_model
 
         draft = load_draft_model(args.draft_model, device=args.device)
-    model, tokenizer, label, dummy = load_target(args.model, device=args.device,
-                                                 layers=args.layers, seed=args.seed,
-                                                 context=args.context + args.tokens + 32)
+    model, tokenizer, label, dummy = load_target(
+        args.model,
+        device=args.device,
+        layers=args.layers,
+        seed=args.seed,
+        context=args.context + args.tokens + 32,
+    )
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 0)
     if limit and args.context + args.tokens + K_MAX > limit:
-        raise InputError(f"--context {args.context} + --tokens {args.tokens}: longer than the "
-                         f"model's {limit} positions")
+        raise InputError(
+            f"--context {args.context} + --tokens {args.tokens}: longer than the "
+            f"model's {limit} positions"
+        )
     trace_spec = args.forced_trace
     if trace_spec is None and dummy:
         from specmoe.data import corpus
@@ -380,30 +500,58 @@ def run(args: argparse.Namespace) -> int:
         if corpus.bundled_trace_path("validation").exists():
             trace_spec = "bundled:validation"
         else:
-            print("specmoe run: note: no bundled trace; the dummy model routes by its random "
-                  "routers", file=sys.stderr)
+            print(
+                "specmoe run: note: no bundled trace; the dummy model routes by its random routers",
+                file=sys.stderr,
+            )
     forced = forced_from(trace_spec, model)
-    prompts = (file_prompts(args.prompts, tokenizer, context=args.context) if args.prompts
-               else validation_prompts(tokenizer, count=args.num_prompts, context=args.context,
-                                       offset=args.prompt_offset))
-    engine = Engine(model, policy=policy, forced=forced, prefill="skip" if dummy else "model",
-                    clock=args.clock)
+    prompts = (
+        file_prompts(args.prompts, tokenizer, context=args.context)
+        if args.prompts
+        else validation_prompts(
+            tokenizer, count=args.num_prompts, context=args.context, offset=args.prompt_offset
+        )
+    )
+    engine = Engine(
+        model, policy=policy, forced=forced, prefill="skip" if dummy else "model", clock=args.clock
+    )
     try:
-        gens = run_grid(engine, prompts, drafter=args.drafter, ks=ks,
-                        accs=accs if args.drafter == "oracle" else None, tokens=args.tokens,
-                        label=label, out=out, seed=args.seed, repeats=args.repeats,
-                        draft_model=draft, forced=forced, progress=not args.quiet,
-                        depth=args.context)
+        gens = run_grid(
+            engine,
+            prompts,
+            drafter=args.drafter,
+            ks=ks,
+            accs=accs if args.drafter == "oracle" else None,
+            tokens=args.tokens,
+            label=label,
+            out=out,
+            seed=args.seed,
+            repeats=args.repeats,
+            draft_model=draft,
+            forced=forced,
+            progress=not args.quiet,
+            depth=args.context,
+        )
     finally:
         engine.close()
-    summary = {"model": label, "drafter": args.drafter, "kernel": policy.label,
-               "clock": args.clock,
-               "crossover": crossover, "forced_trace": trace_spec,
-               "layers": model.config.num_hidden_layers, "context": args.context,
-               "tokens": args.tokens, "seed": args.seed, "repeats": args.repeats,
-               "prompts": [p for p, _ in prompts], "k": ks,
-               "acceptance": accs if args.drafter == "oracle" else None,
-               "generations": gens, "out": None if out is None else str(out)}
+    summary = {
+        "model": label,
+        "drafter": args.drafter,
+        "kernel": policy.label,
+        "clock": args.clock,
+        "crossover": crossover,
+        "forced_trace": trace_spec,
+        "layers": model.config.num_hidden_layers,
+        "context": args.context,
+        "tokens": args.tokens,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "prompts": [p for p, _ in prompts],
+        "k": ks,
+        "acceptance": accs if args.drafter == "oracle" else None,
+        "generations": gens,
+        "out": None if out is None else str(out),
+    }
     if out is not None:
         atomic_write_json(out / "summary.json", summary)
     if args.json:
@@ -411,10 +559,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         for g in gens:
             a = "" if g["acceptance"] is None else f" a={g['acceptance']:.3f}"
-            real = ("" if g["k"] == 0 or g["drafted"] == 0
-                    else f", realised acceptance {g['realised_acceptance']:.3f}")
-            print(f"{g['prompt_id']}: k={g['k']}{a} {g['tokens']} tokens in {g['rounds']} "
-                  f"rounds, {g['tokens_per_s']:.1f} tok/s{real}")
+            real = (
+                ""
+                if g["k"] == 0 or g["drafted"] == 0
+                else f", realised acceptance {g['realised_acceptance']:.3f}"
+            )
+            print(
+                f"{g['prompt_id']}: k={g['k']}{a} {g['tokens']} tokens in {g['rounds']} "
+                f"rounds, {g['tokens_per_s']:.1f} tok/s{real}"
+            )
     return 0
 
 

@@ -44,8 +44,16 @@ import numpy as np
 from specmoe.engine.switch import ForcedRouting, KernelPolicy, KernelSwitch
 from specmoe.errors import InputError
 
-__all__ = ["Engine", "Generation", "Verified", "cache_kwarg", "crop_cache", "new_cache",
-           "realised_acceptance", "speculative_generate"]
+__all__ = [
+    "Engine",
+    "Generation",
+    "Verified",
+    "cache_kwarg",
+    "crop_cache",
+    "new_cache",
+    "realised_acceptance",
+    "speculative_generate",
+]
 
 
 @cache
@@ -112,9 +120,15 @@ class Engine:
     implementation.
     """
 
-    def __init__(self, model: Any, *, policy: KernelPolicy | None = None,
-                 forced: ForcedRouting | None = None, prefill: str = "model",
-                 clock: str = "wall"):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        policy: KernelPolicy | None = None,
+        forced: ForcedRouting | None = None,
+        prefill: str = "model",
+        clock: str = "wall",
+    ):
         import torch
 
         from specmoe.engine.capture import RouterRecorder
@@ -124,8 +138,9 @@ class Engine:
         if clock not in ("wall", "cpu"):
             raise InputError(f"--clock {clock!r}: choose wall or cpu")
         if clock == "cpu" and self.device.type != "cpu":
-            raise InputError(f"--clock cpu: the model is on {self.device}, not the CPU "
-                             f"(use the wall clock)")
+            raise InputError(
+                f"--clock cpu: the model is on {self.device}, not the CPU (use the wall clock)"
+            )
         self.clock = clock
         self.now = time.perf_counter if clock == "wall" else time.thread_time
         self.switch = KernelSwitch(model, policy, prefill=prefill).install()
@@ -164,8 +179,9 @@ class Engine:
         if self.forced is not None:
             self.forced.position = int(kv.get_seq_length())
         with torch.inference_mode():
-            return self.model(input_ids=ids, use_cache=True, logits_to_keep=keep,
-                              **{self._kw: kv}).logits[0]
+            return self.model(
+                input_ids=ids, use_cache=True, logits_to_keep=keep, **{self._kw: kv}
+            ).logits[0]
 
     def prefill(self, kv: Any, tokens: Sequence[int]) -> None:
         """Feed ``tokens`` into ``kv`` (their routing is discarded)."""
@@ -182,12 +198,12 @@ class Engine:
         kernel = self.switch.policy.kernel_for(len(tokens))
         _sync(self.device)
         w0, t0 = time.perf_counter(), self.now()
-        logits = self._call(kv, tokens, keep=0)           # [n, V]
+        logits = self._call(kv, tokens, keep=0)  # [n, V]
         top = torch.topk(logits.float(), 2, dim=-1)
         target = top.indices[:, 0].tolist()
         _sync(self.device)
         t_ms, wall_ms = (self.now() - t0) * 1e3, (time.perf_counter() - w0) * 1e3
-        routing, _ = self.recorder.pop()                  # [n, L, m]
+        routing, _ = self.recorder.pop()  # [n, L, m]
         margin = (top.values[:, 0] - top.values[:, 1]).cpu().numpy()
         return Verified(target, routing, t_ms, margin, kernel, wall_ms)
 
@@ -207,16 +223,17 @@ class Engine:
 
 # ------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Generation:
     """The outcome of one speculative generation."""
 
-    tokens: list[int]                          # the emitted tokens, in order
+    tokens: list[int]  # the emitted tokens, in order
     rounds: list[dict[str, Any]] = field(default_factory=list)  # round-log rows
-    decode_ms: float = 0.0                     # drafting + verification + loop, no logging
-    decode_wall_ms: float = 0.0                # the same on the wall clock
+    decode_ms: float = 0.0  # drafting + verification + loop, no logging
+    decode_wall_ms: float = 0.0  # the same on the wall clock
     prefill_ms: float = 0.0
-    mismatches: int = 0                        # oracle rounds cut at an uncorrupted draft
+    mismatches: int = 0  # oracle rounds cut at an uncorrupted draft
 
     @property
     def tokens_per_s(self) -> float:
@@ -256,10 +273,18 @@ def _choose(budget: Any, state: Any) -> int:
     return int(budget.choose(state))
 
 
-def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
-                         budget: Any, max_new_tokens: int, max_k: int = 16,
-                         writer: Any = None, row: dict[str, Any] | None = None,
-                         progress: Any = None) -> Generation:
+def speculative_generate(
+    engine: Engine,
+    prompt: Sequence[int],
+    drafter: Any,
+    *,
+    budget: Any,
+    max_new_tokens: int,
+    max_k: int = 16,
+    writer: Any = None,
+    row: dict[str, Any] | None = None,
+    progress: Any = None,
+) -> Generation:
     """Generate ``max_new_tokens`` tokens after ``prompt`` by speculative decoding.
 
     ``budget``: an int k, or a policy object with ``choose(RoundState) -> k`` (a policy with
@@ -291,19 +316,21 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
     while len(gen.tokens) < max_new_tokens:
         remaining = max_new_tokens - len(gen.tokens)
         start, wall = now(), time.perf_counter()
-        state = RoundState(position=len(gen.tokens), context_len=int(kv.get_seq_length()),
-                           history=tuple(history))
+        state = RoundState(
+            position=len(gen.tokens), context_len=int(kv.get_seq_length()), history=tuple(history)
+        )
         k_cap = min(max_k, remaining - 1)
         chosen = max_k if use_conf else max(0, min(_choose(budget, state), max_k))
         k = min(chosen, k_cap)
         excluded = excluded_wall = 0.0
-        if prepare is not None and k > 0:    # untimed: e.g. the oracle's reference decoding
+        if prepare is not None and k > 0:  # untimed: e.g. the oracle's reference decoding
             t_p, w_p = now(), time.perf_counter()
             prepare(context, k)
             excluded, excluded_wall = now() - t_p, time.perf_counter() - w_p
         t_d = now()
         if use_conf and _takes_stop(drafter):
-            def stop(conf, state=state):   # the policy would not verify the last draft
+
+            def stop(conf, state=state):  # the policy would not verify the last draft
                 seen = RoundState(state.position, state.context_len, state.history, conf)
                 return _choose(budget, seen) < len(conf)
 
@@ -312,8 +339,7 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
             prop = drafter.propose(context, k)
         t_draft = now() - t_d
         if use_conf:
-            state = RoundState(state.position, state.context_len, state.history,
-                               prop.confidence)
+            state = RoundState(state.position, state.context_len, state.history, prop.confidence)
             chosen = max(0, min(_choose(budget, state), max_k))
             k = min(chosen, k_cap)
         drafts = [int(t) for t in prop.tokens[:k]]
@@ -324,7 +350,7 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         acc = 0
         while acc < k and drafts[acc] == ver.tokens[acc]:
             acc += 1
-        emitted = ver.tokens[:acc + 1]
+        emitted = ver.tokens[: acc + 1]
         crop_cache(kv, ctx_len + 1 + acc)
         flags = getattr(drafter, "corrupted", None)
         if flags is not None and acc < k and not flags[acc]:
@@ -336,13 +362,28 @@ def speculative_generate(engine: Engine, prompt: Sequence[int], drafter: Any, *,
         gen.decode_ms += (now() - start - excluded) * 1e3
         gen.decode_wall_ms += (time.perf_counter() - wall - excluded_wall) * 1e3
         u, e = pass_stats(ver.routing, engine.num_experts)
-        rec = {**base, "round": len(history) - 1, "k": k, "budget": chosen, "pass_size": k + 1, "accepted": acc,
-               "emitted": acc + 1, "t_verify_ms": ver.t_ms, "t_draft_ms": t_draft * 1e3,
-               "context_len": ctx_len, "u_mean": float(u), "e_max": int(e),
-               "kernel": ver.kernel, "drafter": getattr(drafter, "name", None),
-               "num_layers": engine.num_layers, "top_k": engine.top_k,
-               "num_experts": engine.num_experts, "routing": ver.routing.astype(np.int16),
-               "draft_tokens": drafts, "target_tokens": list(ver.tokens)}
+        rec = {
+            **base,
+            "round": len(history) - 1,
+            "k": k,
+            "budget": chosen,
+            "pass_size": k + 1,
+            "accepted": acc,
+            "emitted": acc + 1,
+            "t_verify_ms": ver.t_ms,
+            "t_draft_ms": t_draft * 1e3,
+            "context_len": ctx_len,
+            "u_mean": float(u),
+            "e_max": int(e),
+            "kernel": ver.kernel,
+            "drafter": getattr(drafter, "name", None),
+            "num_layers": engine.num_layers,
+            "top_k": engine.top_k,
+            "num_experts": engine.num_experts,
+            "routing": ver.routing.astype(np.int16),
+            "draft_tokens": drafts,
+            "target_tokens": list(ver.tokens),
+        }
         if getattr(drafter, "acceptance", None) is not None:
             rec["acceptance"] = float(drafter.acceptance)
         if conf is not None:

@@ -51,8 +51,17 @@ import numpy as np
 from specmoe.engine.models import family_of, moe_layers
 from specmoe.errors import InputError
 
-__all__ = ["IMPLEMENTATION", "KERNEL_SETTINGS", "ForcedRouting", "KernelPolicy", "KernelSwitch",
-           "crossover_from_plan", "dummy_model", "forced_weights", "parse_dummy"]
+__all__ = [
+    "IMPLEMENTATION",
+    "KERNEL_SETTINGS",
+    "ForcedRouting",
+    "KernelPolicy",
+    "KernelSwitch",
+    "crossover_from_plan",
+    "dummy_model",
+    "forced_weights",
+    "parse_dummy",
+]
 
 IMPLEMENTATION = "specmoe"
 KERNEL_SETTINGS = ("per_slot", "dedup", "auto")
@@ -61,6 +70,7 @@ _OWNER = "_specmoe_switch"
 
 # ------------------------------------------------------------------------------------------
 # Which kernel runs a pass of n tokens
+
 
 @dataclass(frozen=True)
 class KernelPolicy:
@@ -72,10 +82,12 @@ class KernelPolicy:
 
     def __post_init__(self) -> None:
         if self.setting not in KERNEL_SETTINGS:
-            raise InputError(f"--kernel {self.setting!r}: unknown (choose from "
-                             f"{', '.join(KERNEL_SETTINGS)})")
-        if self.crossover is not None and (isinstance(self.crossover, bool)
-                                           or int(self.crossover) < 1):
+            raise InputError(
+                f"--kernel {self.setting!r}: unknown (choose from {', '.join(KERNEL_SETTINGS)})"
+            )
+        if self.crossover is not None and (
+            isinstance(self.crossover, bool) or int(self.crossover) < 1
+        ):
             raise InputError(f"--crossover must be a positive pass size, got {self.crossover!r}")
         if self.max_pass < 1:
             raise InputError(f"max_pass must be positive, got {self.max_pass}")
@@ -111,6 +123,7 @@ def crossover_from_plan(path: str | os.PathLike) -> int | None:
 # ------------------------------------------------------------------------------------------
 # The switch
 
+
 def _experts_of(model: Any) -> list[Any]:
     """The experts module of each MoE layer, in layer order."""
     names = {id(mod): qual for qual, mod in model.named_modules()}
@@ -119,8 +132,10 @@ def _experts_of(model: Any) -> list[Any]:
         block = model.get_submodule(names[id(router)].rsplit(".", 1)[0])
         experts = getattr(block, "experts", None)
         if experts is None or not hasattr(experts, "gate_up_proj"):
-            raise InputError(f"model {model.config.model_type!r}: MoE block "
-                             f"{type(block).__name__} has no fused experts module")
+            raise InputError(
+                f"model {model.config.model_type!r}: MoE block "
+                f"{type(block).__name__} has no fused experts module"
+            )
         out.append(experts)
     return out
 
@@ -151,8 +166,7 @@ class KernelSwitch:
     layer calls each kernel ran (``per_slot``, ``dedup``, ``prefill``).
     """
 
-    def __init__(self, model: Any, policy: KernelPolicy | None = None, *,
-                 prefill: str = "model"):
+    def __init__(self, model: Any, policy: KernelPolicy | None = None, *, prefill: str = "model"):
         if prefill not in ("model", "skip"):
             raise InputError(f"prefill: {prefill!r} must be 'model' or 'skip'")
         self.model = model
@@ -172,13 +186,16 @@ class KernelSwitch:
             alpha = float(getattr(cfg, "swiglu_alpha", OAI_ALPHA) or OAI_ALPHA)
             limit = float(getattr(cfg, "swiglu_limit", OAI_LIMIT) or OAI_LIMIT)
             if abs(alpha - OAI_ALPHA) > 1e-6 or abs(limit - OAI_LIMIT) > 1e-6:
-                raise InputError(f"gpt-oss swiglu_alpha={alpha}, swiglu_limit={limit}: the "
-                                 f"kernels implement {OAI_ALPHA} and {OAI_LIMIT} only")
+                raise InputError(
+                    f"gpt-oss swiglu_alpha={alpha}, swiglu_limit={limit}: the "
+                    f"kernels implement {OAI_ALPHA} and {OAI_LIMIT} only"
+                )
             return "swiglu_oai"
         act = str(getattr(cfg, "hidden_act", "silu"))
         if act not in ("silu", "swish"):
-            raise InputError(f"model hidden_act {act!r}: the expert kernels implement SwiGLU "
-                             f"(silu) only")
+            raise InputError(
+                f"model hidden_act {act!r}: the expert kernels implement SwiGLU (silu) only"
+            )
         return "swiglu"
 
     def set_policy(self, policy: KernelPolicy) -> None:
@@ -228,8 +245,12 @@ class KernelSwitch:
         """``(w_gate_up [N, 2I, h], w_down [N, h, I], b_gate_up, b_down)`` in kernel layout."""
         if not getattr(ex, "is_transposed", False) and getattr(ex, "is_concatenated", True):
             b = getattr(ex, "has_bias", False)
-            return (ex.gate_up_proj, ex.down_proj,
-                    ex.gate_up_proj_bias if b else None, ex.down_proj_bias if b else None)
+            return (
+                ex.gate_up_proj,
+                ex.down_proj,
+                ex.gate_up_proj_bias if b else None,
+                ex.down_proj_bias if b else None,
+            )
         key = id(ex)
         version = (ex.gate_up_proj._version, ex.down_proj._version, ex.gate_up_proj.data_ptr())
         cached = self._layouts.get(key)
@@ -237,11 +258,14 @@ class KernelSwitch:
             from specmoe.kernels._contract import from_gpt_oss_layout
 
             if getattr(ex, "is_concatenated", True):
-                raise InputError(f"{type(ex).__name__}: transposed concatenated experts are "
-                                 f"not supported")
-            w_gu, w_d, b_gu = from_gpt_oss_layout(ex.gate_up_proj.detach(),
-                                                  ex.down_proj.detach(),
-                                                  getattr(ex, "gate_up_proj_bias", None))
+                raise InputError(
+                    f"{type(ex).__name__}: transposed concatenated experts are not supported"
+                )
+            w_gu, w_d, b_gu = from_gpt_oss_layout(
+                ex.gate_up_proj.detach(),
+                ex.down_proj.detach(),
+                getattr(ex, "gate_up_proj_bias", None),
+            )
             b_d = getattr(ex, "down_proj_bias", None)
             cached = (version, w_gu, w_d, b_gu, None if b_d is None else b_d.detach())
             self._layouts[key] = cached
@@ -258,8 +282,11 @@ class KernelSwitch:
                 return torch.zeros_like(x)
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-            fn = (ALL_EXPERTS_FUNCTIONS[self._previous]
-                  if self._previous in ALL_EXPERTS_FUNCTIONS else _original_forward(ex))
+            fn = (
+                ALL_EXPERTS_FUNCTIONS[self._previous]
+                if self._previous in ALL_EXPERTS_FUNCTIONS
+                else _original_forward(ex)
+            )
             return fn(ex, x, ids, weights)
         from specmoe.kernels import get_kernel
 
@@ -268,13 +295,23 @@ class KernelSwitch:
         xin = x if x.dtype == w_gu.dtype else x.to(w_gu.dtype)
         bgu = None if b_gu is None else b_gu.to(w_gu.dtype)
         bd = None if b_d is None else b_d.to(w_gu.dtype)
-        y = kernel(xin, w_gu, w_d, ids, weights, activation=self._activation,
-                   b_gate_up=bgu, b_down=bd, check=False)
+        y = kernel(
+            xin,
+            w_gu,
+            w_d,
+            ids,
+            weights,
+            activation=self._activation,
+            b_gate_up=bgu,
+            b_down=bd,
+            check=False,
+        )
         return y.to(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------
 # Forced routing
+
 
 def forced_weights(logits: Any, ids: Any, rule: Any, *, correction_bias: Any = None) -> Any:
     """Router weights ``[n, m]`` of forced ``ids`` ``[n, m]`` under a family's rule.
@@ -311,8 +348,15 @@ class ForcedRouting:
     position 0 (:meth:`use_document` sets it to a document's first row). Batch one only.
     """
 
-    def __init__(self, model: Any, table: np.ndarray, *, doc_offsets: Any = None,
-                 documents: list[str] | None = None, name: str = "forced routing"):
+    def __init__(
+        self,
+        model: Any,
+        table: np.ndarray,
+        *,
+        doc_offsets: Any = None,
+        documents: list[str] | None = None,
+        name: str = "forced routing",
+    ):
         from specmoe.engine.capture import rule_for
 
         table = np.asarray(table)
@@ -326,14 +370,20 @@ class ForcedRouting:
         self.rule = rule_for(model)
         n_exp = int(self.routers[0][1].weight.shape[0])
         if table.shape[2] != self.rule.top_k:
-            raise InputError(f"{name}: {table.shape[2]} experts per token, the model routes "
-                             f"to m={self.rule.top_k}")
+            raise InputError(
+                f"{name}: {table.shape[2]} experts per token, the model routes "
+                f"to m={self.rule.top_k}"
+            )
         if table.min() < 0 or table.max() >= n_exp:
-            raise InputError(f"{name}: expert ids outside [0, {n_exp}) of the model "
-                             f"(max {int(table.max())})")
+            raise InputError(
+                f"{name}: expert ids outside [0, {n_exp}) of the model (max {int(table.max())})"
+            )
         self.table = table.astype(np.int64)  # [T, L_table, m]
-        self.doc_offsets = (np.array([0, len(table)], dtype=np.int64) if doc_offsets is None
-                            else np.asarray(doc_offsets, dtype=np.int64))
+        self.doc_offsets = (
+            np.array([0, len(table)], dtype=np.int64)
+            if doc_offsets is None
+            else np.asarray(doc_offsets, dtype=np.int64)
+        )
         self.documents = list(documents or [])
         self.offset = 0
         self.position = 0
@@ -343,8 +393,13 @@ class ForcedRouting:
     @classmethod
     def from_trace(cls, model: Any, trace: Any) -> ForcedRouting:
         """Force a :class:`specmoe.routing.trace.RoutingTrace`'s routing."""
-        return cls(model, np.asarray(trace.experts), doc_offsets=trace.doc_offsets,
-                   documents=list(trace.meta.get("documents") or []), name=trace.name)
+        return cls(
+            model,
+            np.asarray(trace.experts),
+            doc_offsets=trace.doc_offsets,
+            documents=list(trace.meta.get("documents") or []),
+            name=trace.name,
+        )
 
     def use_document(self, document: int | str) -> int:
         """Start position 0 at a document's first row (by name, else index mod D); the rows
@@ -369,25 +424,30 @@ class ForcedRouting:
             import torch
 
             if not isinstance(output, tuple) or len(output) != 3:
-                raise RuntimeError(f"router {type(module).__name__} does not return "
-                                   f"(logits, weights, ids); forced routing needs transformers 5")
+                raise RuntimeError(
+                    f"router {type(module).__name__} does not return "
+                    f"(logits, weights, ids); forced routing needs transformers 5"
+                )
             logits, weights, ids = output
             n = int(ids.reshape(-1, ids.shape[-1]).shape[0])
             forced = self.rows(n)[:, pos % self.table.shape[1]]  # [n, m]
             new_ids = torch.as_tensor(forced, device=ids.device).to(ids.dtype).reshape(ids.shape)
-            new_w = forced_weights(logits, new_ids.reshape(n, -1), self.rule,
-                                   correction_bias=getattr(module, "e_score_correction_bias",
-                                                           None))
+            new_w = forced_weights(
+                logits,
+                new_ids.reshape(n, -1),
+                self.rule,
+                correction_bias=getattr(module, "e_score_correction_bias", None),
+            )
             if pos == self._last:
                 self.position += n
             return logits, new_w.to(weights.dtype).reshape(weights.shape), new_ids
+
         return hook
 
     def install(self) -> ForcedRouting:
         if not self._handles:
             for pos, (_, module) in enumerate(self.routers):
-                self._handles.append(module.register_forward_hook(self._hook(pos),
-                                                                  prepend=True))
+                self._handles.append(module.register_forward_hook(self._hook(pos), prepend=True))
         return self
 
     def remove(self) -> None:
@@ -405,6 +465,7 @@ class ForcedRouting:
 # ------------------------------------------------------------------------------------------
 # Dummy-weight models at a preset's shapes
 
+
 def parse_dummy(spec: str) -> str | None:
     """The preset name of ``PRESET-dummy`` (case-insensitive), else None."""
     from specmoe.spec import PRESET_CONFIGS
@@ -414,13 +475,22 @@ def parse_dummy(spec: str) -> str | None:
     base = spec[: -len("-dummy")].lower()
     names = {k.lower(): k for k in PRESET_CONFIGS}
     if base not in names:
-        raise InputError(f"--model {spec}: no preset {spec[:-len('-dummy')]!r} (choose from "
-                         f"{', '.join(k + '-dummy' for k in PRESET_CONFIGS)})")
+        raise InputError(
+            f"--model {spec}: no preset {spec[: -len('-dummy')]!r} (choose from "
+            f"{', '.join(k + '-dummy' for k in PRESET_CONFIGS)})"
+        )
     return names[base]
 
 
-def dummy_model(preset: str, *, layers: int | None = None, expert_dtype: str = "bfloat16",
-                seed: int = 0, std: float = 0.02, context: int = 4096) -> Any:
+def dummy_model(
+    preset: str,
+    *,
+    layers: int | None = None,
+    expert_dtype: str = "bfloat16",
+    seed: int = 0,
+    std: float = 0.02,
+    context: int = 4096,
+) -> Any:
     """A model of ``preset``'s transformers class and shapes with seeded random weights.
 
     ``layers`` decoder layers (default all). Expert weights are stored in ``expert_dtype``
@@ -436,13 +506,15 @@ def dummy_model(preset: str, *, layers: int | None = None, expert_dtype: str = "
     from specmoe.spec import PRESET_CONFIGS
 
     key = parse_dummy(preset if preset.lower().endswith("-dummy") else preset + "-dummy")
-    cfg = {k: v for k, v in PRESET_CONFIGS[key].items() if not k.startswith("_")
-           and k != "torch_dtype"}
+    cfg = {
+        k: v for k, v in PRESET_CONFIGS[key].items() if not k.startswith("_") and k != "torch_dtype"
+    }
     family = family_of(cfg)
     if layers is not None:
         if layers < 1 or layers > int(cfg["num_hidden_layers"]):
-            raise InputError(f"--layers {layers}: must be in 1..{cfg['num_hidden_layers']} "
-                             f"for {key}")
+            raise InputError(
+                f"--layers {layers}: must be in 1..{cfg['num_hidden_layers']} for {key}"
+            )
         cfg["num_hidden_layers"] = int(layers)
     cfg.setdefault("max_position_embeddings", context)
     cfg["max_position_embeddings"] = max(int(cfg["max_position_embeddings"]), context)

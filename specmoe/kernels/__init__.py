@@ -27,52 +27,99 @@ from dataclasses import dataclass
 from specmoe.errors import InputError
 from specmoe.kernels._contract import ACTIVATIONS, check_inputs, torch_dtype
 
-__all__ = ["ACTIVATIONS", "KERNELS", "KernelInfo", "check_inputs", "get_kernel", "kernel_kind",
-           "kernel_names", "torch_dtype"]
+__all__ = [
+    "ACTIVATIONS",
+    "KERNELS",
+    "KernelInfo",
+    "check_inputs",
+    "get_kernel",
+    "kernel_kind",
+    "kernel_names",
+    "torch_dtype",
+]
 
 
 @dataclass(frozen=True)
 class KernelInfo:
     name: str
-    kind: str                  # "per_slot", "dedup" or "reference": which bytes it requests
-    impl: dict[str, str]       # device -> "module:function"
+    kind: str  # "per_slot", "dedup" or "reference": which bytes it requests
+    impl: dict[str, str]  # device -> "module:function"
     description: str
-    peer: bool = False         # transformers' code, measured beside ours
+    peer: bool = False  # transformers' code, measured beside ours
 
 
 _K = "specmoe.kernels."
-KERNELS: dict[str, KernelInfo] = {k.name: k for k in (
-    KernelInfo("reference", "reference", {"cpu": _K + "reference:expert_op",
-                                          "cuda": _K + "reference:expert_op"},
-               "float64 loops over tokens and slots (the test oracle)"),
-    KernelInfo("per_slot", "per_slot", {"cpu": _K + "cpu:per_slot", "cuda": _K + "cuda:per_slot"},
-               "one GEMV chain per (token, slot) on a view of its expert"),
-    KernelInfo("dedup", "dedup", {"cpu": _K + "cpu:dedup", "cuda": _K + "cuda:dedup"},
-               "each distinct expert streamed once, applied to all its tokens"),
-    KernelInfo("per_slot_torch", "per_slot", {"cpu": _K + "cpu:per_slot_torch",
-                                              "cuda": _K + "cpu:per_slot_torch"},
-               "F.linear of one row per (token, slot)"),
-    KernelInfo("dedup_torch", "dedup", {"cpu": _K + "cpu:dedup_torch",
-                                        "cuda": _K + "cpu:dedup_torch"},
-               "F.linear on each expert's rows"),
-    KernelInfo("grouped_mm", "dedup", {"cpu": _K + "cuda:grouped_mm",
-                                       "cuda": _K + "cuda:grouped_mm"},
-               "rows sorted by expert through torch grouped_mm"),
-    KernelInfo("hf_batched_mm", "per_slot", {"cpu": _K + "peers:hf_batched_mm",
-                                             "cuda": _K + "peers:hf_batched_mm"},
-               "transformers' batched_mm experts implementation", peer=True),
-    KernelInfo("hf_grouped_mm", "dedup", {"cpu": _K + "peers:hf_grouped_mm",
-                                          "cuda": _K + "peers:hf_grouped_mm"},
-               "transformers' grouped_mm experts implementation", peer=True),
-    KernelInfo("hf_eager", "dedup", {"cpu": _K + "peers:hf_eager", "cuda": _K + "peers:hf_eager"},
-               "transformers' eager experts loop", peer=True),
-)}
+KERNELS: dict[str, KernelInfo] = {
+    k.name: k
+    for k in (
+        KernelInfo(
+            "reference",
+            "reference",
+            {"cpu": _K + "reference:expert_op", "cuda": _K + "reference:expert_op"},
+            "float64 loops over tokens and slots (the test oracle)",
+        ),
+        KernelInfo(
+            "per_slot",
+            "per_slot",
+            {"cpu": _K + "cpu:per_slot", "cuda": _K + "cuda:per_slot"},
+            "one GEMV chain per (token, slot) on a view of its expert",
+        ),
+        KernelInfo(
+            "dedup",
+            "dedup",
+            {"cpu": _K + "cpu:dedup", "cuda": _K + "cuda:dedup"},
+            "each distinct expert streamed once, applied to all its tokens",
+        ),
+        KernelInfo(
+            "per_slot_torch",
+            "per_slot",
+            {"cpu": _K + "cpu:per_slot_torch", "cuda": _K + "cpu:per_slot_torch"},
+            "F.linear of one row per (token, slot)",
+        ),
+        KernelInfo(
+            "dedup_torch",
+            "dedup",
+            {"cpu": _K + "cpu:dedup_torch", "cuda": _K + "cpu:dedup_torch"},
+            "F.linear on each expert's rows",
+        ),
+        KernelInfo(
+            "grouped_mm",
+            "dedup",
+            {"cpu": _K + "cuda:grouped_mm", "cuda": _K + "cuda:grouped_mm"},
+            "rows sorted by expert through torch grouped_mm",
+        ),
+        KernelInfo(
+            "hf_batched_mm",
+            "per_slot",
+            {"cpu": _K + "peers:hf_batched_mm", "cuda": _K + "peers:hf_batched_mm"},
+            "transformers' batched_mm experts implementation",
+            peer=True,
+        ),
+        KernelInfo(
+            "hf_grouped_mm",
+            "dedup",
+            {"cpu": _K + "peers:hf_grouped_mm", "cuda": _K + "peers:hf_grouped_mm"},
+            "transformers' grouped_mm experts implementation",
+            peer=True,
+        ),
+        KernelInfo(
+            "hf_eager",
+            "dedup",
+            {"cpu": _K + "peers:hf_eager", "cuda": _K + "peers:hf_eager"},
+            "transformers' eager experts loop",
+            peer=True,
+        ),
+    )
+}
 
 
 def kernel_names(device: str | None = None, *, peers: bool = True) -> list[str]:
     """Registered kernel names (those with an implementation on ``device`` when given)."""
-    return [k for k, info in KERNELS.items()
-            if (device is None or device in info.impl) and (peers or not info.peer)]
+    return [
+        k
+        for k, info in KERNELS.items()
+        if (device is None or device in info.impl) and (peers or not info.peer)
+    ]
 
 
 def _info(name: str) -> KernelInfo:
@@ -83,7 +130,7 @@ def _info(name: str) -> KernelInfo:
 
 
 def kernel_kind(name: str) -> str:
-    """"per_slot", "dedup" or "reference": the bytes the kernel requests."""
+    """ "per_slot", "dedup" or "reference": the bytes the kernel requests."""
     return _info(name).kind
 
 
@@ -91,7 +138,8 @@ def get_kernel(name: str, device: str = "cpu") -> Callable:
     """The kernel function ``name`` on ``device``; unknown names list the valid ones."""
     info = _info(name)
     if device not in info.impl:
-        raise InputError(f"kernel {name!r}: no implementation on {device!r} (it has "
-                         f"{', '.join(info.impl)})")
+        raise InputError(
+            f"kernel {name!r}: no implementation on {device!r} (it has {', '.join(info.impl)})"
+        )
     module, attr = info.impl[device].split(":")
     return getattr(importlib.import_module(module), attr)

@@ -71,8 +71,9 @@ def _cpu_signature() -> str:
 
 def _compiler_version(cc: str) -> str:
     try:
-        out = subprocess.run([*cc.split(), "--version"], capture_output=True, text=True,
-                             timeout=30, check=False)
+        out = subprocess.run(
+            [*cc.split(), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
         return out.stdout.splitlines()[0] if out.stdout else ""
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -85,8 +86,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
         src = Path(tmp) / "expert_op.c"
         src.write_text(SOURCE)
         out = Path(tmp) / "expert_op.so"
-        cmd = [*cc.split(), *flags, "-shared", "-fPIC", "-std=c99", str(src), "-o", str(out),
-               "-lm"]
+        cmd = [*cc.split(), *flags, "-shared", "-fPIC", "-std=c99", str(src), "-o", str(out), "-lm"]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -133,16 +133,21 @@ def load() -> CLib | None:
             return None
         cc = find_compiler()
         if cc is None:
-            warnings.warn("specmoe: no C compiler found (set CC); the CPU kernels fall back to "
-                          "pure torch, which is slower on small passes", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "specmoe: no C compiler found (set CC); the CPU kernels fall back to "
+                "pure torch, which is slower on small passes",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return None
         version = _compiler_version(cc)
         errors = []
         for flags in _FLAG_SETS:
-            key = hashlib.sha256("\0".join(
-                [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
-            ).encode()).hexdigest()[:16]
+            key = hashlib.sha256(
+                "\0".join(
+                    [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
+                ).encode()
+            ).hexdigest()[:16]
             target = cache_dir() / f"expert_op_{key}.so"
             if target.exists():
                 lib = _try_load(target, flags)
@@ -158,7 +163,11 @@ def load() -> CLib | None:
                     return lib
                 err = "built but could not be loaded"
             errors.append(f"{' '.join(flags)}: {err.splitlines()[0] if err else ''}")
-        warnings.warn("specmoe: the C kernels did not compile (" + "; ".join(errors)
-                      + "); the CPU kernels fall back to pure torch", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "specmoe: the C kernels did not compile ("
+            + "; ".join(errors)
+            + "); the CPU kernels fall back to pure torch",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None

@@ -39,15 +39,30 @@ from specmoe.errors import InputError
 ACTIVATIONS = ("swiglu", "swiglu_oai")
 OAI_ALPHA = 1.702
 OAI_LIMIT = 7.0
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class ExpertOp(Protocol):
-    def __call__(self, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                 ids: torch.Tensor, weights: torch.Tensor, *, activation: str = "swiglu",
-                 b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
-                 check: bool = True) -> torch.Tensor: ...
+    def __call__(
+        self,
+        x: torch.Tensor,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        *,
+        activation: str = "swiglu",
+        b_gate_up: torch.Tensor | None = None,
+        b_down: torch.Tensor | None = None,
+        check: bool = True,
+    ) -> torch.Tensor: ...
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -75,17 +90,27 @@ def _shape(t: Any) -> Any:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def check_inputs(x: Any, w_gate_up: Any, w_down: Any, ids: Any, weights: Any, *,
-                 activation: str = "swiglu", b_gate_up: Any = None, b_down: Any = None,
-                 check_ids: bool = True) -> tuple[int, int, int, int, int]:
+def check_inputs(
+    x: Any,
+    w_gate_up: Any,
+    w_down: Any,
+    ids: Any,
+    weights: Any,
+    *,
+    activation: str = "swiglu",
+    b_gate_up: Any = None,
+    b_down: Any = None,
+    check_ids: bool = True,
+) -> tuple[int, int, int, int, int]:
     """Validate the contract; return (n, m, N, h, I). Each problem is a one-line InputError."""
     named = {"x": x, "w_gate_up": w_gate_up, "w_down": w_down, "ids": ids, "weights": weights}
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name}: expected a torch tensor, got {type(t).__name__}")
     if activation not in ACTIVATIONS:
-        raise InputError(f"activation: unknown {activation!r} (choose from "
-                         f"{', '.join(ACTIVATIONS)})")
+        raise InputError(
+            f"activation: unknown {activation!r} (choose from {', '.join(ACTIVATIONS)})"
+        )
     if x.ndim != 2:
         raise InputError(f"x: expected [n, h], got shape {_shape(x)}")
     n, h = x.shape
@@ -94,16 +119,19 @@ def check_inputs(x: Any, w_gate_up: Any, w_down: Any, ids: Any, weights: Any, *,
     num, two_i, _ = w_gate_up.shape
     inter = two_i // 2
     if tuple(w_down.shape) != (num, h, inter):
-        raise InputError(f"w_down: expected [N, h, I] = {(num, h, inter)} to match w_gate_up "
-                         f"and x, got shape {_shape(w_down)}")
+        raise InputError(
+            f"w_down: expected [N, h, I] = {(num, h, inter)} to match w_gate_up "
+            f"and x, got shape {_shape(w_down)}"
+        )
     if ids.ndim != 2 or ids.shape[0] != n:
         raise InputError(f"ids: expected [n={n}, m], got shape {_shape(ids)}")
     m = ids.shape[1]
     if n < 1 or m < 1 or h < 1 or inter < 1 or num < 1:
         raise InputError(f"x/ids: empty pass (n={n}, m={m}, h={h}, I={inter}, N={num})")
     if tuple(weights.shape) != (n, m):
-        raise InputError(f"weights: expected [n, m] = {(n, m)} like ids, got shape "
-                         f"{_shape(weights)}")
+        raise InputError(
+            f"weights: expected [n, m] = {(n, m)} like ids, got shape {_shape(weights)}"
+        )
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise InputError(f"ids: expert ids must be integers, got dtype {ids.dtype}")
     if not weights.dtype.is_floating_point:
@@ -111,12 +139,15 @@ def check_inputs(x: Any, w_gate_up: Any, w_down: Any, ids: Any, weights: Any, *,
     if not x.dtype.is_floating_point:
         raise InputError(f"x: must be floating, got dtype {x.dtype}")
     if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
-        raise InputError(f"w_gate_up/w_down: dtypes {w_gate_up.dtype}/{w_down.dtype} differ "
-                         f"from x's {x.dtype}")
+        raise InputError(
+            f"w_gate_up/w_down: dtypes {w_gate_up.dtype}/{w_down.dtype} differ from x's {x.dtype}"
+        )
     devices = {t.device for t in named.values()}
     if len(devices) != 1:
-        raise InputError(f"x/w_gate_up/w_down/ids/weights: tensors on different devices "
-                         f"({', '.join(sorted(map(str, devices)))})")
+        raise InputError(
+            f"x/w_gate_up/w_down/ids/weights: tensors on different devices "
+            f"({', '.join(sorted(map(str, devices)))})"
+        )
     for name, b, want in (("b_gate_up", b_gate_up, (num, two_i)), ("b_down", b_down, (num, h))):
         if b is None:
             continue
@@ -132,9 +163,9 @@ def check_inputs(x: Any, w_gate_up: Any, w_down: Any, ids: Any, weights: Any, *,
     return n, m, num, h, inter
 
 
-def from_gpt_oss_layout(gate_up_proj: torch.Tensor, down_proj: torch.Tensor,
-                        gate_up_bias: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def from_gpt_oss_layout(
+    gate_up_proj: torch.Tensor, down_proj: torch.Tensor, gate_up_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """transformers' gpt-oss expert tensors -> this contract's layout (a copy).
 
     gpt-oss stores ``gate_up_proj`` [N, h, 2I] with gate and up interleaved along the last

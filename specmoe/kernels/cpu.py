@@ -60,20 +60,51 @@ def c_available() -> bool:
 # --------------------------------------------------------------------------------------------
 # C kernels
 
-def _c_expert_op(mode: int, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-                 ids: torch.Tensor, weights: torch.Tensor, activation: str,
-                 b_gate_up: torch.Tensor | None, b_down: torch.Tensor | None,
-                 check: bool) -> torch.Tensor:
-    n, m, num, h, inter = check_inputs(x, w_gate_up, w_down, ids, weights,
-                                       activation=activation, b_gate_up=b_gate_up,
-                                       b_down=b_down, check_ids=False)
+
+def _c_expert_op(
+    mode: int,
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+    b_gate_up: torch.Tensor | None,
+    b_down: torch.Tensor | None,
+    check: bool,
+) -> torch.Tensor:
+    n, m, num, h, inter = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=False,
+    )
     lib = _cbuild.load()
-    usable = (lib is not None and x.device.type == "cpu" and w_gate_up.dtype in _WT_CODE
-              and w_gate_up.stride(2) == 1 and w_down.stride(2) == 1)
+    usable = (
+        lib is not None
+        and x.device.type == "cpu"
+        and w_gate_up.dtype in _WT_CODE
+        and w_gate_up.stride(2) == 1
+        and w_down.stride(2) == 1
+    )
     if not usable:
         fallback = per_slot_torch if mode == 0 else dedup_torch
-        return fallback(x, w_gate_up, w_down, ids, weights, activation=activation,
-                        b_gate_up=b_gate_up, b_down=b_down, check=check)
+        return fallback(
+            x,
+            w_gate_up,
+            w_down,
+            ids,
+            weights,
+            activation=activation,
+            b_gate_up=b_gate_up,
+            b_down=b_down,
+            check=check,
+        )
     xf = x.detach().to(torch.float32).contiguous()  # [n, h]
     idc = ids.detach().to(torch.int64).contiguous()  # [n, m]
     wf = weights.detach().to(torch.float32).contiguous()  # [n, m]
@@ -81,12 +112,30 @@ def _c_expert_op(mode: int, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: to
     bd = None if b_down is None else b_down.detach().to(torch.float32).contiguous()
     y = torch.zeros(n, h, dtype=torch.float32)
     rc = lib.lib.specmoe_expert_op(
-        xf.data_ptr(), n, h, w_gate_up.data_ptr(), w_down.data_ptr(),
-        _WT_CODE[w_gate_up.dtype], inter, w_gate_up.stride(0), w_gate_up.stride(1),
-        w_down.stride(0), w_down.stride(1),
-        None if bgu is None else bgu.data_ptr(), None if bd is None else bd.data_ptr(),
-        idc.data_ptr(), wf.data_ptr(), m, num, mode, 0 if activation == "swiglu" else 1,
-        OAI_ALPHA, OAI_LIMIT, num_threads(), y.data_ptr())
+        xf.data_ptr(),
+        n,
+        h,
+        w_gate_up.data_ptr(),
+        w_down.data_ptr(),
+        _WT_CODE[w_gate_up.dtype],
+        inter,
+        w_gate_up.stride(0),
+        w_gate_up.stride(1),
+        w_down.stride(0),
+        w_down.stride(1),
+        None if bgu is None else bgu.data_ptr(),
+        None if bd is None else bd.data_ptr(),
+        idc.data_ptr(),
+        wf.data_ptr(),
+        m,
+        num,
+        mode,
+        0 if activation == "swiglu" else 1,
+        OAI_ALPHA,
+        OAI_LIMIT,
+        num_threads(),
+        y.data_ptr(),
+    )
     if rc == -1:
         lo, hi = int(idc.min()), int(idc.max())
         raise InputError(f"ids: expert id {lo if lo < 0 else hi} outside [0, {num})")
@@ -95,18 +144,36 @@ def _c_expert_op(mode: int, x: torch.Tensor, w_gate_up: torch.Tensor, w_down: to
     return y if x.dtype == torch.float32 else y.to(x.dtype)
 
 
-def per_slot(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-             b_down=None, check=True):
+def per_slot(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Per-slot kernel (C): one GEMV chain per (token, slot), n·m·b requested bytes."""
-    return _c_expert_op(0, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down,
-                        check)
+    return _c_expert_op(0, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check)
 
 
-def dedup(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-          b_down=None, check=True):
+def dedup(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Deduplicating kernel (C): each distinct expert streamed once per pass, U·b bytes."""
-    return _c_expert_op(1, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down,
-                        check)
+    return _c_expert_op(1, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check)
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,34 +185,56 @@ _warned = False
 def _warn_fallback() -> None:
     global _warned
     if not _warned and not c_available():
-        warnings.warn("specmoe: C kernels unavailable, using the pure-torch CPU kernels",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "specmoe: C kernels unavailable, using the pure-torch CPU kernels",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         _warned = True
 
 
-def per_slot_torch(x, w_gate_up, w_down, ids, weights, *, activation="swiglu",
-                   b_gate_up=None, b_down=None, check=True):
+def per_slot_torch(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Per-slot kernel in torch: ``F.linear`` of one row with a view ``W[e]`` per slot."""
-    n, m, _, h, _ = check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    n, m, _, h, _ = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     _warn_fallback()
     acc = torch.float32 if x.dtype != torch.float64 else torch.float64
     y = torch.zeros(n, h, dtype=acc, device=x.device)
     idl = ids.tolist()
     wts = weights.to(acc)
     for t in range(n):
-        xt = x[t:t + 1]  # [1, h]
+        xt = x[t : t + 1]  # [1, h]
         for j in range(m):
             e = idl[t][j]
             gu = F.linear(xt, w_gate_up[e], None if b_gate_up is None else b_gate_up[e])
-            out = F.linear(activate(gu, activation), w_down[e],
-                           None if b_down is None else b_down[e])  # [1, h]
+            out = F.linear(
+                activate(gu, activation), w_down[e], None if b_down is None else b_down[e]
+            )  # [1, h]
             y[t] += wts[t, j] * out[0].to(acc)
     return y.to(x.dtype)
 
 
-def group_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int],
-                                                 list[int]]:
+def group_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
     """Slots grouped by expert: (order [nm] slot indices sorted by expert (stable),
     token of each sorted slot [nm], distinct experts [U], group sizes [U])."""
     flat = ids.reshape(-1)
@@ -154,11 +243,30 @@ def group_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list
     return order, order // ids.shape[1], experts.tolist(), counts.tolist()
 
 
-def dedup_torch(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-                b_down=None, check=True):
+def dedup_torch(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Deduplicating kernel in torch: ``F.linear`` on each expert's rows, then a scatter-add."""
-    n, _, _, h, _ = check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    n, _, _, h, _ = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     _warn_fallback()
     acc = torch.float32 if x.dtype != torch.float64 else torch.float64
     order, tok, experts, counts = group_by_expert(ids)
@@ -166,10 +274,11 @@ def dedup_torch(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_ga
     y = torch.zeros(n, h, dtype=acc, device=x.device)
     start = 0
     for e, k in zip(experts, counts):
-        rows = tok[start:start + k]
+        rows = tok[start : start + k]
         gu = F.linear(x[rows], w_gate_up[e], None if b_gate_up is None else b_gate_up[e])
-        out = F.linear(activate(gu, activation), w_down[e],
-                       None if b_down is None else b_down[e])  # [k, h]
-        y.index_add_(0, rows, out.to(acc) * wflat[start:start + k, None])
+        out = F.linear(
+            activate(gu, activation), w_down[e], None if b_down is None else b_down[e]
+        )  # [k, h]
+        y.index_add_(0, rows, out.to(acc) * wflat[start : start + k, None])
         start += k
     return y.to(x.dtype)

@@ -30,8 +30,12 @@ def triton_module():
     try:
         from specmoe.kernels import triton_kernels
     except Exception as exc:  # ImportError, or a Triton that fails on import
-        warnings.warn(f"specmoe: Triton unavailable ({type(exc).__name__}: {exc}); the CUDA "
-                      "kernels fall back to torch", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"specmoe: Triton unavailable ({type(exc).__name__}: {exc}); the CUDA "
+            "kernels fall back to torch",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     return triton_kernels
 
@@ -39,58 +43,148 @@ def triton_module():
 _failed: set[str] = set()
 
 
-def _run_triton(name: str, fallback, x, w_gate_up, w_down, ids, weights, activation,
-                b_gate_up, b_down, check):
-    check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+def _run_triton(
+    name: str, fallback, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check
+):
+    check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     mod = triton_module() if x.device.type == "cuda" else None
     if mod is None or name in _failed or w_gate_up.stride(2) != 1 or w_down.stride(2) != 1:
-        return fallback(x, w_gate_up, w_down, ids, weights, activation=activation,
-                        b_gate_up=b_gate_up, b_down=b_down, check=False)
+        return fallback(
+            x,
+            w_gate_up,
+            w_down,
+            ids,
+            weights,
+            activation=activation,
+            b_gate_up=b_gate_up,
+            b_down=b_down,
+            check=False,
+        )
     try:
-        return getattr(mod, name)(x, w_gate_up, w_down, ids, weights, activation, b_gate_up,
-                                  b_down)
+        return getattr(mod, name)(x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down)
     except Exception as exc:  # a Triton compile error on an untested GPU or version
         _failed.add(name)
-        warnings.warn(f"specmoe: Triton {name} kernel failed ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''}); using torch",
-                      RuntimeWarning, stacklevel=3)
-        return fallback(x, w_gate_up, w_down, ids, weights, activation=activation,
-                        b_gate_up=b_gate_up, b_down=b_down, check=False)
+        warnings.warn(
+            f"specmoe: Triton {name} kernel failed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); using torch",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return fallback(
+            x,
+            w_gate_up,
+            w_down,
+            ids,
+            weights,
+            activation=activation,
+            b_gate_up=b_gate_up,
+            b_down=b_down,
+            check=False,
+        )
 
 
-def per_slot(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-             b_down=None, check=True):
+def per_slot(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Per-slot Triton kernel: one GEMV chain per (token, slot), n·m·b requested bytes."""
-    return _run_triton("per_slot", cpu.per_slot_torch, x, w_gate_up, w_down, ids, weights,
-                       activation, b_gate_up, b_down, check)
+    return _run_triton(
+        "per_slot",
+        cpu.per_slot_torch,
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation,
+        b_gate_up,
+        b_down,
+        check,
+    )
 
 
-def dedup(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-          b_down=None, check=True):
+def dedup(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Grouped small-row Triton kernel: each distinct expert read once, U·b bytes."""
-    return _run_triton("dedup", cpu.dedup_torch, x, w_gate_up, w_down, ids, weights,
-                       activation, b_gate_up, b_down, check)
+    return _run_triton(
+        "dedup",
+        cpu.dedup_torch,
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation,
+        b_gate_up,
+        b_down,
+        check,
+    )
 
 
 def _grouped_mm_fn():
-    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm",
-                                                                      None)
+    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
 def grouped_mm_available(device: str) -> bool:
     return _grouped_mm_fn() is not None and (device != "cuda" or torch.cuda.is_available())
 
 
-def grouped_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-               b_down=None, check=True):
+def grouped_mm(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """Dedup with PyTorch's grouped GEMM: rows sorted by expert, offsets per expert.
 
     Every expert of the tensor takes part through the offsets (empty groups are skipped by the
     kernel), so the bytes read are those of the experts the pass names: U·b.
     """
-    n, m, num, h, _ = check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                                   b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    n, m, num, h, _ = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     fn = _grouped_mm_fn()
     if fn is None:
         raise RuntimeError("grouped_mm: this torch has no grouped_mm")

@@ -32,8 +32,14 @@ from specmoe.kernels._contract import activate, check_inputs
 class _Experts:
     """The attributes transformers' experts functions read from their module."""
 
-    def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: str,
-                 b_gate_up: torch.Tensor | None, b_down: torch.Tensor | None):
+    def __init__(
+        self,
+        w_gate_up: torch.Tensor,
+        w_down: torch.Tensor,
+        activation: str,
+        b_gate_up: torch.Tensor | None,
+        b_down: torch.Tensor | None,
+    ):
         self.num_experts = w_gate_up.shape[0]
         self.gate_up_proj = w_gate_up
         self.down_proj = w_down
@@ -62,40 +68,109 @@ def _hf() -> Any:
     try:
         from transformers.integrations import moe
     except Exception as exc:
-        raise InputError(f"kernel: the transformers peers need transformers 5.x with "
-                         f"integrations.moe ({type(exc).__name__})") from None
+        raise InputError(
+            f"kernel: the transformers peers need transformers 5.x with "
+            f"integrations.moe ({type(exc).__name__})"
+        ) from None
     return moe
 
 
-def _hf_forward(fn: str, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down,
-                check):
+def _hf_forward(fn: str, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check):
     """Check the inputs, wrap the weights as a transformers experts module and call
     ``transformers.integrations.moe.<fn>``."""
-    check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     mod = _Experts(w_gate_up, w_down, activation, b_gate_up, b_down)
     return getattr(_hf(), fn)(mod, x, ids.long(), weights.to(x.dtype))
 
 
-def hf_batched_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-                  b_down=None, check=True):
+def hf_batched_mm(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """transformers' ``batched_mm`` experts implementation (per-slot, gathers W[ids])."""
-    return _hf_forward("batched_mm_experts_forward", x, w_gate_up, w_down, ids, weights,
-                       activation, b_gate_up, b_down, check)
+    return _hf_forward(
+        "batched_mm_experts_forward",
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation,
+        b_gate_up,
+        b_down,
+        check,
+    )
 
 
-def hf_grouped_mm(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-                  b_down=None, check=True):
+def hf_grouped_mm(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """transformers' ``grouped_mm`` experts implementation (dedup)."""
-    return _hf_forward("grouped_mm_experts_forward", x, w_gate_up, w_down, ids, weights,
-                       activation, b_gate_up, b_down, check)
+    return _hf_forward(
+        "grouped_mm_experts_forward",
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation,
+        b_gate_up,
+        b_down,
+        check,
+    )
 
 
-def hf_eager(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_up=None,
-             b_down=None, check=True):
+def hf_eager(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
     """transformers' eager experts loop (dedup: one pass per expert hit)."""
-    check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                 b_gate_up=b_gate_up, b_down=b_down, check_ids=check)
+    check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
     if activation == "swiglu" and b_gate_up is None and b_down is None:
         from transformers.models.olmoe.modeling_olmoe import OlmoeExperts
 
@@ -106,7 +181,6 @@ def hf_eager(x, w_gate_up, w_down, ids, weights, *, activation="swiglu", b_gate_
 
     # gpt-oss's eager loop: x @ gate_up_proj[e] with gate_up_proj [N, h, 2I] (a transposed
     # view of ours) and our concatenated-halves gate through _apply_gate.
-    mod = _Experts(w_gate_up.transpose(1, 2), w_down.transpose(1, 2), activation, b_gate_up,
-                   b_down)
+    mod = _Experts(w_gate_up.transpose(1, 2), w_down.transpose(1, 2), activation, b_gate_up, b_down)
     fwd = getattr(GptOssExperts.forward, "__wrapped__", GptOssExperts.forward)
     return fwd(mod, x, ids.long(), weights.to(x.dtype))

@@ -16,13 +16,29 @@ import torch
 from specmoe.kernels._contract import activate, check_inputs
 
 
-def expert_op(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
-              ids: torch.Tensor, weights: torch.Tensor, *, activation: str = "swiglu",
-              b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
-              check: bool = True) -> torch.Tensor:
+def expert_op(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    activation: str = "swiglu",
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """y [n, h] in x's dtype, computed in float64 on the CPU."""
-    n, m, _, h, _ = check_inputs(x, w_gate_up, w_down, ids, weights, activation=activation,
-                                 b_gate_up=b_gate_up, b_down=b_down)
+    n, m, _, h, _ = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+    )
     d = torch.float64
     xd = x.detach().to("cpu", d)
     idl = ids.detach().to("cpu").tolist()

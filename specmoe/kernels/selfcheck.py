@@ -56,8 +56,14 @@ def make_case(n, m, num, pattern, dtype, *, h=32, inter=24, seed=0, bias=False, 
     def cast(t):
         return None if t is None else t.to(device, dtype)
 
-    return (cast(x), cast(wgu), cast(wd), ids.to(device), w.to(device),
-            {"b_gate_up": cast(bgu), "b_down": cast(bd)})
+    return (
+        cast(x),
+        cast(wgu),
+        cast(wd),
+        ids.to(device),
+        w.to(device),
+        {"b_gate_up": cast(bgu), "b_down": cast(bd)},
+    )
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -93,12 +99,18 @@ def check(kernel: str, device: str) -> list[dict]:
             y = fn(x, wgu, wd, ids, w, activation=act, **b)
             ok_shape = tuple(y.shape) == tuple(x.shape) and y.dtype == dtype
             err = rel_err(y, reference.expert_op(x, wgu, wd, ids, w, activation=act, **b))
-            rec.update(error=err, ok=bool(ok_shape and err < TOL[dtype]),
-                       note="" if ok_shape else f"shape/dtype {tuple(y.shape)} {y.dtype}")
+            rec.update(
+                error=err,
+                ok=bool(ok_shape and err < TOL[dtype]),
+                note="" if ok_shape else f"shape/dtype {tuple(y.shape)} {y.dtype}",
+            )
         except Exception as exc:
-            rec.update(error=None, ok=False, note=f"{type(exc).__name__}: "
-                       f"{(str(exc).splitlines() or [''])[0]}",
-                       trace=traceback.format_exc(limit=3))
+            rec.update(
+                error=None,
+                ok=False,
+                note=f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}",
+                trace=traceback.format_exc(limit=3),
+            )
         out.append(rec)
     return out
 
@@ -106,8 +118,10 @@ def check(kernel: str, device: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     from specmoe.kernels import kernel_names
 
-    ap = argparse.ArgumentParser(prog="python -m specmoe.kernels.selfcheck",
-                                 description="every kernel against the float64 reference")
+    ap = argparse.ArgumentParser(
+        prog="python -m specmoe.kernels.selfcheck",
+        description="every kernel against the float64 reference",
+    )
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--kernels", default=None, help="comma-separated (default: all)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -115,18 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("selfcheck: no CUDA device", file=sys.stderr)
         return 2
-    names = (args.kernels.split(",") if args.kernels else
-             [k for k in kernel_names(args.device) if k != "reference"])
+    names = (
+        args.kernels.split(",")
+        if args.kernels
+        else [k for k in kernel_names(args.device) if k != "reference"]
+    )
     results = []
     for k in names:
         res = check(k, args.device)
         results += res
         bad = [r for r in res if not r["ok"]]
         worst = max((r["error"] for r in res if r["error"] is not None), default=float("nan"))
-        print(f"{k:>16} on {args.device}: {len(res) - len(bad)}/{len(res)} within tolerance, "
-              f"largest error {worst:.2e}"
-              + "".join(f"\n    FAIL {r['case']}: {r['note'] or r['error']}" for r in bad[:5]),
-              file=sys.stderr)
+        print(
+            f"{k:>16} on {args.device}: {len(res) - len(bad)}/{len(res)} within tolerance, "
+            f"largest error {worst:.2e}"
+            + "".join(f"\n    FAIL {r['case']}: {r['note'] or r['error']}" for r in bad[:5]),
+            file=sys.stderr,
+        )
     if args.json:
         print(json.dumps(results, indent=1))
     return 0 if all(r["ok"] for r in results) else 1

@@ -38,9 +38,24 @@ def _act(g, u, OAI: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
 
 
 @triton.jit
-def _slot_gate_up_kernel(x_ptr, w_ptr, b_ptr, ids_ptr, a_ptr, H, INTER, M, stride_we, stride_wr,
-                         HAS_BIAS: tl.constexpr, OAI: tl.constexpr, ALPHA: tl.constexpr,
-                         LIMIT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _slot_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    ids_ptr,
+    a_ptr,
+    H,
+    INTER,
+    M,
+    stride_we,
+    stride_wr,
+    HAS_BIAS: tl.constexpr,
+    OAI: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     s = tl.program_id(0)
     rb = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int64)
@@ -55,10 +70,14 @@ def _slot_gate_up_kernel(x_ptr, w_ptr, b_ptr, ids_ptr, a_ptr, H, INTER, M, strid
         cmask = cols < H
         xv = tl.load(x_ptr + t * H + cols, mask=cmask, other=0.0).to(tl.float32)
         m2 = rmask[:, None] & cmask[None, :]
-        wg = tl.load(wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :], mask=m2,
-                     other=0.0).to(tl.float32)
-        wu = tl.load(wbase + (rows[:, None] + INTER).to(tl.int64) * stride_wr + cols[None, :],
-                     mask=m2, other=0.0).to(tl.float32)
+        wg = tl.load(
+            wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :], mask=m2, other=0.0
+        ).to(tl.float32)
+        wu = tl.load(
+            wbase + (rows[:, None] + INTER).to(tl.int64) * stride_wr + cols[None, :],
+            mask=m2,
+            other=0.0,
+        ).to(tl.float32)
         acc_g += tl.sum(wg * xv[None, :], axis=1)
         acc_u += tl.sum(wu * xv[None, :], axis=1)
     if HAS_BIAS:
@@ -69,9 +88,21 @@ def _slot_gate_up_kernel(x_ptr, w_ptr, b_ptr, ids_ptr, a_ptr, H, INTER, M, strid
 
 
 @triton.jit
-def _slot_down_kernel(a_ptr, w_ptr, b_ptr, ids_ptr, wts_ptr, out_ptr, H, INTER, stride_we,
-                      stride_wr, HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _slot_down_kernel(
+    a_ptr,
+    w_ptr,
+    b_ptr,
+    ids_ptr,
+    wts_ptr,
+    out_ptr,
+    H,
+    INTER,
+    stride_we,
+    stride_wr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     s = tl.program_id(0)
     rb = tl.program_id(1)
     e = tl.load(ids_ptr + s).to(tl.int64)
@@ -83,8 +114,11 @@ def _slot_down_kernel(a_ptr, w_ptr, b_ptr, ids_ptr, wts_ptr, out_ptr, H, INTER, 
         cols = k0 + tl.arange(0, BLOCK_K)
         cmask = cols < INTER
         av = tl.load(a_ptr + s.to(tl.int64) * INTER + cols, mask=cmask, other=0.0)
-        w = tl.load(wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
-                    mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        w = tl.load(
+            wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
+            mask=rmask[:, None] & cmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(w * av[None, :], axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + e * H + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -93,11 +127,29 @@ def _slot_down_kernel(a_ptr, w_ptr, b_ptr, ids_ptr, wts_ptr, out_ptr, H, INTER, 
 
 
 @triton.jit
-def _group_gate_up_kernel(x_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, ngroups_ptr,
-                          tok_ptr, a_ptr, H, INTER, stride_we, stride_wr, HAS_BIAS: tl.constexpr,
-                          OAI: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr,
-                          IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-                          BLOCK_K: tl.constexpr):
+def _group_gate_up_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    gexp_ptr,
+    gstart_ptr,
+    gsize_ptr,
+    ngroups_ptr,
+    tok_ptr,
+    a_ptr,
+    H,
+    INTER,
+    stride_we,
+    stride_wr,
+    HAS_BIAS: tl.constexpr,
+    OAI: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     g = tl.program_id(0)
     rb = tl.program_id(1)
     if g < tl.load(ngroups_ptr):
@@ -116,13 +168,22 @@ def _group_gate_up_kernel(x_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, 
             for k0 in range(0, H, BLOCK_K):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cmask = cols < H
-                xt = tl.load(x_ptr + tok[:, None] * H + cols[None, :],
-                             mask=tmask[:, None] & cmask[None, :], other=0.0)
+                xt = tl.load(
+                    x_ptr + tok[:, None] * H + cols[None, :],
+                    mask=tmask[:, None] & cmask[None, :],
+                    other=0.0,
+                )
                 m2 = rmask[:, None] & cmask[None, :]
-                wg = tl.load(wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
-                             mask=m2, other=0.0)
-                wu = tl.load(wbase + (rows[:, None] + INTER).to(tl.int64) * stride_wr
-                             + cols[None, :], mask=m2, other=0.0)
+                wg = tl.load(
+                    wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
+                    mask=m2,
+                    other=0.0,
+                )
+                wu = tl.load(
+                    wbase + (rows[:, None] + INTER).to(tl.int64) * stride_wr + cols[None, :],
+                    mask=m2,
+                    other=0.0,
+                )
                 if IEEE:
                     acc_g += tl.dot(xt, tl.trans(wg), input_precision="ieee")
                     acc_u += tl.dot(xt, tl.trans(wu), input_precision="ieee")
@@ -131,7 +192,9 @@ def _group_gate_up_kernel(x_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, 
                     acc_u += tl.dot(xt, tl.trans(wu))
             if HAS_BIAS:
                 bg = tl.load(b_ptr + e * 2 * INTER + rows, mask=rmask, other=0.0).to(tl.float32)
-                bu = tl.load(b_ptr + e * 2 * INTER + INTER + rows, mask=rmask, other=0.0).to(tl.float32)
+                bu = tl.load(b_ptr + e * 2 * INTER + INTER + rows, mask=rmask, other=0.0).to(
+                    tl.float32
+                )
                 acc_g += bg[None, :]
                 acc_u += bu[None, :]
             a = _act(acc_g, acc_u, OAI, ALPHA, LIMIT)
@@ -140,10 +203,26 @@ def _group_gate_up_kernel(x_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, 
 
 
 @triton.jit
-def _group_down_kernel(a_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, ngroups_ptr,
-                       wts_ptr, out_ptr, H, INTER, stride_we, stride_wr, HAS_BIAS: tl.constexpr,
-                       IEEE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+def _group_down_kernel(
+    a_ptr,
+    w_ptr,
+    b_ptr,
+    gexp_ptr,
+    gstart_ptr,
+    gsize_ptr,
+    ngroups_ptr,
+    wts_ptr,
+    out_ptr,
+    H,
+    INTER,
+    stride_we,
+    stride_wr,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     g = tl.program_id(0)
     rb = tl.program_id(1)
     if g < tl.load(ngroups_ptr):
@@ -161,10 +240,16 @@ def _group_down_kernel(a_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, ngr
             for k0 in range(0, INTER, BLOCK_K):
                 cols = k0 + tl.arange(0, BLOCK_K)
                 cmask = cols < INTER
-                at = tl.load(a_ptr + pos[:, None] * INTER + cols[None, :],
-                             mask=tmask[:, None] & cmask[None, :], other=0.0)
-                w = tl.load(wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
-                            mask=rmask[:, None] & cmask[None, :], other=0.0)
+                at = tl.load(
+                    a_ptr + pos[:, None] * INTER + cols[None, :],
+                    mask=tmask[:, None] & cmask[None, :],
+                    other=0.0,
+                )
+                w = tl.load(
+                    wbase + rows[:, None].to(tl.int64) * stride_wr + cols[None, :],
+                    mask=rmask[:, None] & cmask[None, :],
+                    other=0.0,
+                )
                 if IEEE:
                     acc += tl.dot(at, tl.trans(w), input_precision="ieee")
                 else:
@@ -172,13 +257,23 @@ def _group_down_kernel(a_ptr, w_ptr, b_ptr, gexp_ptr, gstart_ptr, gsize_ptr, ngr
             if HAS_BIAS:
                 acc += tl.load(b_ptr + e * H + rows, mask=rmask, other=0.0).to(tl.float32)[None, :]
             wt = tl.load(wts_ptr + start + tt, mask=tmask, other=0.0).to(tl.float32)
-            tl.store(out_ptr + pos[:, None] * H + rows[None, :], acc * wt[:, None],
-                     mask=tmask[:, None] & rmask[None, :])
+            tl.store(
+                out_ptr + pos[:, None] * H + rows[None, :],
+                acc * wt[:, None],
+                mask=tmask[:, None] & rmask[None, :],
+            )
 
 
-def per_slot(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, ids: torch.Tensor,
-             weights: torch.Tensor, activation: str, b_gate_up: torch.Tensor | None,
-             b_down: torch.Tensor | None) -> torch.Tensor:
+def per_slot(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+    b_gate_up: torch.Tensor | None,
+    b_down: torch.Tensor | None,
+) -> torch.Tensor:
     """Per-slot Triton kernel (inputs already checked by the caller)."""
     n, h = x.shape
     m = ids.shape[1]
@@ -193,14 +288,40 @@ def per_slot(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, ids
     dummy = xc
     br, bk = 16, 256
     _slot_gate_up_kernel[(nm, triton.cdiv(inter, br))](
-        xc, w_gate_up, b_gate_up if has_bias else dummy, idf, a, h, inter, m,
-        w_gate_up.stride(0), w_gate_up.stride(1), HAS_BIAS=has_bias,
-        OAI=activation == "swiglu_oai", ALPHA=OAI_ALPHA, LIMIT=OAI_LIMIT, BLOCK_R=br,
-        BLOCK_K=bk, num_warps=4)
+        xc,
+        w_gate_up,
+        b_gate_up if has_bias else dummy,
+        idf,
+        a,
+        h,
+        inter,
+        m,
+        w_gate_up.stride(0),
+        w_gate_up.stride(1),
+        HAS_BIAS=has_bias,
+        OAI=activation == "swiglu_oai",
+        ALPHA=OAI_ALPHA,
+        LIMIT=OAI_LIMIT,
+        BLOCK_R=br,
+        BLOCK_K=bk,
+        num_warps=4,
+    )
     _slot_down_kernel[(nm, triton.cdiv(h, br))](
-        a, w_down, b_down if b_down is not None else dummy, idf, wf, out, h, inter,
-        w_down.stride(0), w_down.stride(1), HAS_BIAS=b_down is not None, BLOCK_R=br,
-        BLOCK_K=bk, num_warps=4)
+        a,
+        w_down,
+        b_down if b_down is not None else dummy,
+        idf,
+        wf,
+        out,
+        h,
+        inter,
+        w_down.stride(0),
+        w_down.stride(1),
+        HAS_BIAS=b_down is not None,
+        BLOCK_R=br,
+        BLOCK_K=bk,
+        num_warps=4,
+    )
     return out.view(n, m, h).sum(dim=1).to(x.dtype)
 
 
@@ -227,9 +348,16 @@ def group_slots(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return perm, gexp, gstart, gsize, ngroups
 
 
-def dedup(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, ids: torch.Tensor,
-          weights: torch.Tensor, activation: str, b_gate_up: torch.Tensor | None,
-          b_down: torch.Tensor | None) -> torch.Tensor:
+def dedup(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    activation: str,
+    b_gate_up: torch.Tensor | None,
+    b_down: torch.Tensor | None,
+) -> torch.Tensor:
     """Grouped small-row Triton kernel (inputs already checked by the caller)."""
     n, h = x.shape
     m = ids.shape[1]
@@ -245,15 +373,50 @@ def dedup(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, ids: t
     dummy = xc
     bt, br, bk = 16, 64, 64
     _group_gate_up_kernel[(nm, triton.cdiv(inter, br))](
-        xc, w_gate_up, b_gate_up if b_gate_up is not None else dummy, gexp, gstart, gsize,
-        ngroups, tok, a, h, inter, w_gate_up.stride(0), w_gate_up.stride(1),
-        HAS_BIAS=b_gate_up is not None, OAI=activation == "swiglu_oai", ALPHA=OAI_ALPHA,
-        LIMIT=OAI_LIMIT, IEEE=ieee, BLOCK_T=bt, BLOCK_R=br, BLOCK_K=bk, num_warps=4)
+        xc,
+        w_gate_up,
+        b_gate_up if b_gate_up is not None else dummy,
+        gexp,
+        gstart,
+        gsize,
+        ngroups,
+        tok,
+        a,
+        h,
+        inter,
+        w_gate_up.stride(0),
+        w_gate_up.stride(1),
+        HAS_BIAS=b_gate_up is not None,
+        OAI=activation == "swiglu_oai",
+        ALPHA=OAI_ALPHA,
+        LIMIT=OAI_LIMIT,
+        IEEE=ieee,
+        BLOCK_T=bt,
+        BLOCK_R=br,
+        BLOCK_K=bk,
+        num_warps=4,
+    )
     _group_down_kernel[(nm, triton.cdiv(h, br))](
-        a, w_down, b_down if b_down is not None else dummy, gexp, gstart, gsize, ngroups,
-        wsorted, out, h, inter, w_down.stride(0), w_down.stride(1),
-        HAS_BIAS=b_down is not None, IEEE=ieee, BLOCK_T=bt, BLOCK_R=br, BLOCK_K=bk,
-        num_warps=4)
+        a,
+        w_down,
+        b_down if b_down is not None else dummy,
+        gexp,
+        gstart,
+        gsize,
+        ngroups,
+        wsorted,
+        out,
+        h,
+        inter,
+        w_down.stride(0),
+        w_down.stride(1),
+        HAS_BIAS=b_down is not None,
+        IEEE=ieee,
+        BLOCK_T=bt,
+        BLOCK_R=br,
+        BLOCK_K=bk,
+        num_warps=4,
+    )
     slots = torch.empty_like(out)
     slots[perm] = out
     return slots.view(n, m, h).sum(dim=1).to(x.dtype)

@@ -18,24 +18,47 @@ from specmoe._io import atomic_write_json, dumps_json
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--runs", required=True, metavar="DIR",
-                        help="round logs: a Parquet file or a directory of them")
-    parser.add_argument("--l-max", type=int, default=8,
-                        help="largest budget to bound (default 8, at most the recorded one)")
-    parser.add_argument("--cost", choices=("model", "measured"), default="model",
-                        help="the Oracle's cost: per-budget fits at each pass's experts "
-                             "(model, default) or the median measured time per budget")
-    parser.add_argument("--acceptance", choices=("counterfactual", "geometric"),
-                        default="counterfactual",
-                        help="recorded matches (default) or each generation's geometric rate")
-    parser.add_argument("--n-boot", type=int, default=999,
-                        help="bootstrap resamples by generation (default 999; 0: none)")
-    parser.add_argument("--no-regression", action="store_true",
-                        help="skip the robustness tables (the per-budget fits still run)")
+    parser.add_argument(
+        "--runs",
+        required=True,
+        metavar="DIR",
+        help="round logs: a Parquet file or a directory of them",
+    )
+    parser.add_argument(
+        "--l-max",
+        type=int,
+        default=8,
+        help="largest budget to bound (default 8, at most the recorded one)",
+    )
+    parser.add_argument(
+        "--cost",
+        choices=("model", "measured"),
+        default="model",
+        help="the Oracle's cost: per-budget fits at each pass's experts "
+        "(model, default) or the median measured time per budget",
+    )
+    parser.add_argument(
+        "--acceptance",
+        choices=("counterfactual", "geometric"),
+        default="counterfactual",
+        help="recorded matches (default) or each generation's geometric rate",
+    )
+    parser.add_argument(
+        "--n-boot",
+        type=int,
+        default=999,
+        help="bootstrap resamples by generation (default 999; 0: none)",
+    )
+    parser.add_argument(
+        "--no-regression",
+        action="store_true",
+        help="skip the robustness tables (the per-budget fits still run)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="write oracle.json and figures to DIR")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write oracle.json and figures to DIR"
+    )
     parser.add_argument("--no-figures", action="store_true", help="with --out: JSON only")
 
 
@@ -45,24 +68,31 @@ def _table(d: dict) -> str:
         lines.append("{:>5}  {:6.3f}  {:6.3f}  {:13.3f}  {:6.1%}".format(*row))
     ds = d["delta_space"]
     q = ds["quadrants"]
-    lines.append(f"Delta space ({ds['points']} rejected candidates): I {q['I']}, II {q['II']}, "
-                 f"III {q['III']}, IV {q['IV']}, on axes {q['axes']}")
+    lines.append(
+        f"Delta space ({ds['points']} rejected candidates): I {q['I']}, II {q['II']}, "
+        f"III {q['III']}, IV {q['IV']}, on axes {q['axes']}"
+    )
     lam = ds["marginal_value"].get("median")
-    lines.append(f"boundary slope {ds['slope']:.4g} ms/token (interval "
-                 f"{ds['slope_interval'][0]}..{ds['slope_interval'][1]}, "
-                 f"{ds['violations']} below); DP marginal value of a token: median "
-                 f"{lam if lam is None else f'{lam:.4g}'} ms")
+    lines.append(
+        f"boundary slope {ds['slope']:.4g} ms/token (interval "
+        f"{ds['slope_interval'][0]}..{ds['slope_interval'][1]}, "
+        f"{ds['violations']} below); DP marginal value of a token: median "
+        f"{lam if lam is None else f'{lam:.4g}'} ms"
+    )
     reg = d.get("regression")
     if reg:
         lines.append("K   alpha ms/expert   c 1e-3 ms/token   beta0 ms     N     R2   OOS MAPE")
+
         def num(v, fmt, scale=1.0):
             return "—" if v is None else format(v * scale, fmt)
 
         for f in reg["by_k"]:
-            lines.append(f"{f['k']:<3} {num(f['alpha'], '.4f')} ({num(f['se_alpha'], '.4f')})  "
-                         f"{num(f['c'], '.3f', 1e3)} ({num(f['se_c'], '.3f', 1e3)})     "
-                         f"{num(f['beta0'], '.3f')}  {f['n']:>6}  {num(f['r2'], '.4f')}  "
-                         f"{num(f['oos_mape'], '.2%')}")
+            lines.append(
+                f"{f['k']:<3} {num(f['alpha'], '.4f')} ({num(f['se_alpha'], '.4f')})  "
+                f"{num(f['c'], '.3f', 1e3)} ({num(f['se_c'], '.3f', 1e3)})     "
+                f"{num(f['beta0'], '.3f')}  {f['n']:>6}  {num(f['r2'], '.4f')}  "
+                f"{num(f['oos_mape'], '.2%')}"
+            )
     return "\n".join(lines)
 
 
@@ -75,10 +105,16 @@ def run(args) -> int:
         raise InputError(f"--n-boot: {args.n_boot} (must be >= 0)")
     print(f"reading {args.runs}", file=sys.stderr, flush=True)
     log = load_runs(args.runs)
-    result = oracle_analysis(log, l_max=args.l_max, cost=args.cost,
-                             acceptance=args.acceptance,
-                             n_boot=args.n_boot, seed=args.seed,
-                             tables=not args.no_regression, quiet=False)
+    result = oracle_analysis(
+        log,
+        l_max=args.l_max,
+        cost=args.cost,
+        acceptance=args.acceptance,
+        n_boot=args.n_boot,
+        seed=args.seed,
+        tables=not args.no_regression,
+        quiet=False,
+    )
     d = to_jsonable(result.to_json())
     if args.out:
         out = Path(args.out)

@@ -47,8 +47,7 @@ class CostModel:
         kp1 = union.shape[-1]
         if kp1 > len(self.beta0):
             raise InputError(f"cost model covers budgets 0..{self.k_max}, asked for {kp1 - 1}")
-        b0, al, cc, dr = (np.asarray(v[:kp1]) for v in (self.beta0, self.alpha, self.c,
-                                                          self.draft))
+        b0, al, cc, dr = (np.asarray(v[:kp1]) for v in (self.beta0, self.alpha, self.c, self.draft))
         return b0 + dr + al * union + cc * np.asarray(context)[..., None]
 
     def step_times(self, union: np.ndarray, context: float) -> np.ndarray:
@@ -57,8 +56,9 @@ class CostModel:
 
     def truncate(self, l_max: int) -> CostModel:
         s = slice(0, l_max + 1)
-        return CostModel(self.kind, self.beta0[s], self.alpha[s], self.c[s], self.draft[s],
-                         self.source[s])
+        return CostModel(
+            self.kind, self.beta0[s], self.alpha[s], self.c[s], self.draft[s], self.source[s]
+        )
 
 
 def _nearest(have: list[int], k: int) -> int:
@@ -71,15 +71,22 @@ def fitted_cost_model(fits: dict, draft, k_max: int) -> CostModel:
         raise InputError("no budget has enough rounds to fit the verification cost")
     have = sorted(fits)
     src = tuple(_nearest(have, k) for k in range(k_max + 1))
-    draft_ms = tuple(float(draft.predict(k)) if draft is not None else 0.0
-                     for k in range(k_max + 1))
-    return CostModel("model", tuple(fits[s].beta0 for s in src),
-                     tuple(fits[s].alpha for s in src), tuple(fits[s].c for s in src),
-                     draft_ms, src)
+    draft_ms = tuple(
+        float(draft.predict(k)) if draft is not None else 0.0 for k in range(k_max + 1)
+    )
+    return CostModel(
+        "model",
+        tuple(fits[s].beta0 for s in src),
+        tuple(fits[s].alpha for s in src),
+        tuple(fits[s].c for s in src),
+        draft_ms,
+        src,
+    )
 
 
-def measured_cost_model(k: np.ndarray, t_verify: np.ndarray, t_draft: np.ndarray,
-                        k_max: int) -> CostModel:
+def measured_cost_model(
+    k: np.ndarray, t_verify: np.ndarray, t_draft: np.ndarray, k_max: int
+) -> CostModel:
     """Median measured T_T + T_D per budget (a missing draft time counts as the budget's
     median draft time)."""
     have = sorted(int(v) for v in np.unique(k))

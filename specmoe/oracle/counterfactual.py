@@ -80,8 +80,9 @@ def expert_bits(ids: np.ndarray, num_experts: int) -> np.ndarray:
     return out
 
 
-def window_union(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: int,
-                 num_experts: int) -> np.ndarray:
+def window_union(
+    ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: int, num_experts: int
+) -> np.ndarray:
     """Mean over layers of the distinct experts of rows s..min(s+k, e-1), for k = 0..k_max.
 
     ids [T, L, m]; starts, ends [S] (rows; a window never reaches row ``ends``). -> [S, K+1].
@@ -93,17 +94,17 @@ def window_union(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, k_max: i
     n_layers = ids.shape[1]
     chunk = max(256, _CHUNK_BYTES // (8 * n_layers * ((int(num_experts) + 63) // 64)))
     for a in range(0, len(starts), chunk):
-        s, e = starts[a:a + chunk], ends[a:a + chunk]
+        s, e = starts[a : a + chunk], ends[a : a + chunk]
         if not len(s):
             continue
         lo, hi = int(s.min()), int(min(e.max(), s.max() + k_max + 1))
         bits = expert_bits(ids[lo:hi], num_experts)
         acc = bits[s - lo].copy()
-        out[a:a + len(s), 0] = np.bitwise_count(acc).sum(axis=(1, 2)) / n_layers
+        out[a : a + len(s), 0] = np.bitwise_count(acc).sum(axis=(1, 2)) / n_layers
         for k in range(1, k_max + 1):
             ok = s + k < e
             acc[ok] |= bits[s[ok] + k - lo]
-            out[a:a + len(s), k] = np.bitwise_count(acc).sum(axis=(1, 2)) / n_layers
+            out[a : a + len(s), k] = np.bitwise_count(acc).sum(axis=(1, 2)) / n_layers
     return out
 
 
@@ -112,20 +113,20 @@ class Counterfactual:
     """The Oracle's inputs. Per recorded round [R, ...]; per generation [G]; per position [G, n]."""
 
     k_max: int
-    round_gen: np.ndarray        # [R] generation index of each recorded round
-    round_start: np.ndarray      # [R] its start position s_r
-    accepted: np.ndarray         # [R, K+1] min(M_r, k)
-    union_recorded: np.ndarray   # [R, K+1] Ū of the pass of k+1 recorded positions
-    generation_id: np.ndarray    # [G] object
-    category: np.ndarray         # [G] object (None: none)
-    length: np.ndarray           # [G] tokens emitted (the final state)
-    rate: np.ndarray             # [G] acceptance rate (geometric MLE)
-    q: np.ndarray                # [G, n+K+1] acceptance probability of a draft at position j
-    known: np.ndarray            # [G, n+K+1] whether q_j was observed (0 or 1)
-    confidence: np.ndarray       # [G, n+K+1] the drafter's confidence at j (NaN: unknown)
-    union: np.ndarray            # [G, n, K+1] modelled Ū of a pass at i with budget k
-    context: np.ndarray          # [G, n] context length L_i
-    avail: np.ndarray            # [G, n] drafts a round started at i proposes (A_i <= K)
+    round_gen: np.ndarray  # [R] generation index of each recorded round
+    round_start: np.ndarray  # [R] its start position s_r
+    accepted: np.ndarray  # [R, K+1] min(M_r, k)
+    union_recorded: np.ndarray  # [R, K+1] Ū of the pass of k+1 recorded positions
+    generation_id: np.ndarray  # [G] object
+    category: np.ndarray  # [G] object (None: none)
+    length: np.ndarray  # [G] tokens emitted (the final state)
+    rate: np.ndarray  # [G] acceptance rate (geometric MLE)
+    q: np.ndarray  # [G, n+K+1] acceptance probability of a draft at position j
+    known: np.ndarray  # [G, n+K+1] whether q_j was observed (0 or 1)
+    confidence: np.ndarray  # [G, n+K+1] the drafter's confidence at j (NaN: unknown)
+    union: np.ndarray  # [G, n, K+1] modelled Ū of a pass at i with budget k
+    context: np.ndarray  # [G, n] context length L_i
+    avail: np.ndarray  # [G, n] drafts a round started at i proposes (A_i <= K)
 
     @property
     def num_positions(self) -> int:
@@ -146,10 +147,14 @@ class Counterfactual:
         """The same data with budgets 0..l_max only."""
         if not 0 <= l_max <= self.k_max:
             raise InputError(f"--l-max: {l_max} outside 0..{self.k_max} (the recorded budget)")
-        return replace(self, k_max=l_max, accepted=self.accepted[:, :l_max + 1],
-                       union_recorded=self.union_recorded[:, :l_max + 1],
-                       union=self.union[:, :, :l_max + 1],
-                       avail=np.minimum(self.avail, l_max))
+        return replace(
+            self,
+            k_max=l_max,
+            accepted=self.accepted[:, : l_max + 1],
+            union_recorded=self.union_recorded[:, : l_max + 1],
+            union=self.union[:, :, : l_max + 1],
+            avail=np.minimum(self.avail, l_max),
+        )
 
     def select(self, generations: np.ndarray) -> Counterfactual:
         """The generations at indices ``generations`` (recorded rounds follow)."""
@@ -160,23 +165,34 @@ class Counterfactual:
         n = int(self.length[gi].max(initial=0))
         k = self.k_max
         return replace(
-            self, round_gen=new[self.round_gen[keep]], round_start=self.round_start[keep],
-            accepted=self.accepted[keep], union_recorded=self.union_recorded[keep],
-            generation_id=self.generation_id[gi], category=self.category[gi],
-            length=self.length[gi], rate=self.rate[gi], q=self.q[gi, :n + k + 1],
-            known=self.known[gi, :n + k + 1], confidence=self.confidence[gi, :n + k + 1],
-            union=self.union[gi, :n], context=self.context[gi, :n], avail=self.avail[gi, :n])
+            self,
+            round_gen=new[self.round_gen[keep]],
+            round_start=self.round_start[keep],
+            accepted=self.accepted[keep],
+            union_recorded=self.union_recorded[keep],
+            generation_id=self.generation_id[gi],
+            category=self.category[gi],
+            length=self.length[gi],
+            rate=self.rate[gi],
+            q=self.q[gi, : n + k + 1],
+            known=self.known[gi, : n + k + 1],
+            confidence=self.confidence[gi, : n + k + 1],
+            union=self.union[gi, :n],
+            context=self.context[gi, :n],
+            avail=self.avail[gi, :n],
+        )
 
 
 def _require_counterfactual(log: RoundLog) -> None:
     missing = [c for c in COUNTERFACTUAL if not log.has(c)]
     if missing:
-        raise InputError(f"{log.name}: missing counterfactual column(s) {', '.join(missing)} "
-                         "(the Oracle needs rounds recorded with routing and tokens)")
+        raise InputError(
+            f"{log.name}: missing counterfactual column(s) {', '.join(missing)} "
+            "(the Oracle needs rounds recorded with routing and tokens)"
+        )
 
 
-def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
-                         ) -> Counterfactual:
+def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual") -> Counterfactual:
     """The Oracle's inputs from the generations recorded entirely at the log's largest budget
     (the ``budget`` column, or ``k`` where a log has none)."""
     if acceptance not in ("counterfactual", "geometric"):
@@ -184,8 +200,11 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     _require_counterfactual(log)
     drafted = np.asarray(log["k"], dtype=np.int64)
     has_budget = "budget" in log.data and not np.isnan(log["budget"]).all()
-    bud = (np.where(np.isnan(log["budget"]), drafted, log["budget"]).astype(np.int64)
-           if has_budget else drafted)
+    bud = (
+        np.where(np.isnan(log["budget"]), drafted, log["budget"]).astype(np.int64)
+        if has_budget
+        else drafted
+    )
     k_max = int(bud.max())
     if k_max < 1:
         raise InputError(f"{log.name}: every round has k = 0; the Oracle needs drafted rounds")
@@ -200,8 +219,8 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
         gc = gen_codes[order]
         total = np.bincount(gc, weights=em, minlength=len(gen_labels)).astype(np.int64)
         csum = np.cumsum(em)
-        first = np.searchsorted(gc, gc)                  # gc is sorted: each group's first row
-        before = csum - em - (csum - em)[first]          # tokens emitted before the round
+        first = np.searchsorted(gc, gc)  # gc is sorted: each group's first row
+        before = csum - em - (csum - em)[first]  # tokens emitted before the round
         capped = np.zeros(len(bud), dtype=bool)
         capped[order] = drafted[order] == total[gc] - before - 1
         at_max |= capped & (drafted < k_max)
@@ -212,10 +231,16 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     ok_gen &= has_max
     rows = np.flatnonzero(ok_gen[gen_codes])
     if rows.size == 0:
-        why = ("" if has_budget else "; the log has no budget column, so a round that "
-               "drafted fewer than K counts as K's only where the token limit cut it")
-        raise InputError(f"{log.name}: no generation has every round at the largest budget "
-                         f"K={k_max} (the Oracle needs generations recorded at L_max{why})")
+        why = (
+            ""
+            if has_budget
+            else "; the log has no budget column, so a round that "
+            "drafted fewer than K counts as K's only where the token limit cut it"
+        )
+        raise InputError(
+            f"{log.name}: no generation has every round at the largest budget "
+            f"K={k_max} (the Oracle needs generations recorded at L_max{why})"
+        )
     sub = log.select(rows)
     gen, labels = sub.codes("generation_id")
     order = np.lexsort((sub["round"], gen))
@@ -223,8 +248,9 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
         sub, gen = sub.select(order), gen[order]
     n_layers, top_k = sub["num_layers"], sub["top_k"]
     if np.isnan(n_layers).any() or np.ptp(n_layers) or np.ptp(top_k):
-        raise InputError(f"{log.name}: num_layers/top_k missing or not constant in the "
-                         f"rounds at K={k_max}")
+        raise InputError(
+            f"{log.name}: num_layers/top_k missing or not constant in the rounds at K={k_max}"
+        )
     n_layers, top_k = int(n_layers[0]), int(top_k[0])
     g_count = len(labels)
     first = np.concatenate([[0], np.flatnonzero(np.diff(gen)) + 1])
@@ -232,11 +258,13 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     bad = sub["round"] != idx_in_gen
     if bad.any():
         r = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{log.name}: generation {sub['generation_id'][r]!r} has rounds "
-                         f"missing or repeated (expected round {idx_in_gen[r]}, found "
-                         f"{int(sub['round'][r])})")
+        raise InputError(
+            f"{log.name}: generation {sub['generation_id'][r]!r} has rounds "
+            f"missing or repeated (expected round {idx_in_gen[r]}, found "
+            f"{int(sub['round'][r])})"
+        )
     m_acc = sub["accepted"]
-    d_r = sub["k"].astype(np.int64)          # drafts each round verified (<= K)
+    d_r = sub["k"].astype(np.int64)  # drafts each round verified (<= K)
     emitted = m_acc + 1
     csum = np.cumsum(emitted)
     gen_end = csum[np.append(first[1:] - 1, len(gen) - 1)]
@@ -248,11 +276,11 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     row_size = n_layers * top_k
     ids = rvals.reshape(-1, n_layers, top_k)
     row0 = roff[:-1] // row_size
-    take = np.repeat(row0, emitted) + (np.arange(emitted.sum()) - np.repeat(csum - emitted,
-                                                                            emitted))
+    take = np.repeat(row0, emitted) + (
+        np.arange(emitted.sum()) - np.repeat(csum - emitted, emitted)
+    )
     ref = ids[take]  # [sum n, L, m], in generation-major position order
-    n_exp = int(np.nanmax(sub["num_experts"])) if sub.has("num_experts") else int(
-        ids.max()) + 1
+    n_exp = int(np.nanmax(sub["num_experts"])) if sub.has("num_experts") else int(ids.max()) + 1
     gpos_end = np.repeat(gen_end, length)
     flat_union = window_union(ref, np.arange(len(ref)), gpos_end, k_max, n_exp)
     n = int(length.max())
@@ -265,8 +293,11 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
     avail = np.zeros((g_count, n), dtype=np.int16)
     avail[gidx, pidx] = np.repeat(d_r, emitted)
     # a budget above A_i is the pass of A_i
-    union = np.take_along_axis(union, np.minimum(np.arange(k_max + 1)[None, None, :],
-                                                 avail[:, :, None].astype(np.int64)), axis=2)
+    union = np.take_along_axis(
+        union,
+        np.minimum(np.arange(k_max + 1)[None, None, :], avail[:, :, None].astype(np.int64)),
+        axis=2,
+    )
     # recorded per-round counterfactual
     accepted = np.minimum(m_acc[:, None], np.arange(k_max + 1)[None, :])
     union_rec = window_union(ids, row0, roff[1:] // row_size, k_max, n_exp)
@@ -293,7 +324,19 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual"
             conf[gen[rr][has], pos[has]] = cv[co[:-1][rr][has] + d[has] - 1]
     cat = sub["category"] if "category" in sub.data else np.full(len(gen), None, object)
     return Counterfactual(
-        k_max=k_max, round_gen=gen, round_start=start, accepted=accepted,
-        union_recorded=union_rec, generation_id=labels.astype(object),
-        category=cat[first], length=length, rate=rate, q=q, known=known, confidence=conf,
-        union=union, context=context, avail=avail)
+        k_max=k_max,
+        round_gen=gen,
+        round_start=start,
+        accepted=accepted,
+        union_recorded=union_rec,
+        generation_id=labels.astype(object),
+        category=cat[first],
+        length=length,
+        rate=rate,
+        q=q,
+        known=known,
+        confidence=conf,
+        union=union,
+        context=context,
+        avail=avail,
+    )

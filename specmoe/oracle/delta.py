@@ -35,35 +35,45 @@ __all__ = ["DeltaSpace", "delta_space", "fit_boundary"]
 
 @dataclass(frozen=True)
 class DeltaSpace:
-    d_cost: np.ndarray        # [P] ΔE[Cost] (ms)
-    d_accept: np.ndarray      # [P] ΔE[a] (tokens)
-    k: np.ndarray             # [P] the rejected budget
-    k_star: np.ndarray        # [P] the Oracle's choice at that round
-    quadrants: dict           # {"I": n, "II": n, "III": n, "IV": n, "axes": n, "origin": n}
-    slope: float              # fitted boundary slope (ms per token)
+    d_cost: np.ndarray  # [P] ΔE[Cost] (ms)
+    d_accept: np.ndarray  # [P] ΔE[a] (tokens)
+    k: np.ndarray  # [P] the rejected budget
+    k_star: np.ndarray  # [P] the Oracle's choice at that round
+    quadrants: dict  # {"I": n, "II": n, "III": n, "IV": n, "axes": n, "origin": n}
+    slope: float  # fitted boundary slope (ms per token)
     slope_interval: tuple[float, float]  # the slopes that leave the fewest points below
-    violations: int           # points below the fitted line
-    marginal_value: dict      # λ_i summary: mean, median, p10, p90 (ms per token)
-    below_own_lambda: float   # share of points with ΔCost < λ_i·Δa (local condition broken)
+    violations: int  # points below the fitted line
+    marginal_value: dict  # λ_i summary: mean, median, p10, p90 (ms per token)
+    below_own_lambda: float  # share of points with ΔCost < λ_i·Δa (local condition broken)
 
     def summary(self) -> dict:
-        return {"points": len(self.d_cost), "quadrants": self.quadrants,
-                "slope": self.slope, "slope_interval": list(self.slope_interval),
-                "violations": self.violations, "marginal_value": self.marginal_value,
-                "below_own_lambda": self.below_own_lambda}
+        return {
+            "points": len(self.d_cost),
+            "quadrants": self.quadrants,
+            "slope": self.slope,
+            "slope_interval": list(self.slope_interval),
+            "violations": self.violations,
+            "marginal_value": self.marginal_value,
+            "below_own_lambda": self.below_own_lambda,
+        }
 
 
 def _quadrants(x: np.ndarray, y: np.ndarray, tol: float) -> dict:
     zx, zy = np.abs(x) <= tol, np.abs(y) <= tol
     on = zx | zy
-    return {"I": int(((x > tol) & (y > tol)).sum()), "II": int(((x < -tol) & (y > tol)).sum()),
-            "III": int(((x < -tol) & (y < -tol)).sum()),
-            "IV": int(((x > tol) & (y < -tol)).sum()),
-            "axes": int((on & ~(zx & zy)).sum()), "origin": int((zx & zy).sum())}
+    return {
+        "I": int(((x > tol) & (y > tol)).sum()),
+        "II": int(((x < -tol) & (y > tol)).sum()),
+        "III": int(((x < -tol) & (y < -tol)).sum()),
+        "IV": int(((x > tol) & (y < -tol)).sum()),
+        "axes": int((on & ~(zx & zy)).sum()),
+        "origin": int((zx & zy).sum()),
+    }
 
 
-def fit_boundary(d_cost: np.ndarray, d_accept: np.ndarray, *, tol: float = 1e-12
-                 ) -> tuple[float, tuple[float, float], int]:
+def fit_boundary(
+    d_cost: np.ndarray, d_accept: np.ndarray, *, tol: float = 1e-12
+) -> tuple[float, tuple[float, float], int]:
     """The slope λ of the line ΔCost = λ·Δa through the origin leaving the fewest points
     strictly below it: -> (midpoint slope, (lo, hi) best interval, violations)."""
     x, y = np.asarray(d_cost, float), np.asarray(d_accept, float)
@@ -79,8 +89,11 @@ def fit_boundary(d_cost: np.ndarray, d_accept: np.ndarray, *, tol: float = 1e-12
     cand = np.unique(np.concatenate([up, lo]))
     edges = np.sort(np.concatenate([[-np.inf, np.inf], cand, (cand[:-1] + cand[1:]) / 2]))
     # violations at λ: #(up < λ) + #(lo > λ), piecewise constant between candidates
-    viol = (np.searchsorted(np.sort(up), edges, side="left")
-            + len(lo) - np.searchsorted(np.sort(lo), edges, side="right"))
+    viol = (
+        np.searchsorted(np.sort(up), edges, side="left")
+        + len(lo)
+        - np.searchsorted(np.sort(lo), edges, side="right")
+    )
     best = int(viol.min())
     first = int(np.argmax(viol == best))
     run = first + int(np.argmax(np.append(viol[first:] != best, True)))  # end of that run
@@ -89,14 +102,21 @@ def fit_boundary(d_cost: np.ndarray, d_accept: np.ndarray, *, tol: float = 1e-12
     return mid, (a, b), best + fixed
 
 
-def delta_space(cost: np.ndarray, surv: np.ndarray, value: np.ndarray, policy: np.ndarray,
-                round_gen: np.ndarray, round_start: np.ndarray, *, tol: float = 1e-9
-                ) -> DeltaSpace:
+def delta_space(
+    cost: np.ndarray,
+    surv: np.ndarray,
+    value: np.ndarray,
+    policy: np.ndarray,
+    round_gen: np.ndarray,
+    round_start: np.ndarray,
+    *,
+    tol: float = 1e-9,
+) -> DeltaSpace:
     """cost [G, n, K+1], surv [G, n, K+1], value [G, n+K+2], policy [G, n]; rounds [R]."""
     g, i = round_gen, round_start
     kp1 = cost.shape[2]
-    c = cost[g, i]                                          # [R, K+1]
-    ea = np.cumsum(surv[g, i], axis=1) - 1.0                # E[A | i, k]
+    c = cost[g, i]  # [R, K+1]
+    ea = np.cumsum(surv[g, i], axis=1) - 1.0  # E[A | i, k]
     ks = policy[g, i].astype(np.int64)
     rows = np.arange(len(g))
     dc = c - c[rows, ks][:, None]
@@ -109,10 +129,26 @@ def delta_space(cost: np.ndarray, surv: np.ndarray, value: np.ndarray, policy: n
     k_max = kp1 - 1
     lam = (value[g, i + 1] - value[g, np.minimum(i + k_max + 1, value.shape[1] - 1)]) / k_max
     lam_p = np.broadcast_to(lam[:, None], dc.shape)[rej]
-    mv = ({"mean": float(lam.mean()), "median": float(np.median(lam)),
-           "p10": float(np.percentile(lam, 10)), "p90": float(np.percentile(lam, 90))}
-          if len(lam) else {})
+    mv = (
+        {
+            "mean": float(lam.mean()),
+            "median": float(np.median(lam)),
+            "p10": float(np.percentile(lam, 10)),
+            "p90": float(np.percentile(lam, 90)),
+        }
+        if len(lam)
+        else {}
+    )
     below = float(np.mean(x < lam_p * y - tol)) if len(x) else float("nan")
-    return DeltaSpace(d_cost=x, d_accept=y, k=kk, k_star=kstar,
-                      quadrants=_quadrants(x, y, tol), slope=slope, slope_interval=interval,
-                      violations=viol, marginal_value=mv, below_own_lambda=below)
+    return DeltaSpace(
+        d_cost=x,
+        d_accept=y,
+        k=kk,
+        k_star=kstar,
+        quadrants=_quadrants(x, y, tol),
+        slope=slope,
+        slope_interval=interval,
+        violations=viol,
+        marginal_value=mv,
+        below_own_lambda=below,
+    )

@@ -45,8 +45,14 @@ from specmoe.oracle.policies import (
 from specmoe.oracle.ssp import OracleSummary, summarise, survival
 from specmoe.roundlog import RoundLog
 
-__all__ = ["PolicyInputs", "PolicyScore", "evaluate_policies", "learn_policy_inputs", "simulate",
-           "split_prompts"]
+__all__ = [
+    "PolicyInputs",
+    "PolicyScore",
+    "evaluate_policies",
+    "learn_policy_inputs",
+    "simulate",
+    "split_prompts",
+]
 
 
 @dataclass(frozen=True)
@@ -60,9 +66,15 @@ class PolicyScore:
     rounds: float
 
 
-def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Generator,
-             fill_confidence: float, draft_ms: np.ndarray | None = None
-             ) -> tuple[float, float, float, float]:
+def simulate(
+    policy,
+    cf: Counterfactual,
+    cost: np.ndarray,
+    *,
+    rng: np.random.Generator,
+    fill_confidence: float,
+    draft_ms: np.ndarray | None = None,
+) -> tuple[float, float, float, float]:
     """Run ``policy`` over every generation of ``cf`` at cost [G, n, K+1].
 
     -> (total time ms, rounds, mean k, mean accepted). A budget above the drafts the drafter
@@ -76,8 +88,11 @@ def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Gen
     k_max = cost.shape[2] - 1
     total = rounds = sum_k = sum_a = 0.0
     conf_all = np.where(np.isnan(cf.confidence), fill_confidence, cf.confidence)
-    peek = (np.diff(np.asarray(draft_ms, float)) if draft_ms is not None
-            and getattr(policy, "use_confidence", False) else None)
+    peek = (
+        np.diff(np.asarray(draft_ms, float))
+        if draft_ms is not None and getattr(policy, "use_confidence", False)
+        else None
+    )
     for g in range(len(cf.length)):
         n_g = int(cf.length[g])
         w = n_g + k_max + 1
@@ -89,9 +104,9 @@ def simulate(policy, cf: Counterfactual, cost: np.ndarray, *, rng: np.random.Gen
         hist: list[tuple[int, int]] = []
         i = 0
         while i < n_g:
-            state = RoundState(i, int(cf.context[g, i]), hist, conf[i + 1:i + k_max + 1])
+            state = RoundState(i, int(cf.context[g, i]), hist, conf[i + 1 : i + k_max + 1])
             k = min(max(int(policy.choose(state)), 0), k_max, int(cf.avail[g, i]))
-            run = hit[i + 1:i + k + 1]
+            run = hit[i + 1 : i + k + 1]
             acc = k if run.all() else int(np.argmin(run))
             total += cost[g, i, k]
             if peek is not None and k < min(k_max, int(cf.avail[g, i])):
@@ -110,7 +125,7 @@ class _TablePolicy:
     def __init__(self, table: np.ndarray, name: str):
         self.table, self.name, self.g = table, name, -1
 
-    def reset(self) -> None:   # called at each generation; every simulation runs them all
+    def reset(self) -> None:  # called at each generation; every simulation runs them all
         self.g = (self.g + 1) % len(self.table)
 
     def choose(self, state: RoundState) -> int:
@@ -133,12 +148,18 @@ def split_prompts(log: RoundLog, *, test_fraction: float, seed: int) -> np.ndarr
 
 def _step_time_fn(model, cf: Counterfactual):
     live = np.arange(cf.union.shape[1])[None, :] < cf.length[:, None]
-    ok = live[:, :, None] & cf.feasible()                     # passes of k drafts
-    union = np.array([np.median(cf.union[:, :, k][ok[:, :, k]]) if ok[:, :, k].any()
-                      else np.median(cf.union[:, :, k][live]) for k in range(cf.k_max + 1)])
+    ok = live[:, :, None] & cf.feasible()  # passes of k drafts
+    union = np.array(
+        [
+            np.median(cf.union[:, :, k][ok[:, :, k]])
+            if ok[:, :, k].any()
+            else np.median(cf.union[:, :, k][live])
+            for k in range(cf.k_max + 1)
+        ]
+    )
     # [K+1] typical Ū of a pass of k drafts
     base = model.truncate(cf.k_max).evaluate(union, np.asarray(0.0))
-    slope = np.asarray(model.c[:cf.k_max + 1])
+    slope = np.asarray(model.c[: cf.k_max + 1])
 
     def step_times(context_len: float) -> np.ndarray:
         """V(k) = C(k) at the typical union of each budget and this context, k = 0..K."""
@@ -152,9 +173,9 @@ class PolicyInputs:
     """What the online policies learn from round logs (see :func:`learn_policy_inputs`)."""
 
     step_times: Callable[[float], np.ndarray]  # context length -> [V(0), ..., V(K)] (ms)
-    value_per_token: float    # λ, ms: the Oracle's median marginal value of a token
-    boundary_slope: float     # the Delta-space boundary slope, ms per token
-    prior: float              # the pooled acceptance rate
+    value_per_token: float  # λ, ms: the Oracle's median marginal value of a token
+    boundary_slope: float  # the Delta-space boundary slope, ms per token
+    prior: float  # the pooled acceptance rate
     cost_model: CostModel
     counterfactual: Counterfactual
     oracle: OracleSummary
@@ -182,19 +203,32 @@ def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
 
     cf = build_counterfactual(log)
     cf = cf.truncate(min(l_max, cf.k_max))
-    model = make_cost_model(log, "model", cf.k_max, fits=fit_verify_by_k(log),
-                            draft=fit_draft_time(log))
+    model = make_cost_model(
+        log, "model", cf.k_max, fits=fit_verify_by_k(log), draft=fit_draft_time(log)
+    )
     cost = oracle_costs(cf, model)
     summary, sol, _ = summarise(cost, cf.q, cf.length)
-    dl = delta_space(cost, survival(cf.q, cf.k_max, cost.shape[1]), sol.value, sol.policy,
-                     cf.round_gen, cf.round_start)
+    dl = delta_space(
+        cost,
+        survival(cf.q, cf.k_max, cost.shape[1]),
+        sol.value,
+        sol.policy,
+        cf.round_gen,
+        cf.round_start,
+    )
     lam = dl.marginal_value.get("median", float("nan"))
     if not np.isfinite(lam):
         raise InputError(f"{log.name}: no round recorded at the largest budget")
     return PolicyInputs(
-        step_times=_step_time_fn(model, cf), value_per_token=lam, boundary_slope=dl.slope,
-        prior=float(np.average(cf.rate, weights=cf.length)), cost_model=model,
-        counterfactual=cf, oracle=summary, calibration=_calibration(cf))
+        step_times=_step_time_fn(model, cf),
+        value_per_token=lam,
+        boundary_slope=dl.slope,
+        prior=float(np.average(cf.rate, weights=cf.length)),
+        cost_model=model,
+        counterfactual=cf,
+        oracle=summary,
+        calibration=_calibration(cf),
+    )
 
 
 def _plain(cost: np.ndarray, length: np.ndarray) -> float:
@@ -202,9 +236,16 @@ def _plain(cost: np.ndarray, length: np.ndarray) -> float:
     return float(np.where(live, cost[:, :, 0], 0.0).sum())
 
 
-def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0.5,
-                      repeats: int = 3, seed: int = 0, decay: float = 0.9,
-                      quiet: bool = True) -> dict:
+def evaluate_policies(
+    log: RoundLog,
+    *,
+    l_max: int = 8,
+    test_fraction: float = 0.5,
+    repeats: int = 3,
+    seed: int = 0,
+    decay: float = 0.9,
+    quiet: bool = True,
+) -> dict:
     """Score fixed K (1..L_max and the training-best), the staircase and the marginal rule."""
 
     def say(msg):
@@ -225,14 +266,24 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     oracle_test, _, _ = summarise(cost_test, cf_test.q, cf_test.length)
     # the Oracle that knows each generation's acceptance rate, not which drafts will match
     cf_rate = build_counterfactual(test_log, acceptance="geometric").truncate(top)
-    oracle_rate, sol_rate, _ = summarise(oracle_costs(cf_rate, test_model), cf_rate.q,
-                                         cf_rate.length)
+    oracle_rate, sol_rate, _ = summarise(
+        oracle_costs(cf_rate, test_model), cf_rate.q, cf_rate.length
+    )
     plain_test = _plain(cost_test, cf_test.length)
     fill = learned.prior
 
     def score(policy, cf, cost, plain, s_max, draft):
-        res = [simulate(policy, cf, cost, rng=np.random.default_rng([seed, r]),
-                        fill_confidence=fill, draft_ms=draft) for r in range(repeats)]
+        res = [
+            simulate(
+                policy,
+                cf,
+                cost,
+                rng=np.random.default_rng([seed, r]),
+                fill_confidence=fill,
+                draft_ms=draft,
+            )
+            for r in range(repeats)
+        ]
         t, rounds, mk, ma = (float(np.mean(v)) for v in zip(*res))
         sp = plain / t
         return PolicyScore(policy.name, sp, sp / s_max, t, mk, ma, rounds)
@@ -240,45 +291,78 @@ def evaluate_policies(log: RoundLog, *, l_max: int = 8, test_fraction: float = 0
     say("choosing the best fixed K on the training prompts")
     cost_train = oracle_costs(cf_train, learned.cost_model)
     plain_train = _plain(cost_train, cf_train.length)
-    train_fixed = {k: score(FixedK(k), cf_train, cost_train, plain_train,
-                            learned.oracle.s_max, None).speedup for k in range(top + 1)}
+    train_fixed = {
+        k: score(FixedK(k), cf_train, cost_train, plain_train, learned.oracle.s_max, None).speedup
+        for k in range(top + 1)
+    }
     best_k = max(train_fixed, key=lambda k: (train_fixed[k], -k))
     best = FixedK(best_k)
     has_conf = bool(np.isfinite(cf_test.confidence).any())
-    policies = [*(FixedK(k) for k in range(1, top + 1)), best,
-                learned.staircase(decay=decay),
-                learned.staircase(decay=decay, markov=True),
-                learned.marginal(decay=decay, name="marginal", use_confidence=has_conf),
-                learned.marginal(decay=decay, name="marginal-ewma", use_confidence=False)]
+    policies = [
+        *(FixedK(k) for k in range(1, top + 1)),
+        best,
+        learned.staircase(decay=decay),
+        learned.staircase(decay=decay, markov=True),
+        learned.marginal(decay=decay, name="marginal", use_confidence=has_conf),
+        learned.marginal(decay=decay, name="marginal-ewma", use_confidence=False),
+    ]
     if has_conf and learned.calibration is not None:
-        policies.append(learned.marginal(decay=decay, name="marginal-calibrated",
-                                         calibration=learned.calibration))
+        policies.append(
+            learned.marginal(
+                decay=decay, name="marginal-calibrated", calibration=learned.calibration
+            )
+        )
     lam, prior = learned.value_per_token, learned.prior
     # the rate-only Oracle's budgets, replayed on the recorded outcomes
-    rate_replay = score(_TablePolicy(sol_rate.policy, "oracle-rate-only"), cf_test, cost_test,
-                        plain_test, oracle_test.s_max, None)
+    rate_replay = score(
+        _TablePolicy(sol_rate.policy, "oracle-rate-only"),
+        cf_test,
+        cost_test,
+        plain_test,
+        oracle_test.s_max,
+        None,
+    )
     out = []
     for p in policies:
         say(f"simulating {p.name}")
-        s = score(p, cf_test, cost_test, plain_test, oracle_test.s_max,
-                  np.asarray(test_model.draft[:top + 1]))
+        s = score(
+            p,
+            cf_test,
+            cost_test,
+            plain_test,
+            oracle_test.s_max,
+            np.asarray(test_model.draft[: top + 1]),
+        )
         if p is best:
             s = replace(s, name=f"fixed-best (K={best_k})")
         out.append(s)
     return {
-        "oracle": {"s_max": oracle_test.s_max, "mean_k": oracle_test.mean_k,
-                   "mean_accepted": oracle_test.mean_accepted, "time_ms": oracle_test.time_ms},
-        "oracle_rate_only": {"s_max": oracle_rate.s_max, "mean_k": oracle_rate.mean_k,
-                             "mean_accepted": oracle_rate.mean_accepted,
-                             "speedup_on_recorded": rate_replay.speedup,
-                             "share_of_oracle": rate_replay.share_of_oracle},
-        "plain_ms": plain_test, "l_max": top,
+        "oracle": {
+            "s_max": oracle_test.s_max,
+            "mean_k": oracle_test.mean_k,
+            "mean_accepted": oracle_test.mean_accepted,
+            "time_ms": oracle_test.time_ms,
+        },
+        "oracle_rate_only": {
+            "s_max": oracle_rate.s_max,
+            "mean_k": oracle_rate.mean_k,
+            "mean_accepted": oracle_rate.mean_accepted,
+            "speedup_on_recorded": rate_replay.speedup,
+            "share_of_oracle": rate_replay.share_of_oracle,
+        },
+        "plain_ms": plain_test,
+        "l_max": top,
         "policies": {s.name: s for s in out},
-        "training": {"prompts_held_out": len(np.unique(test_log["prompt_id"])),
-                     "prompts_training": len(np.unique(train_log["prompt_id"])),
-                     "generations_held_out": len(cf_test.length),
-                     "value_per_token_ms": lam, "boundary_slope_ms": learned.boundary_slope,
-                     "prior_acceptance": prior,
-                     "best_fixed_k": best_k, "fixed_k_speedup": train_fixed},
-        "repeats": repeats, "seed": seed,
+        "training": {
+            "prompts_held_out": len(np.unique(test_log["prompt_id"])),
+            "prompts_training": len(np.unique(train_log["prompt_id"])),
+            "generations_held_out": len(cf_test.length),
+            "value_per_token_ms": lam,
+            "boundary_slope_ms": learned.boundary_slope,
+            "prior_acceptance": prior,
+            "best_fixed_k": best_k,
+            "fixed_k_speedup": train_fixed,
+        },
+        "repeats": repeats,
+        "seed": seed,
     }

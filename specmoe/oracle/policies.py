@@ -43,8 +43,14 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["ConfidenceCalibration", "FixedK", "MarginalRule", "Policy", "RoundState",
-           "StaircasePolicy"]
+__all__ = [
+    "ConfidenceCalibration",
+    "FixedK",
+    "MarginalRule",
+    "Policy",
+    "RoundState",
+    "StaircasePolicy",
+]
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class _Ewma:
         if len(history) < self.seen:
             self.succ = self.trials = 0.0
             self.seen = 0
-        for k, acc in history[self.seen:]:
+        for k, acc in history[self.seen :]:
             self.succ = self.decay * self.succ + acc
             self.trials = self.decay * self.trials + acc + (1 if acc < k else 0)
         self.seen = len(history)
@@ -130,9 +136,13 @@ class StaircasePolicy:
     def reset(self) -> None:
         self._rate = _Ewma(self.decay, self.prior, self.prior_weight)
         # state "hot" (the last drafted round accepted everything) or "cold"
-        self._after = {"hot": _Ewma(self.decay, self.prior, self.prior_weight),
-                       "cold": _Ewma(self.decay, self.prior, self.prior_weight),
-                       "seen": 0, "state": "hot", "hist": {"hot": [], "cold": []}}
+        self._after = {
+            "hot": _Ewma(self.decay, self.prior, self.prior_weight),
+            "cold": _Ewma(self.decay, self.prior, self.prior_weight),
+            "seen": 0,
+            "state": "hot",
+            "hist": {"hot": [], "cold": []},
+        }
 
     def rate(self, state: RoundState) -> float:
         if not self.markov:
@@ -141,7 +151,7 @@ class StaircasePolicy:
         if len(state.history) < a["seen"]:
             self.reset()
             a = self._after
-        for k, acc in state.history[a["seen"]:]:
+        for k, acc in state.history[a["seen"] :]:
             if k > 0:
                 a["hist"][a["state"]].append((k, acc))
                 a["state"] = "hot" if acc == k else "cold"
@@ -152,7 +162,7 @@ class StaircasePolicy:
     def choose(self, state: RoundState) -> int:
         a = self.rate(state)
         k = _best_draft_length(list(map(float, self.step_times(state.context_len))), a)
-        tail = state.history[-self.probe_every:]
+        tail = state.history[-self.probe_every :]
         if k == 0 and len(tail) == self.probe_every and all(kk == 0 for kk, _ in tail):
             return 1
         return k

@@ -16,16 +16,28 @@ from specmoe._io import atomic_write_json, dumps_json
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--runs", required=True, metavar="DIR",
-                        help="round logs: a Parquet file or a directory of them")
+    parser.add_argument(
+        "--runs",
+        required=True,
+        metavar="DIR",
+        help="round logs: a Parquet file or a directory of them",
+    )
     parser.add_argument("--l-max", type=int, default=8, help="largest budget (default 8)")
-    parser.add_argument("--test-fraction", type=float, default=0.5,
-                        help="share of prompts held out (default 0.5)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="simulations per policy, averaged over unrecorded draws "
-                             "(default 3)")
-    parser.add_argument("--decay", type=float, default=0.9,
-                        help="per-round decay of the online acceptance estimate (default 0.9)")
+    parser.add_argument(
+        "--test-fraction", type=float, default=0.5, help="share of prompts held out (default 0.5)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="simulations per policy, averaged over unrecorded draws (default 3)",
+    )
+    parser.add_argument(
+        "--decay",
+        type=float,
+        default=0.9,
+        help="per-round decay of the online acceptance estimate (default 0.9)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="split and simulation seed")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", default=None, metavar="DIR", help="write policies.json to DIR")
@@ -45,9 +57,17 @@ def run(args) -> int:
         raise InputError(f"--l-max: {args.l_max} (must be >= 1)")
     print(f"reading {args.runs}", file=sys.stderr, flush=True)
     log = load_runs(args.runs)
-    d = to_jsonable(evaluate_policies(log, l_max=args.l_max, test_fraction=args.test_fraction,
-                                      repeats=args.repeats, seed=args.seed, decay=args.decay,
-                                      quiet=False))
+    d = to_jsonable(
+        evaluate_policies(
+            log,
+            l_max=args.l_max,
+            test_fraction=args.test_fraction,
+            repeats=args.repeats,
+            seed=args.seed,
+            decay=args.decay,
+            quiet=False,
+        )
+    )
     if args.out:
         path = atomic_write_json(Path(args.out) / "policies.json", d)
         from specmoe.report.oracle_figures import plot_policies
@@ -57,12 +77,16 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(d))
     else:
-        print(f"held-out Oracle S_max {d['oracle']['s_max']:.3f} (L_max {d['l_max']}); "
-              f"knowing only each generation's acceptance rate "
-              f"{d['oracle_rate_only']['s_max']:.3f} (its budgets on the recorded outcomes "
-              f"{d['oracle_rate_only']['speedup_on_recorded']:.3f})")
+        print(
+            f"held-out Oracle S_max {d['oracle']['s_max']:.3f} (L_max {d['l_max']}); "
+            f"knowing only each generation's acceptance rate "
+            f"{d['oracle_rate_only']['s_max']:.3f} (its budgets on the recorded outcomes "
+            f"{d['oracle_rate_only']['speedup_on_recorded']:.3f})"
+        )
         print(f"{'policy':<20} speedup  share of Oracle  mean k  mean accepted")
         for name, p in d["policies"].items():
-            print(f"{name:<20} {p['speedup']:7.3f}  {p['share_of_oracle']:15.1%}  "
-                  f"{p['mean_k']:6.2f}  {p['mean_accepted']:13.2f}")
+            print(
+                f"{name:<20} {p['speedup']:7.3f}  {p['share_of_oracle']:15.1%}  "
+                f"{p['mean_k']:6.2f}  {p['mean_accepted']:13.2f}"
+            )
     return 0

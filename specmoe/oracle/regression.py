@@ -23,8 +23,18 @@ import numpy as np
 from specmoe.errors import InputError
 from specmoe.roundlog import RoundLog
 
-__all__ = ["DraftFit", "VerifyFit", "cross_validate", "factor_importance", "fit_draft_time",
-           "fit_verify", "fit_verify_by_k", "pooled_models", "regression_report", "robustness"]
+__all__ = [
+    "DraftFit",
+    "VerifyFit",
+    "cross_validate",
+    "factor_importance",
+    "fit_draft_time",
+    "fit_verify",
+    "fit_verify_by_k",
+    "pooled_models",
+    "regression_report",
+    "robustness",
+]
 
 
 def _design(*cols: np.ndarray) -> np.ndarray:
@@ -38,8 +48,9 @@ def _independent(x: np.ndarray) -> np.ndarray:
     gram = xn.T @ xn
     keep: list[int] = []
     for j in range(x.shape[1]):
-        if norm[j] > 0 and np.linalg.matrix_rank(gram[np.ix_([*keep, j], [*keep, j])],
-                                                 tol=1e-9) > len(keep):
+        if norm[j] > 0 and np.linalg.matrix_rank(
+            gram[np.ix_([*keep, j], [*keep, j])], tol=1e-9
+        ) > len(keep):
             keep.append(j)
     return x[:, keep]
 
@@ -71,12 +82,14 @@ class CrossValidation:
         v = getattr(self, name)
         if len(v) < 2:
             return float(v.mean()), float("nan")
-        return float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1)
-                                      / np.sqrt(len(v)))
+        return float(v.mean()), float(
+            stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+        )
 
 
-def cross_validate(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *,
-                   n_splits: int = 5) -> CrossValidation | None:
+def cross_validate(
+    x: np.ndarray, y: np.ndarray, groups: np.ndarray, *, n_splits: int = 5
+) -> CrossValidation | None:
     """GroupKFold(n_splits) by ``groups`` of the least-squares fit y ~ x (x holds its constant).
 
     None when there are fewer than two groups.
@@ -98,8 +111,13 @@ def cross_validate(x: np.ndarray, y: np.ndarray, groups: np.ndarray, *,
         rmse.append(float(np.sqrt(np.mean((y[test] - pred[test]) ** 2))))
         mape.append(mean_absolute_percentage_error(y[test], pred[test]))
     return CrossValidation(
-        np.array(r2), np.array(rmse), np.array(mape), float(r2_score(y, pred)),
-        float(np.sqrt(np.mean((y - pred) ** 2))), float(mean_absolute_percentage_error(y, pred)))
+        np.array(r2),
+        np.array(rmse),
+        np.array(mape),
+        float(r2_score(y, pred)),
+        float(np.sqrt(np.mean((y - pred) ** 2))),
+        float(mean_absolute_percentage_error(y, pred)),
+    )
 
 
 @dataclass(frozen=True)
@@ -130,15 +148,26 @@ class VerifyFit:
 def _frame(log: RoundLog) -> dict[str, np.ndarray]:
     gen, _ = log.codes("generation_id")
     run, _ = log.codes("run_id")
-    cat, cat_labels = log.codes("category") if log.has("category") else (
-        np.zeros(len(log), np.int64), np.array([""]))
+    cat, cat_labels = (
+        log.codes("category")
+        if log.has("category")
+        else (np.zeros(len(log), np.int64), np.array([""]))
+    )
     first = np.zeros(len(log), dtype=bool)  # the first half of each run, in log order
     for r in np.unique(run):
         idx = np.flatnonzero(run == r)
-        first[idx[:len(idx) // 2]] = True
-    f = {"t": log["t_verify_ms"], "u": log["u_mean"], "L": log["context_len"].astype(float),
-         "k": log["k"], "m": log["pass_size"].astype(float), "gen": gen, "cat": cat,
-         "first_half": first, "cat_labels": cat_labels}
+        first[idx[: len(idx) // 2]] = True
+    f = {
+        "t": log["t_verify_ms"],
+        "u": log["u_mean"],
+        "L": log["context_len"].astype(float),
+        "k": log["k"],
+        "m": log["pass_size"].astype(float),
+        "gen": gen,
+        "cat": cat,
+        "first_half": first,
+        "cat_labels": cat_labels,
+    }
     for c in ("e_max", "kv_usage", "t_draft_ms"):
         f[c] = log[c] if c in log.data else np.full(len(log), np.nan)
     return f
@@ -162,13 +191,23 @@ def fit_verify(log: RoundLog, k: int, *, frame: dict | None = None) -> VerifyFit
     for j, c in enumerate(cols, 1):
         coef[c] = (float(res.params[j]), float(res.bse[j]))
     return VerifyFit(
-        k=int(k), beta0=float(res.params[0]), alpha=coef["u"][0], c=coef["L"][0],
-        se_beta0=float(res.bse[0]), se_alpha=coef["u"][1], se_c=coef["L"][1],
-        n=int(sel.sum()), generations=len(np.unique(g)),
-        r2=float(res.rsquared), oos_r2=cv.pooled_r2 if cv else nan,
-        oos_rmse=cv.pooled_rmse if cv else nan, oos_mape=cv.pooled_mape if cv else nan,
-        median_t=float(np.median(y)), median_u=float(np.median(f["u"][sel])),
-        median_l=float(np.median(f["L"][sel])))
+        k=int(k),
+        beta0=float(res.params[0]),
+        alpha=coef["u"][0],
+        c=coef["L"][0],
+        se_beta0=float(res.bse[0]),
+        se_alpha=coef["u"][1],
+        se_c=coef["L"][1],
+        n=int(sel.sum()),
+        generations=len(np.unique(g)),
+        r2=float(res.rsquared),
+        oos_r2=cv.pooled_r2 if cv else nan,
+        oos_rmse=cv.pooled_rmse if cv else nan,
+        oos_mape=cv.pooled_mape if cv else nan,
+        median_t=float(np.median(y)),
+        median_u=float(np.median(f["u"][sel])),
+        median_l=float(np.median(f["L"][sel])),
+    )
 
 
 def fit_verify_by_k(log: RoundLog, *, frame: dict | None = None) -> dict[int, VerifyFit]:
@@ -194,8 +233,9 @@ def _cluster_bootstrap(x, y, groups, *, n_boot: int, seed: int) -> np.ndarray:
     return np.linalg.solve(a + 1e-12 * np.eye(p), b[..., None])[..., 0]
 
 
-def robustness(log: RoundLog, k: int, *, n_boot: int = 999, seed: int = 0,
-               frame: dict | None = None) -> list[dict]:
+def robustness(
+    log: RoundLog, k: int, *, n_boot: int = 999, seed: int = 0, frame: dict | None = None
+) -> list[dict]:
     """Table A7 at budget ``k``: rows {check, alpha, c, beta0, alpha_lo, alpha_hi, ...}."""
     from statsmodels.robust.norms import HuberT
     from statsmodels.robust.robust_linear_model import RLM
@@ -206,11 +246,21 @@ def robustness(log: RoundLog, k: int, *, n_boot: int = 999, seed: int = 0,
     rows = []
 
     def row(name, params, lo=None, hi=None):
-        r = {"check": name, "beta0": float(params[0]), "alpha": float(params[1]),
-             "c": float(params[2])}
+        r = {
+            "check": name,
+            "beta0": float(params[0]),
+            "alpha": float(params[1]),
+            "c": float(params[2]),
+        }
         if lo is not None:
-            r.update(alpha_lo=float(lo[1]), alpha_hi=float(hi[1]), c_lo=float(lo[2]),
-                     c_hi=float(hi[2]), beta0_lo=float(lo[0]), beta0_hi=float(hi[0]))
+            r.update(
+                alpha_lo=float(lo[1]),
+                alpha_hi=float(hi[1]),
+                c_lo=float(lo[2]),
+                c_hi=float(hi[2]),
+                beta0_lo=float(lo[0]),
+                beta0_hi=float(hi[0]),
+            )
         rows.append(r)
 
     res = _ols(x, y, g)
@@ -231,21 +281,35 @@ def robustness(log: RoundLog, k: int, *, n_boot: int = 999, seed: int = 0,
     cats = f["cat"][sel]
     if len(np.unique(cats)) > 1:
         fits = np.array([_ols(x[cats != c], y[cats != c]).params for c in np.unique(cats)])
-        rows.append({"check": f"Leave one category out ({len(fits)} refits)",
-                     "beta0": float(np.median(fits[:, 0])), "alpha": float(np.median(
-                         fits[:, 1])), "c": float(np.median(fits[:, 2])),
-                     "alpha_lo": float(fits[:, 1].min()), "alpha_hi": float(fits[:, 1].max()),
-                     "c_lo": float(fits[:, 2].min()), "c_hi": float(fits[:, 2].max()),
-                     "beta0_lo": float(fits[:, 0].min()), "beta0_hi": float(fits[:, 0].max())})
+        rows.append(
+            {
+                "check": f"Leave one category out ({len(fits)} refits)",
+                "beta0": float(np.median(fits[:, 0])),
+                "alpha": float(np.median(fits[:, 1])),
+                "c": float(np.median(fits[:, 2])),
+                "alpha_lo": float(fits[:, 1].min()),
+                "alpha_hi": float(fits[:, 1].max()),
+                "c_lo": float(fits[:, 2].min()),
+                "c_hi": float(fits[:, 2].max()),
+                "beta0_lo": float(fits[:, 0].min()),
+                "beta0_hi": float(fits[:, 0].max()),
+            }
+        )
     return rows
 
 
-_FACTORS = {"u_mean": "u", "pass_size": "m", "e_max": "e_max", "context_len": "L",
-            "kv_usage": "kv_usage"}
+_FACTORS = {
+    "u_mean": "u",
+    "pass_size": "m",
+    "e_max": "e_max",
+    "context_len": "L",
+    "kv_usage": "kv_usage",
+}
 
 
-def factor_importance(log: RoundLog, *, frame: dict | None = None,
-                      mask: np.ndarray | None = None) -> list[dict]:
+def factor_importance(
+    log: RoundLog, *, frame: dict | None = None, mask: np.ndarray | None = None
+) -> list[dict]:
     """Table A2 on the pool of rounds: each factor alone and beyond Ū_r (GroupKFold(5)).
 
     ``delta_rmse`` is RMSE(Ū alone) - RMSE(Ū + factor) per fold (positive: the factor helps).
@@ -262,8 +326,12 @@ def factor_importance(log: RoundLog, *, frame: dict | None = None,
         if not np.isfinite(v).all() or np.ptp(v) == 0:
             continue
         alone = cross_validate(_design(v), y, g)
-        r = {"factor": name, "r2": alone.interval("r2"), "rmse": alone.interval("rmse"),
-             "corr_with_u": float(np.corrcoef(v, u)[0, 1]) if np.ptp(u) else float("nan")}
+        r = {
+            "factor": name,
+            "r2": alone.interval("r2"),
+            "rmse": alone.interval("rmse"),
+            "corr_with_u": float(np.corrcoef(v, u)[0, 1]) if np.ptp(u) else float("nan"),
+        }
         if key != "u":
             both = cross_validate(_design(u, v), y, g)
             d = base.rmse - both.rmse
@@ -285,16 +353,24 @@ def pooled_models(log: RoundLog, *, frame: dict | None = None) -> list[dict]:
     f = _frame(log) if frame is None else frame
     data = {"t": f["t"], "u": f["u"], "L": f["L"], "K": f["k"].astype(float)}
     rows = []
-    for label, formula in (("U + L", "t ~ u + L"), ("U + L + gamma K", "t ~ u + L + K"),
-                           ("U x C(K) + L", "t ~ u * C(K) + L")):
+    for label, formula in (
+        ("U + L", "t ~ u + L"),
+        ("U + L + gamma K", "t ~ u + L + K"),
+        ("U x C(K) + L", "t ~ u * C(K) + L"),
+    ):
         y, x = patsy.dmatrices(formula, data, return_type="matrix")
         y = np.asarray(y)[:, 0]
         x = _independent(np.asarray(x))
         res = _ols(x, y)
         cv = cross_validate(x, y, f["gen"])
-        rows.append({"model": label, "r2": float(res.rsquared),
-                     "cv_rmse": cv.pooled_rmse if cv else float("nan"),
-                     "cv_mape": cv.pooled_mape if cv else float("nan")})
+        rows.append(
+            {
+                "model": label,
+                "r2": float(res.rsquared),
+                "cv_rmse": cv.pooled_rmse if cv else float("nan"),
+                "cv_mape": cv.pooled_mape if cv else float("nan"),
+            }
+        )
     return rows
 
 
@@ -315,15 +391,25 @@ def category_table(log: RoundLog, *, frame: dict | None = None) -> list[dict]:
         top = sel & (f["k"] == k_top)
         r = {"category": str(label) or None, "rounds": int(sel.sum())}
         if cu is not None:
-            r.update(oos_r2_u=cu.interval("r2"), oos_r2_u_l=cul.interval("r2"),
-                     delta_rmse_l=(float((cu.rmse - cul.rmse).mean()),
-                                   _t_half(cu.rmse - cul.rmse) if len(cu.rmse) > 1 else
-                                   float("nan")))
+            r.update(
+                oos_r2_u=cu.interval("r2"),
+                oos_r2_u_l=cul.interval("r2"),
+                delta_rmse_l=(
+                    float((cu.rmse - cul.rmse).mean()),
+                    _t_half(cu.rmse - cul.rmse) if len(cu.rmse) > 1 else float("nan"),
+                ),
+            )
         if top.sum() > 3:
             res = _ols(_design(f["u"][top], f["L"][top]), f["t"][top], f["gen"][top])
-            r.update(k=k_top, alpha=float(res.params[1]), se_alpha=float(res.bse[1]),
-                     c=float(res.params[2]), se_c=float(res.bse[2]), n=int(top.sum()),
-                     r2=float(res.rsquared))
+            r.update(
+                k=k_top,
+                alpha=float(res.params[1]),
+                se_alpha=float(res.bse[1]),
+                c=float(res.params[2]),
+                se_c=float(res.bse[2]),
+                n=int(top.sum()),
+                r2=float(res.rsquared),
+            )
         rows.append(r)
     return sorted(rows, key=lambda r: -r.get("oos_r2_u", (-np.inf,))[0])
 
@@ -354,8 +440,14 @@ def fit_draft_time(log: RoundLog) -> DraftFit | None:
         return None
     gen, _ = log.codes("generation_id")
     res = _ols(_design(k[ok]), td[ok], gen[ok])
-    return DraftFit(a=float(res.params[1]), b=float(res.params[0]), se_a=float(res.bse[1]),
-                    se_b=float(res.bse[0]), n=int(ok.sum()), missing=int((drafted & ~ok).sum()))
+    return DraftFit(
+        a=float(res.params[1]),
+        b=float(res.params[0]),
+        se_a=float(res.bse[1]),
+        se_b=float(res.bse[0]),
+        n=int(ok.sum()),
+        missing=int((drafted & ~ok).sum()),
+    )
 
 
 def regression_report(log: RoundLog, *, n_boot: int = 999, seed: int = 0) -> dict:
@@ -368,7 +460,9 @@ def regression_report(log: RoundLog, *, n_boot: int = 999, seed: int = 0) -> dic
         "factor_importance": factor_importance(log, frame=f),
         "pooled_models": pooled_models(log, frame=f),
         "by_category": category_table(log, frame=f),
-        "robustness": {"k": k_top, "rows": robustness(log, k_top, n_boot=n_boot, seed=seed,
-                                                      frame=f)},
+        "robustness": {
+            "k": k_top,
+            "rows": robustness(log, k_top, n_boot=n_boot, seed=seed, frame=f),
+        },
         "draft_time": fit_draft_time(log),
     }

@@ -31,8 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["OracleSolution", "OracleSummary", "expected_accepted", "occupancy", "solve",
-           "summarise", "survival"]
+__all__ = [
+    "OracleSolution",
+    "OracleSummary",
+    "expected_accepted",
+    "occupancy",
+    "solve",
+    "summarise",
+    "survival",
+]
 
 
 def survival(q: np.ndarray, k_max: int, n: int | None = None) -> np.ndarray:
@@ -41,7 +48,7 @@ def survival(q: np.ndarray, k_max: int, n: int | None = None) -> np.ndarray:
     n = q.shape[1] - k_max - 1 if n is None else n
     s = np.ones((q.shape[0], n, k_max + 1))
     for d in range(1, k_max + 1):
-        s[:, :, d] = s[:, :, d - 1] * q[:, d:d + n]
+        s[:, :, d] = s[:, :, d - 1] * q[:, d : d + n]
     return s
 
 
@@ -89,8 +96,9 @@ def _solve_scalar(cost: list, surv: list, n: int, k_max: int) -> tuple[list, lis
     return value, policy
 
 
-def solve(cost: np.ndarray, q: np.ndarray, length: np.ndarray, *,
-          surv: np.ndarray | None = None) -> OracleSolution:
+def solve(
+    cost: np.ndarray, q: np.ndarray, length: np.ndarray, *, surv: np.ndarray | None = None
+) -> OracleSolution:
     """Backward dynamic programming: cost [G, n, K+1], q [G, n+K+1], length [G]."""
     cost = np.asarray(cost, dtype=np.float64)
     g, n, kp1 = cost.shape
@@ -102,20 +110,21 @@ def solve(cost: np.ndarray, q: np.ndarray, length: np.ndarray, *,
         policy = np.zeros((g, n), dtype=np.int8)
         for j in range(g):
             n_g = int(length[j])
-            v, p = _solve_scalar(cost[j, :n_g].ravel().tolist(), s[j, :n_g].ravel().tolist(),
-                                 n_g, k_max)
-            value[j, :len(v)] = v
+            v, p = _solve_scalar(
+                cost[j, :n_g].ravel().tolist(), s[j, :n_g].ravel().tolist(), n_g, k_max
+            )
+            value[j, : len(v)] = v
             policy[j, :n_g] = p
         return OracleSolution(value=value, policy=policy, length=length)
     # position-major copies so each step reads contiguous [K+1, G] blocks
-    c_t = np.ascontiguousarray(cost.transpose(1, 2, 0))       # [n, K+1, G]
+    c_t = np.ascontiguousarray(cost.transpose(1, 2, 0))  # [n, K+1, G]
     s_t = np.ascontiguousarray(s[:, :, 1:].transpose(1, 2, 0))  # [n, K, G]
     value = np.zeros((n + kp1 + 1, g))
     policy = np.zeros((n, g), dtype=np.int8)
-    live = np.arange(n)[:, None] < length[None, :]            # [n, G]
+    live = np.arange(n)[:, None] < length[None, :]  # [n, G]
     q_buf = np.empty((kp1, g))
     for i in range(n - 1, -1, -1):
-        w = value[i + 1:i + kp1 + 1]                            # [K+1, G]: J(i+1..i+K+1)
+        w = value[i + 1 : i + kp1 + 1]  # [K+1, G]: J(i+1..i+K+1)
         np.subtract(w[1:], w[:-1], out=q_buf[1:])
         q_buf[1:] *= s_t[i]
         np.cumsum(q_buf[1:], axis=0, out=q_buf[1:])
@@ -156,12 +165,13 @@ def occupancy(policy: np.ndarray, surv: np.ndarray, length: np.ndarray) -> np.nd
         out = np.zeros((g, n))
         for j in range(g):
             n_g = int(length[j])
-            out[j, :n_g] = _occupancy_scalar(policy[j, :n_g].tolist(),
-                                             surv[j, :n_g].ravel().tolist(), n_g, kp1)
+            out[j, :n_g] = _occupancy_scalar(
+                policy[j, :n_g].tolist(), surv[j, :n_g].ravel().tolist(), n_g, kp1
+            )
         return out
     pi = np.zeros((n + kp1 + 1, g))
     pi[0] = (length > 0).astype(float)
-    s_t = surv.transpose(1, 2, 0)                                # [n, K+1, G]
+    s_t = surv.transpose(1, 2, 0)  # [n, K+1, G]
     a = np.arange(kp1)[:, None]
     pol_t = policy.T.astype(np.int64)
     live = np.arange(n)[:, None] < length[None, :]
@@ -170,7 +180,7 @@ def occupancy(policy: np.ndarray, surv: np.ndarray, length: np.ndarray) -> np.nd
         si = s_t[i]
         nxt = np.where(a + 1 <= k, np.vstack([si[1:], np.zeros((1, g))]), 0.0)
         p = np.where(a <= k, si - nxt, 0.0)
-        pi[i + 1:i + kp1 + 1] += p * np.where(live[i], pi[i], 0.0)
+        pi[i + 1 : i + kp1 + 1] += p * np.where(live[i], pi[i], 0.0)
     return np.where(live.T, pi[:n].T, 0.0)
 
 
@@ -179,18 +189,19 @@ class OracleSummary:
     """Figure 2 quantities of one L_max (expectations under the Oracle's policy)."""
 
     l_max: int
-    s_max: float            # sum T_plain / sum J(0)
-    mean_k: float           # E[sum k] / E[rounds]
-    mean_accepted: float    # E[sum A] / E[rounds]
-    cap_rate: float         # share of rounds with k* below the draft's matching run
-    rounds: float           # expected rounds, all generations
-    time_ms: float          # sum J(0)
-    plain_ms: float         # sum T_plain
+    s_max: float  # sum T_plain / sum J(0)
+    mean_k: float  # E[sum k] / E[rounds]
+    mean_accepted: float  # E[sum A] / E[rounds]
+    cap_rate: float  # share of rounds with k* below the draft's matching run
+    rounds: float  # expected rounds, all generations
+    time_ms: float  # sum J(0)
+    plain_ms: float  # sum T_plain
     tokens: int
 
 
-def summarise(cost: np.ndarray, q: np.ndarray, length: np.ndarray) -> tuple[
-        OracleSummary, OracleSolution, np.ndarray]:
+def summarise(
+    cost: np.ndarray, q: np.ndarray, length: np.ndarray
+) -> tuple[OracleSummary, OracleSolution, np.ndarray]:
     """Solve and summarise: -> (summary, solution, occupancy [G, n])."""
     _g, n, kp1 = cost.shape
     k_max = kp1 - 1
@@ -207,8 +218,14 @@ def summarise(cost: np.ndarray, q: np.ndarray, length: np.ndarray) -> tuple[
     plain = float(np.where(live, cost[:, :, 0], 0.0).sum())
     rounds = float(pi.sum())
     summary = OracleSummary(
-        l_max=k_max, s_max=plain / float(sol.total.sum()),
-        mean_k=float((pi * k).sum()) / rounds, mean_accepted=float((pi * ea).sum()) / rounds,
-        cap_rate=float((pi * beyond).sum()) / rounds, rounds=rounds,
-        time_ms=float(sol.total.sum()), plain_ms=plain, tokens=int(length.sum()))
+        l_max=k_max,
+        s_max=plain / float(sol.total.sum()),
+        mean_k=float((pi * k).sum()) / rounds,
+        mean_accepted=float((pi * ea).sum()) / rounds,
+        cap_rate=float((pi * beyond).sum()) / rounds,
+        rounds=rounds,
+        time_ms=float(sol.total.sum()),
+        plain_ms=plain,
+        tokens=int(length.sum()),
+    )
     return summary, sol, pi

@@ -45,9 +45,15 @@ def default_alpha(k: int) -> float:
     return 0.08 if int(k) + 1 <= 4 else 0.27
 
 
-def _routing_process(rng: np.random.Generator, shape: tuple[int, ...], *, n_experts: int,
-                     top_k: int, reuse_logit: float, skew: float
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def _routing_process(
+    rng: np.random.Generator,
+    shape: tuple[int, ...],
+    *,
+    n_experts: int,
+    top_k: int,
+    reuse_logit: float,
+    skew: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Reference routing [G, n, L, m] (int16) of a Markov reuse process, and the per-layer
     log-popularity [L, N] it used."""
     g, n, n_layers = shape
@@ -65,8 +71,9 @@ def _routing_process(rng: np.random.Generator, shape: tuple[int, ...], *, n_expe
     return out, base
 
 
-def _resample(rng, prev_ids: np.ndarray, base: np.ndarray, *, n_experts: int, top_k: int,
-              reuse_logit: float) -> np.ndarray:
+def _resample(
+    rng, prev_ids: np.ndarray, base: np.ndarray, *, n_experts: int, top_k: int, reuse_logit: float
+) -> np.ndarray:
     """One routing step per row of ``prev_ids`` [B, L, m] -> [B, L, m] (a wrong draft's)."""
     b, n_layers, _ = prev_ids.shape
     prev = np.zeros((b, n_layers, n_experts), dtype=bool)
@@ -116,10 +123,17 @@ def synthetic_round_log(
     cat_of = np.array([cat_names[i % len(cat_names)] for i in range(g)], dtype=object)
     rate = np.array([cats[c_] for c_ in cat_of])
     n = tokens + kmax + 2
-    ref, base = _routing_process(rng, (g, n, num_layers), n_experts=num_experts, top_k=top_k,
-                                 reuse_logit=reuse_logit, skew=skew)
+    ref, base = _routing_process(
+        rng,
+        (g, n, num_layers),
+        n_experts=num_experts,
+        top_k=top_k,
+        reuse_logit=reuse_logit,
+        skew=skew,
+    )
     sign = np.where(rng.random(g) < 0.5, 1.0, -1.0)[:, None] * np.cumprod(
-        np.where(rng.random((g, n)) < switch, -1.0, 1.0), axis=1)
+        np.where(rng.random((g, n)) < switch, -1.0, 1.0), axis=1
+    )
     p = np.clip(rate[:, None] + burst * sign, 0.02, 0.98)
     match = rng.random((g, n)) < p  # the drafter's outcome at each position, fixed per prompt
     logit = np.log(p / (1 - p)) + np.where(match, 1.0, -1.0) + rng.normal(0, 0.3, (g, n))
@@ -127,11 +141,30 @@ def synthetic_round_log(
     tok = rng.integers(0, VOCAB, (g, n)).astype(np.int32)
     plen = rng.integers(prompt_len[0], prompt_len[1] + 1, g)
 
-    cols: dict[str, list] = {c_: [] for c_ in (
-        "run_id", "prompt_id", "generation_id", "category", "round", "k", "accepted",
-        "t_verify_ms", "t_draft_ms", "context_len", "u_mean", "e_max", "acceptance")}
-    lists: dict[str, list] = {"routing": [], "draft_tokens": [], "target_tokens": [],
-                              "draft_confidence": []}
+    cols: dict[str, list] = {
+        c_: []
+        for c_ in (
+            "run_id",
+            "prompt_id",
+            "generation_id",
+            "category",
+            "round",
+            "k",
+            "accepted",
+            "t_verify_ms",
+            "t_draft_ms",
+            "context_len",
+            "u_mean",
+            "e_max",
+            "acceptance",
+        )
+    }
+    lists: dict[str, list] = {
+        "routing": [],
+        "draft_tokens": [],
+        "target_tokens": [],
+        "draft_confidence": [],
+    }
     for k in budgets:
         s = np.zeros(g, dtype=np.int64)
         rnd = 0
@@ -142,21 +175,35 @@ def synthetic_round_log(
             sa = s[act]
             pos = sa[:, None] + np.arange(k + 1)  # [B, P]
             mt = match[act[:, None], pos[:, 1:]] if k else np.zeros((len(act), 0), bool)
-            m_run = np.where(mt.all(1), k, np.argmin(mt, axis=1)) if k else np.zeros(
-                len(act), dtype=np.int64)
+            m_run = (
+                np.where(mt.all(1), k, np.argmin(mt, axis=1))
+                if k
+                else np.zeros(len(act), dtype=np.int64)
+            )
             routing = ref[act[:, None], pos]  # [B, P, L, m]
             for d in range(1, k + 1):  # wrong drafts: fresh routing from the previous row
                 wrong = np.flatnonzero(d > m_run)
                 if len(wrong):
                     routing[wrong, d] = _resample(
-                        rng, routing[wrong, d - 1], base, n_experts=num_experts, top_k=top_k,
-                        reuse_logit=reuse_logit)
+                        rng,
+                        routing[wrong, d - 1],
+                        base,
+                        n_experts=num_experts,
+                        top_k=top_k,
+                        reuse_logit=reuse_logit,
+                    )
             u, e = pass_stats(routing, num_experts)
             ctx = plen[act] + sa
-            t_t = (b0[k] + al[k] * u + c * ctx + rng.normal(0, noise_ms, len(act))
-                   + (rng.random(len(act)) < outlier_frac) * rng.exponential(5.0, len(act)))
-            t_d = (draft_a * k + draft_b + rng.normal(0, 0.01, len(act))) if k else np.zeros(
-                len(act))
+            t_t = (
+                b0[k]
+                + al[k] * u
+                + c * ctx
+                + rng.normal(0, noise_ms, len(act))
+                + (rng.random(len(act)) < outlier_frac) * rng.exponential(5.0, len(act))
+            )
+            t_d = (
+                (draft_a * k + draft_b + rng.normal(0, 0.01, len(act))) if k else np.zeros(len(act))
+            )
             t_d = np.where(rng.random(len(act)) < missing_draft, np.nan, t_d)
             # tokens: the reference up to the first mismatch, then a wrong draft, then noise
             tgt = tok[act[:, None], pos + 1]  # [B, P]: the target's token after each position
@@ -164,10 +211,12 @@ def synthetic_round_log(
             tgt = np.where(beyond, rng.integers(0, VOCAB, tgt.shape), tgt)
             dft = tgt[:, :k].copy()
             first_wrong = np.arange(k)[None, :] == m_run[:, None]
-            dft = np.where(first_wrong, (dft + 1 + rng.integers(0, VOCAB - 1, dft.shape)) % VOCAB,
-                           dft)
-            dft = np.where(np.arange(k)[None, :] > m_run[:, None],
-                           rng.integers(0, VOCAB, dft.shape), dft)
+            dft = np.where(
+                first_wrong, (dft + 1 + rng.integers(0, VOCAB - 1, dft.shape)) % VOCAB, dft
+            )
+            dft = np.where(
+                np.arange(k)[None, :] > m_run[:, None], rng.integers(0, VOCAB, dft.shape), dft
+            )
             cf = conf[act[:, None], pos[:, 1:]]
             for b, gi in enumerate(act):
                 run = f"synth-k{k}"
@@ -200,7 +249,7 @@ def synthetic_round_log(
         data[c_] = np.concatenate(cols[c_]).astype(np.float64)
     nr = len(data["k"])
     data["pass_size"] = data["k"] + 1
-    data["budget"] = data["k"].astype(np.float64)   # every round drafts its budget
+    data["budget"] = data["k"].astype(np.float64)  # every round drafts its budget
     data["emitted"] = data["accepted"] + 1
     data["num_layers"] = np.full(nr, float(num_layers))
     data["top_k"] = np.full(nr, float(top_k))
@@ -217,10 +266,16 @@ def synthetic_round_log(
         flat = np.concatenate(vals) if vals else np.zeros(0)
         out_lists[c_] = (flat, np.concatenate([[0], np.cumsum(lengths)]))
     out_lists["routing"] = (out_lists["routing"][0].astype(np.int16), out_lists["routing"][1])
-    out_lists["draft_tokens"] = (out_lists["draft_tokens"][0].astype(np.int32),
-                                 out_lists["draft_tokens"][1])
-    out_lists["target_tokens"] = (out_lists["target_tokens"][0].astype(np.int32),
-                                  out_lists["target_tokens"][1])
-    out_lists["draft_confidence"] = (out_lists["draft_confidence"][0].astype(np.float32),
-                                     out_lists["draft_confidence"][1])
+    out_lists["draft_tokens"] = (
+        out_lists["draft_tokens"][0].astype(np.int32),
+        out_lists["draft_tokens"][1],
+    )
+    out_lists["target_tokens"] = (
+        out_lists["target_tokens"][0].astype(np.int32),
+        out_lists["target_tokens"][1],
+    )
+    out_lists["draft_confidence"] = (
+        out_lists["draft_confidence"][0].astype(np.float32),
+        out_lists["draft_confidence"][1],
+    )
     return RoundLog(data, out_lists, name="synthetic")

@@ -27,8 +27,9 @@ def agg_figure(width: float = 6.0, height: float = 4.0, *, dpi: int = 120) -> An
     return fig
 
 
-def agg_subplots(rows: int = 1, cols: int = 1, *, width: float = 6.0, height: float = 4.0,
-                 dpi: int = 120) -> tuple[Any, Any]:
+def agg_subplots(
+    rows: int = 1, cols: int = 1, *, width: float = 6.0, height: float = 4.0, dpi: int = 120
+) -> tuple[Any, Any]:
     """(figure, axes [rows, cols]) on an Agg canvas."""
     fig = agg_figure(width, height, dpi=dpi)
     return fig, fig.subplots(rows, cols, squeeze=False)

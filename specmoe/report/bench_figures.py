@@ -25,8 +25,15 @@ from specmoe.report._mpl import agg_subplots, save_agg
 __all__ = ["plot_bandwidth", "plot_roofline", "plot_time_vs_u", "write_figures"]
 
 STYLE = {"per_slot": ("tab:blue", "-", "o"), "dedup": ("tab:red", "--", "s")}
-PEER_COLORS = ["tab:green", "tab:purple", "tab:orange", "tab:brown", "tab:olive", "tab:cyan",
-               "tab:pink"]
+PEER_COLORS = [
+    "tab:green",
+    "tab:purple",
+    "tab:orange",
+    "tab:brown",
+    "tab:olive",
+    "tab:cyan",
+    "tab:pink",
+]
 
 
 def _as_dict(profile: Any) -> dict[str, Any]:
@@ -42,8 +49,11 @@ def _kernel_styles(d: dict[str, Any]) -> dict[str, tuple[str, str, str]]:
         if role:
             out[k] = STYLE[role]
         else:
-            out[k] = (PEER_COLORS[i % len(PEER_COLORS)], "-" if v["kind"] == "per_slot" else
-                      "--", "^" if v["kind"] == "per_slot" else "v")
+            out[k] = (
+                PEER_COLORS[i % len(PEER_COLORS)],
+                "-" if v["kind"] == "per_slot" else "--",
+                "^" if v["kind"] == "per_slot" else "v",
+            )
             i += 1
     return out
 
@@ -64,8 +74,15 @@ def plot_bandwidth(profile: Any, path: str | os.PathLike) -> Path:
         for k, v in ek.items():
             color, ls, marker = styles[k]
             on = "n·m·b" if v["kind"] == "per_slot" else "U·b"
-            ax.plot(n, v["beta_gbps"], ls=ls, marker=marker, color=color,
-                    mfc=color if v["kind"] == "per_slot" else "white", label=f"{k}, on {on}")
+            ax.plot(
+                n,
+                v["beta_gbps"],
+                ls=ls,
+                marker=marker,
+                color=color,
+                mfc=color if v["kind"] == "per_slot" else "white",
+                label=f"{k}, on {on}",
+            )
             q = np.asarray(v.get("beta_iqr_gbps") or [])
             if q.size:
                 ax.fill_between(n, q[:, 0], q[:, 1], color=color, alpha=0.15, lw=0)

@@ -36,17 +36,21 @@ def _routings(rec: dict[str, Any]) -> list[str]:
 
 
 def _series(rec: dict[str, Any], routing: str, k: int, key: str) -> tuple[np.ndarray, ...]:
-    rows = sorted((r for r in rec["rows"] if r["routing"] == routing and r["k"] == k),
-                  key=lambda r: r["batch"])
+    rows = sorted(
+        (r for r in rec["rows"] if r["routing"] == routing and r["k"] == k),
+        key=lambda r: r["batch"],
+    )
     b = np.array([r["batch"] for r in rows], dtype=float)
     return b, np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=float)
 
 
 def _title(rec: dict[str, Any]) -> str:
     layers = f", {rec['moe_layers']} MoE layers" if rec.get("moe_layers") else ""
-    return (f"{rec['model']}{' (dummy weights)' if rec.get('dummy_weights') else ''}{layers}, "
-            f"{rec['kernel']} kernel, {rec.get('device_name', rec.get('device'))}, "
-            f"context {rec['context']}")
+    return (
+        f"{rec['model']}{' (dummy weights)' if rec.get('dummy_weights') else ''}{layers}, "
+        f"{rec['kernel']} kernel, {rec.get('device_name', rec.get('device'))}, "
+        f"context {rec['context']}"
+    )
 
 
 def _batch_axis(ax, batches) -> None:
@@ -58,14 +62,15 @@ def _batch_axis(ax, batches) -> None:
 def plot_efficiency(rec: dict[str, Any], path: str | os.PathLike) -> Path:
     plt = pyplot()
     ks = rec["ks"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(4.2 * len(ks), 3.8), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(ks), figsize=(4.2 * len(ks), 3.8), squeeze=False, sharey=True)
     for ax, k in zip(axes[0], ks):
         for i, name in enumerate(_routings(rec)):
             b, eff = _series(rec, name, k, "efficiency")
             _, est = _series(rec, name, k, "estimate")
-            rows = sorted((r for r in rec["rows"] if r["routing"] == name and r["k"] == k),
-                          key=lambda r: r["batch"])
+            rows = sorted(
+                (r for r in rec["rows"] if r["routing"] == name and r["k"] == k),
+                key=lambda r: r["batch"],
+            )
             rng = [r.get("efficiency_range") for r in rows]
             if all(x is not None for x in rng) and rng:
                 lo, hi = np.array(rng, dtype=float).T
@@ -85,8 +90,9 @@ def plot_efficiency(rec: dict[str, Any], path: str | os.PathLike) -> Path:
 def plot_speedup(rec: dict[str, Any], path: str | os.PathLike) -> Path:
     plt = pyplot()
     names = _routings(rec)
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False, sharey=True
+    )
     for ax, name in zip(axes[0], names):
         for j, k in enumerate(rec["ks"]):
             b, sp = _series(rec, name, k, "speedup")
@@ -97,8 +103,11 @@ def plot_speedup(rec: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("speedup (model of acceptance, measured times)")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle(f"{_title(rec)}\nacceptance a = {rec['acceptance']}, a draft token costs "
-                 f"{rec['draft_cost']} target steps", fontsize=8)
+    fig.suptitle(
+        f"{_title(rec)}\nacceptance a = {rec['acceptance']}, a draft token costs "
+        f"{rec['draft_cost']} target steps",
+        fontsize=8,
+    )
     fig.tight_layout()
     return save_pyplot(fig, path)
 
@@ -111,16 +120,31 @@ def plot_estimate(rec: dict[str, Any], path: str | os.PathLike) -> Path:
     for i, name in enumerate(_routings(rec)):
         for j, k in enumerate(ks):
             rows = [r for r in rec["rows"] if r["routing"] == name and r["k"] == k]
-            ax1.scatter([r["estimate"] for r in rows], [r["efficiency"] for r in rows],
-                        color=f"C{i}", marker=markers[j % len(markers)], s=18,
-                        label=f"{name}" if j == 0 else None)
+            ax1.scatter(
+                [r["estimate"] for r in rows],
+                [r["efficiency"] for r in rows],
+                color=f"C{i}",
+                marker=markers[j % len(markers)],
+                s=18,
+                label=f"{name}" if j == 0 else None,
+            )
             b, gap = _series(rec, name, k, "gap")
-            ax2.plot(b, gap, marker=markers[j % len(markers)], color=f"C{i}", lw=0.8,
-                     label=f"{name}, K={k}")
+            ax2.plot(
+                b,
+                gap,
+                marker=markers[j % len(markers)],
+                color=f"C{i}",
+                lw=0.8,
+                label=f"{name}, K={k}",
+            )
     lims = [0.0, 1.05]
     ax1.plot(lims, lims, "-", color="0.3", lw=0.8)
-    ax1.set(xlim=lims, ylim=lims, xlabel="estimate (activated-expert bytes)",
-            ylabel="measured target efficiency")
+    ax1.set(
+        xlim=lims,
+        ylim=lims,
+        xlabel="estimate (activated-expert bytes)",
+        ylabel="measured target efficiency",
+    )
     ax1.legend(fontsize=7, title="marker: K " + ", ".join(map(str, ks)), title_fontsize=7)
     ax2.axhline(0.0, color="0.4", lw=0.8)
     _batch_axis(ax2, rec["batches"])
@@ -136,6 +160,8 @@ def plot_estimate(rec: dict[str, Any], path: str | os.PathLike) -> Path:
 def write_figures(rec: dict[str, Any], out: str | os.PathLike) -> list[Path]:
     """The three figures into ``out``."""
     out = Path(out)
-    return [plot_efficiency(rec, out / "efficiency_vs_batch.png"),
-            plot_speedup(rec, out / "speedup_vs_batch.png"),
-            plot_estimate(rec, out / "measured_vs_estimate.png")]
+    return [
+        plot_efficiency(rec, out / "efficiency_vs_batch.png"),
+        plot_speedup(rec, out / "speedup_vs_batch.png"),
+        plot_estimate(rec, out / "measured_vs_estimate.png"),
+    ]

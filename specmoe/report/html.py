@@ -31,22 +31,43 @@ from specmoe.errors import InputError
 __all__ = ["Found", "build_report", "discover", "write_report"]
 
 MAX_DEPTH = 8
-JSON_KINDS = {"stats.json": "routing", "ipf.json": "routing", "profile.json": "profile",
-              "plan.json": "plan", "verify.json": "runs", "throughput.json": "runs",
-              "validation.json": "validation", "oracle.json": "oracle",
-              "policies.json": "policies"}
-SCHEMA_KINDS = {"specmoe.bandwidth_profile/1": "profile", "specmoe.plan/1": "plan",
-                "specmoe.validation/1": "validation"}
+JSON_KINDS = {
+    "stats.json": "routing",
+    "ipf.json": "routing",
+    "profile.json": "profile",
+    "plan.json": "plan",
+    "verify.json": "runs",
+    "throughput.json": "runs",
+    "validation.json": "validation",
+    "oracle.json": "oracle",
+    "policies.json": "policies",
+}
+SCHEMA_KINDS = {
+    "specmoe.bandwidth_profile/1": "profile",
+    "specmoe.plan/1": "plan",
+    "specmoe.validation/1": "validation",
+}
 ORDER = ("validation", "plan", "profile", "routing", "runs", "oracle", "policies", "rounds")
-TITLES = {"validation": "Prediction against measurement", "plan": "Plan",
-          "profile": "Bandwidth profile", "routing": "Routing statistics",
-          "runs": "Measured runs", "oracle": "Oracle bound", "policies": "Draft-budget policies",
-          "rounds": "Round logs"}
-HOW = {"validation": "specmoe validate --plan PLAN --runs DIR --out DIR",
-       "plan": "specmoe plan --out DIR", "profile": "specmoe bench --out DIR",
-       "routing": "specmoe stats TRACE --out DIR", "runs": "scripts/measure_runs.py",
-       "oracle": "specmoe oracle RUNS --out DIR", "policies": "specmoe policy RUNS --out DIR",
-       "rounds": "specmoe run --out DIR"}
+TITLES = {
+    "validation": "Prediction against measurement",
+    "plan": "Plan",
+    "profile": "Bandwidth profile",
+    "routing": "Routing statistics",
+    "runs": "Measured runs",
+    "oracle": "Oracle bound",
+    "policies": "Draft-budget policies",
+    "rounds": "Round logs",
+}
+HOW = {
+    "validation": "specmoe validate --plan PLAN --runs DIR --out DIR",
+    "plan": "specmoe plan --out DIR",
+    "profile": "specmoe bench --out DIR",
+    "routing": "specmoe stats TRACE --out DIR",
+    "runs": "scripts/measure_runs.py",
+    "oracle": "specmoe oracle RUNS --out DIR",
+    "policies": "specmoe policy RUNS --out DIR",
+    "rounds": "specmoe run --out DIR",
+}
 
 CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
@@ -127,8 +148,9 @@ def _pngs(root: Path) -> list[Path]:
     out = []
     for p in sorted(root.rglob("*.png")):
         rel = p.relative_to(root).parts
-        if len(rel) - 1 > MAX_DEPTH or any(x.startswith(".") or x.endswith("_files")
-                                           for x in rel[:-1]):
+        if len(rel) - 1 > MAX_DEPTH or any(
+            x.startswith(".") or x.endswith("_files") for x in rel[:-1]
+        ):
             continue
         out.append(p)
     return out
@@ -144,7 +166,7 @@ class Figures:
     def __init__(self, folder: Path, *, embed: bool, page_dir: Path):
         self.folder, self.embed, self.page_dir = folder, embed, page_dir
         self.written: list[Path] = []
-        self.claimed: set[Path] = set()     # source PNGs already on the page
+        self.claimed: set[Path] = set()  # source PNGs already on the page
         self._names: set[str] = set()
 
     def _unique(self, name: str) -> str:
@@ -178,16 +200,19 @@ class Figures:
             src = f"data:image/png;base64,{b64}"
         else:
             src = html.escape(os.path.relpath(path, self.page_dir))
-        return (f'<figure><img src="{src}" alt="{html.escape(caption)}">'
-                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        return (
+            f'<figure><img src="{src}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
 
 
 # ------------------------------------------------------------------------------------------
 # the page
 
 
-def build_report(root: str | os.PathLike, out: str | os.PathLike, *,
-                 embed: bool = True) -> tuple[str, list[Path], dict[str, int]]:
+def build_report(
+    root: str | os.PathLike, out: str | os.PathLike, *, embed: bool = True
+) -> tuple[str, list[Path], dict[str, int]]:
     """The HTML text of the report on ``root``, the figure files written beside ``out`` and the
     number of results found per kind."""
     from specmoe.report import html_sections as sec
@@ -203,14 +228,18 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike, *,
     for kind in ORDER:
         anchor = f"sec-{kind}"
         title = TITLES[kind]
-        toc.append(f'<li><a href="#{anchor}">{html.escape(title)}</a>'
-                   + ("" if kind in found.items else ' <span class="none">(none)</span>')
-                   + "</li>")
+        toc.append(
+            f'<li><a href="#{anchor}">{html.escape(title)}</a>'
+            + ("" if kind in found.items else ' <span class="none">(none)</span>')
+            + "</li>"
+        )
         body.append(f'<section id="{anchor}"><h2>{html.escape(title)}</h2>')
         entries = found.items.get(kind)
         if not entries:
-            body.append(f'<p class="missing">No {html.escape(title.lower())} in this folder '
-                        f"(made by <code>{html.escape(HOW[kind])}</code>).</p></section>")
+            body.append(
+                f'<p class="missing">No {html.escape(title.lower())} in this folder '
+                f"(made by <code>{html.escape(HOW[kind])}</code>).</p></section>"
+            )
             continue
         for path, data, err in entries:
             rel = os.path.relpath(path, root)
@@ -219,41 +248,57 @@ def build_report(root: str | os.PathLike, out: str | os.PathLike, *,
             else:
                 body.append(f'<p class="note">From <code>{html.escape(rel)}</code>.</p>')
             if err is not None:
-                body.append(f'<p class="fails">Could not read {html.escape(rel)}: '
-                            f"{html.escape(err)}</p>")
+                body.append(
+                    f'<p class="fails">Could not read {html.escape(rel)}: {html.escape(err)}</p>'
+                )
                 continue
             try:
                 body.append(sec.render(kind, path, data, figs, rel=rel))
             except Exception as exc:  # one bad file never sinks the page
-                body.append(f'<p class="fails">Could not render {html.escape(rel)}: '
-                            f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</p>")
+                body.append(
+                    f'<p class="fails">Could not render {html.escape(rel)}: '
+                    f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</p>"
+                )
         body.append("</section>")
     other = [p for p in _pngs(root) if p not in figs.claimed]
     if other:
         toc.append('<li><a href="#sec-other">Other figures</a></li>')
         body.append('<section id="sec-other"><h2>Other figures</h2>')
-        body += [figs.tag(figs.add_file(p, prefix=f"{p.parent.name}_"),
-                          os.path.relpath(p, root)) for p in other]
+        body += [
+            figs.tag(figs.add_file(p, prefix=f"{p.parent.name}_"), os.path.relpath(p, root))
+            for p in other
+        ]
         body.append("</section>")
     counts = {k: len(v) for k, v in found.items.items()}
-    page = "\n".join([
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>specmoe report: {html.escape(root.name or str(root))}</title>",
-        f"<style>{CSS}</style></head><body>",
-        f"<header><h1>specmoe report</h1><p class=\"note\">Results folder "
-        f"<code>{html.escape(str(root))}</code>. Found: "
-        + (", ".join(f"{n} {html.escape(TITLES[k].lower())}" for k, n in counts.items())
-           or "nothing specmoe writes") + ".</p></header>",
-        f"<nav><ul>{''.join(toc)}</ul></nav>", *body,
-        "<footer><p class=\"note\">Equation and table numbers refer to the papers specmoe "
-        "implements (paper 002: expert bytes, kernel bandwidth and the best draft length; "
-        "paper 000: the Oracle).</p></footer>", "</body></html>", ""])
+    page = "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>specmoe report: {html.escape(root.name or str(root))}</title>",
+            f"<style>{CSS}</style></head><body>",
+            f'<header><h1>specmoe report</h1><p class="note">Results folder '
+            f"<code>{html.escape(str(root))}</code>. Found: "
+            + (
+                ", ".join(f"{n} {html.escape(TITLES[k].lower())}" for k, n in counts.items())
+                or "nothing specmoe writes"
+            )
+            + ".</p></header>",
+            f"<nav><ul>{''.join(toc)}</ul></nav>",
+            *body,
+            '<footer><p class="note">Equation and table numbers refer to the papers specmoe '
+            "implements (paper 002: expert bytes, kernel bandwidth and the best draft length; "
+            "paper 000: the Oracle).</p></footer>",
+            "</body></html>",
+            "",
+        ]
+    )
     return page, figs.written, counts
 
 
-def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, *,
-                 embed: bool = True) -> tuple[Path, list[Path], dict[str, int]]:
+def write_report(
+    root: str | os.PathLike, out: str | os.PathLike | None = None, *, embed: bool = True
+) -> tuple[Path, list[Path], dict[str, int]]:
     out = Path(out) if out is not None else Path(root) / "report.html"
     page, figures, counts = build_report(root, out, embed=embed)
     atomic_write_text(out, page)
@@ -266,13 +311,19 @@ def write_report(root: str | os.PathLike, out: str | os.PathLike | None = None, 
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", metavar="DIR", help="results folder to report on")
-    parser.add_argument("--out", default=None, metavar="FILE",
-                        help="the HTML page to write (default DIR/report.html); figures go "
-                             "to FILE's folder under <name>_files/")
-    parser.add_argument("--link", action="store_true",
-                        help="reference the figure files instead of embedding them")
-    parser.add_argument("--json", action="store_true",
-                        help="print what was written as JSON on stdout")
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="the HTML page to write (default DIR/report.html); figures go "
+        "to FILE's folder under <name>_files/",
+    )
+    parser.add_argument(
+        "--link", action="store_true", help="reference the figure files instead of embedding them"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print what was written as JSON on stdout"
+    )
 
 
 def run(args) -> int:
@@ -281,6 +332,7 @@ def run(args) -> int:
     out, figures, counts = write_report(args.dir, args.out, embed=not args.link)
     print(f"report: wrote {out} ({len(figures)} figures)", file=sys.stderr)
     if args.json:
-        print(dumps_json({"report": str(out), "figures": [str(p) for p in figures],
-                          "found": counts}))
+        print(
+            dumps_json({"report": str(out), "figures": [str(p) for p in figures], "found": counts})
+        )
     return 0

@@ -29,15 +29,12 @@ def plot_union(rec: dict[str, Any], *, title: str = ""):
     base = rec["baselines"]
     if rec.get("empirical_union") is not None:
         ax1.plot(n, rec["empirical_union"], "o-", color="k", label="measured")
-    ax1.plot(n, rec["predicted_union"], "s--", color="C0",
-             label=f"IPF ({rec['variant']})")
-    ax1.plot(n, base["popularity_independent"], ":", color="C1",
-             label="independent, popularity")
+    ax1.plot(n, rec["predicted_union"], "s--", color="C0", label=f"IPF ({rec['variant']})")
+    ax1.plot(n, base["popularity_independent"], ":", color="C1", label="independent, popularity")
     ax1.plot(n, base["uniform_independent"], ":", color="C2", label="uniform, N(1 − q^n)")
-    ax1.set(xlabel="consecutive tokens n", ylabel="distinct experts per layer (mean)",
-            xticks=n)
+    ax1.set(xlabel="consecutive tokens n", ylabel="distinct experts per layer (mean)", xticks=n)
     ax1.legend(fontsize=7)
-    pred = np.asarray(rec["per_layer"]["predicted"], dtype=float)      # [L, S]
+    pred = np.asarray(rec["per_layer"]["predicted"], dtype=float)  # [L, S]
     emp = rec["per_layer"].get("empirical")
     if emp is not None:
         emp = np.asarray(emp, dtype=float)
@@ -55,8 +52,7 @@ def plot_union(rec: dict[str, Any], *, title: str = ""):
     else:
         for layer, row in enumerate(pred):
             ax2.plot(n, row, "-", lw=0.8, label=f"layer {layer}" if layer < 8 else None)
-        ax2.set(xlabel="consecutive tokens n", ylabel="IPF U_l(n)", title="per layer",
-                xticks=n)
+        ax2.set(xlabel="consecutive tokens n", ylabel="IPF U_l(n)", title="per layer", xticks=n)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -35,8 +35,14 @@ def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
         for lvl in levels:
             xs += [lvl["from"], lvl["to"]]
             ys += [lvl["k"] + offsets.get(p, 0.0)] * 2
-        ax.plot(xs, ys, color=COLORS.get(p), lw=2 if p == "best" else 1.2,
-                ls="-" if p == "best" else "--", label=LABELS.get(p, p))
+        ax.plot(
+            xs,
+            ys,
+            color=COLORS.get(p),
+            lw=2 if p == "best" else 1.2,
+            ls="-" if p == "best" else "--",
+            label=LABELS.get(p, p),
+        )
         pts = [a for a in plan["step_points"][p] if a < 1.0]
         ax.plot(pts, [offsets.get(p, 0.0)] * len(pts), "|", color=COLORS.get(p), ms=8)
     ax.set_xlim(0, 1)
@@ -54,8 +60,14 @@ def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     n = np.asarray(plan["n"])
     s = np.asarray(plan["saving_ms"], dtype=float)
     band = np.asarray(plan["saving_band_ms"], dtype=float)
-    ax.fill_between(n, s - band, s + band, color="tab:red", alpha=0.2,
-                    label=f"saving bound (18), eps = {plan['epsilon']['used']:.3f}")
+    ax.fill_between(
+        n,
+        s - band,
+        s + band,
+        color="tab:red",
+        alpha=0.2,
+        label=f"saving bound (18), eps = {plan['epsilon']['used']:.3f}",
+    )
     ax.plot(n, s, "o-", color="tab:red", label="predicted saving S(n)")
     ax.axhline(0.0, color="grey", lw=0.8)
     cross = plan.get("crossover")
@@ -81,10 +93,22 @@ def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int =
         sp = np.array([float(theory.best_speedup(V, float(a))) for a in grid])
         if delta is not None and p == "best":
             f = float(bounds.speedup_factor(delta))
-            ax.fill_between(grid, sp / f, sp * f, color="grey", alpha=0.2,
-                            label="bound (21) of the faster-kernel policy")
-        ax.plot(grid, sp, color=COLORS.get(p), lw=2 if p == "best" else 1.2,
-                ls="-" if p == "best" else "--", label=LABELS.get(p, p))
+            ax.fill_between(
+                grid,
+                sp / f,
+                sp * f,
+                color="grey",
+                alpha=0.2,
+                label="bound (21) of the faster-kernel policy",
+            )
+        ax.plot(
+            grid,
+            sp,
+            color=COLORS.get(p),
+            lw=2 if p == "best" else 1.2,
+            ls="-" if p == "best" else "--",
+            label=LABELS.get(p, p),
+        )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlim(0, 1)
     ax.set_xlabel("acceptance rate a")
@@ -98,5 +122,8 @@ def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int =
 def write_plan_figures(plan: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
     """staircase.png, saving.png and speedup.png in ``out_dir``."""
     out = Path(out_dir)
-    return [plot_staircase(plan, out / "staircase.png"), plot_saving(plan, out / "saving.png"),
-            plot_speedup(plan, out / "speedup.png")]
+    return [
+        plot_staircase(plan, out / "staircase.png"),
+        plot_saving(plan, out / "saving.png"),
+        plot_speedup(plan, out / "speedup.png"),
+    ]

@@ -30,10 +30,21 @@ def plot_reuse(stats, *, title: str = ""):
     iv = stats.intervals
     ax1.plot(n, stats.rho_mean, "o-", color="C0", label="measured, layer mean")
     if iv is not None:
-        ax1.fill_between(n, iv.rho_mean.lo, iv.rho_mean.hi, color="C0", alpha=0.2,
-                         label=f"{iv.level:.0%} bootstrap")
-    ax1.plot(n, stats.uniform_rho, ":", color="k",
-             label=f"uniform, 1 − q^(n−1), m/N = {stats.top_k}/{stats.num_experts}")
+        ax1.fill_between(
+            n,
+            iv.rho_mean.lo,
+            iv.rho_mean.hi,
+            color="C0",
+            alpha=0.2,
+            label=f"{iv.level:.0%} bootstrap",
+        )
+    ax1.plot(
+        n,
+        stats.uniform_rho,
+        ":",
+        color="k",
+        label=f"uniform, 1 − q^(n−1), m/N = {stats.top_k}/{stats.num_experts}",
+    )
     ax1.set(xlabel="consecutive tokens n", ylabel="reuse ρ(n)", ylim=(0, 1.02), xticks=n)
     ax1.legend(fontsize=7, loc="lower right")
     ax2.plot(n, stats.union_mean, "o-", color="C0", label="measured U(n)")
@@ -58,8 +69,14 @@ def plot_overlap(stats, *, title: str = ""):
     ax.plot(j, stats.overlap_mean, "o-", color="C0", label="measured, layer mean")
     iv = stats.intervals
     if iv is not None:
-        ax.fill_between(j, iv.overlap_mean.lo, iv.overlap_mean.hi, color="C0", alpha=0.2,
-                        label=f"{iv.level:.0%} bootstrap")
+        ax.fill_between(
+            j,
+            iv.overlap_mean.lo,
+            iv.overlap_mean.hi,
+            color="C0",
+            alpha=0.2,
+            label=f"{iv.level:.0%} bootstrap",
+        )
     ind = float(stats.overlap_independent[:, 0].mean()) if stats.max_lag else np.nan
     ax.axhline(ind, ls="--", color="C1", label="independence, Σ p² / m")
     ax.axhline(stats.overlap_uniform, ls=":", color="k", label="uniform, m/N")
@@ -75,19 +92,32 @@ def plot_layer_overlap(stats, *, title: str = ""):
     """Heatmap of o_l(j) (layer × lag) with the per-layer independence baseline."""
     plt = pyplot()
     L = stats.num_layers
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(8, 0.6 + 0.22 * max(L, 8)),
-                                  gridspec_kw={"width_ratios": [4, 1]}, sharey=True)
-    im = ax.imshow(stats.overlap, aspect="auto", origin="lower", cmap="viridis",
-                   extent=(0.5, stats.max_lag + 0.5, -0.5, L - 0.5), vmin=0)
+    fig, (ax, ax2) = plt.subplots(
+        1, 2, figsize=(8, 0.6 + 0.22 * max(L, 8)), gridspec_kw={"width_ratios": [4, 1]}, sharey=True
+    )
+    im = ax.imshow(
+        stats.overlap,
+        aspect="auto",
+        origin="lower",
+        cmap="viridis",
+        extent=(0.5, stats.max_lag + 0.5, -0.5, L - 0.5),
+        vmin=0,
+    )
     fig.colorbar(im, ax=ax, label="overlap o_l(j)")
     ax.set(xlabel="lag j", ylabel="MoE layer")
     labels = stats.layers if len(stats.layers) == L else list(range(L))
     step = max(1, L // 12)
     ax.set_yticks(range(0, L, step), [str(v) for v in labels[::step]])
-    ax2.plot(stats.overlap[:, 0] if stats.max_lag else np.zeros(L), range(L), "o-",
-             ms=3, label="o_l(1)")
-    ax2.plot(stats.overlap_independent[:, 0] if stats.max_lag else np.zeros(L), range(L),
-             "--", color="C1", label="independence")
+    ax2.plot(
+        stats.overlap[:, 0] if stats.max_lag else np.zeros(L), range(L), "o-", ms=3, label="o_l(1)"
+    )
+    ax2.plot(
+        stats.overlap_independent[:, 0] if stats.max_lag else np.zeros(L),
+        range(L),
+        "--",
+        color="C1",
+        label="independence",
+    )
     ax2.axvline(stats.overlap_uniform, ls=":", color="k", label="uniform")
     ax2.set(xlabel="overlap", xlim=(0, None))
     ax2.legend(fontsize=6)

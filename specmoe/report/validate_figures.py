@@ -25,9 +25,11 @@ from specmoe.report._mpl import agg_figure, save_agg
 
 __all__ = ["plot_kstar", "plot_saving", "plot_verify", "write_validation_figures"]
 
-STYLE = {"prediction": ("tab:red", "-", "prediction"),
-         "measured_time": ("tab:grey", "--", "measured-time version"),
-         "calibrated": ("tab:blue", ":", "calibrated version")}
+STYLE = {
+    "prediction": ("tab:red", "-", "prediction"),
+    "measured_time": ("tab:grey", "--", "measured-time version"),
+    "calibrated": ("tab:blue", ":", "calibrated version"),
+}
 
 
 def _grid(count: int, *, width: float = 4.2, height: float = 3.2):
@@ -50,16 +52,28 @@ def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
         pred = c["versions"]["prediction"]
         S_hat = np.asarray(pred["saving_ms"], float)
         band = np.asarray(pred["band_ms"], float)
-        ax.fill_between(sc, S_hat[idx] - band, S_hat[idx] + band, color="tab:red",
-                        alpha=0.18, label=f"bound (18), eps = {d['epsilon']:.3f}")
+        ax.fill_between(
+            sc,
+            S_hat[idx] - band,
+            S_hat[idx] + band,
+            color="tab:red",
+            alpha=0.18,
+            label=f"bound (18), eps = {d['epsilon']:.3f}",
+        )
         for v, (color, ls, label) in STYLE.items():
-            ax.plot(n_all, c["versions"][v]["saving_ms"], ls=ls, color=color, lw=1.4,
-                    label=label)
+            ax.plot(n_all, c["versions"][v]["saving_ms"], ls=ls, color=color, lw=1.4, label=label)
         iv = c["measured"].get("saving_interval_ms")
         if iv:
             iv = np.asarray(iv, float)
-            ax.errorbar(sc, S[idx], yerr=np.clip([S[idx] - iv[:, 0], iv[:, 1] - S[idx]], 0, None), fmt="none",
-                        ecolor="black", elinewidth=0.8, capsize=2)
+            ax.errorbar(
+                sc,
+                S[idx],
+                yerr=np.clip([S[idx] - iv[:, 0], iv[:, 1] - S[idx]], 0, None),
+                fmt="none",
+                ecolor="black",
+                elinewidth=0.8,
+                capsize=2,
+            )
         ax.plot(n_all, S, "o", color="black", ms=4, label="measured S(n)")
         ax.axhline(0.0, color="grey", lw=0.7)
         inside = pred["saving_in_band_count"]
@@ -83,8 +97,7 @@ def plot_kstar(d: dict[str, Any], path: str | os.PathLike) -> Path:
         for v, (color, _ls, label) in STYLE.items():
             kh = np.asarray(c["versions"][v]["k_hat"], float) + offs[v]
             ax.plot(a, kh, "s", mfc="none", color=color, ms=5, label=f"k̂* {label}")
-        ax.set_title(f"{c['name']}  ({c['kstar_within_one']} of {len(a)} within one)",
-                     fontsize=9)
+        ax.set_title(f"{c['name']}  ({c['kstar_within_one']} of {len(a)} within one)", fontsize=9)
         ax.set_xlabel("acceptance a")
         ax.set_ylabel("draft length")
         ax.set_ylim(-1.2, max(c["k"]) + 1.2)
@@ -98,13 +111,31 @@ def plot_verify(d: dict[str, Any], path: str | os.PathLike) -> Path:
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
         n = np.asarray(c["n"])
-        ax.plot(n, c["measured"]["verify_ms"]["off"], "o", color="black", mfc="none", ms=5,
-                label="measured, dedup off")
-        ax.plot(n, c["measured"]["verify_ms"]["on"], "o", color="black", ms=4,
-                label="measured, dedup on")
+        ax.plot(
+            n,
+            c["measured"]["verify_ms"]["off"],
+            "o",
+            color="black",
+            mfc="none",
+            ms=5,
+            label="measured, dedup off",
+        )
+        ax.plot(
+            n,
+            c["measured"]["verify_ms"]["on"],
+            "o",
+            color="black",
+            ms=4,
+            label="measured, dedup on",
+        )
         for v, (color, ls, label) in STYLE.items():
-            ax.plot(n, c["versions"][v]["verify_ms"]["dedup"], ls=ls, color=color,
-                    label=f"{label}, dedup")
+            ax.plot(
+                n,
+                c["versions"][v]["verify_ms"]["dedup"],
+                ls=ls,
+                color=color,
+                label=f"{label}, dedup",
+            )
         ax.set_title(c["name"], fontsize=9)
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("verify time (ms)")
@@ -117,6 +148,8 @@ def write_validation_figures(d: dict[str, Any], out_dir: str | os.PathLike) -> l
     out = Path(out_dir)
     if not d.get("configurations"):
         return []
-    return [plot_saving(d, out / "validate_saving.png"),
-            plot_kstar(d, out / "validate_kstar.png"),
-            plot_verify(d, out / "validate_verify.png")]
+    return [
+        plot_saving(d, out / "validate_saving.png"),
+        plot_kstar(d, out / "validate_kstar.png"),
+        plot_verify(d, out / "validate_verify.png"),
+    ]

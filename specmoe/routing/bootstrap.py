@@ -63,25 +63,26 @@ def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
-def resampled_statistics(sums: DocumentSums, weights: np.ndarray, *,
-                         layer_weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def resampled_statistics(
+    sums: DocumentSums, weights: np.ndarray, *, layer_weights: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """The statistics of :class:`StatsIntervals` for document weights ``weights`` [B, D].
 
     Returns arrays with a leading B axis. Needs ``sums.doc_expert_counts`` for the popularity
     terms (``overlap_independent_mean``, ``temporal_share``).
     """
-    C = np.asarray(weights, dtype=np.float64)                                  # [B, D]
+    C = np.asarray(weights, dtype=np.float64)  # [B, D]
     B, D = C.shape
     L, m = sums.num_layers, sums.top_k
     w = np.ones(L) if layer_weights is None else np.asarray(layer_weights, np.float64)
     n = np.arange(1, sums.max_n + 1)
-    win = C @ sums.windows                                                     # [B, n]
-    reuse = (C @ sums.reuse.reshape(D, -1)).reshape(B, L, -1)                  # [B, L, n]
+    win = C @ sums.windows  # [B, n]
+    reuse = (C @ sums.reuse.reshape(D, -1)).reshape(B, L, -1)  # [B, L, n]
     union = (C @ sums.union.reshape(D, -1)).reshape(B, L, -1)
     rho = _div(reuse, m * win[:, None, :])
     uni = _div(union, win[:, None, :])
     per_j = np.einsum("l,bln->bn", w, rho) / w.sum()
-    pairs = C @ sums.pairs                                                     # [B, lags]
+    pairs = C @ sums.pairs  # [B, lags]
     ov = _div((C @ sums.overlap.reshape(D, -1)).reshape(B, L, -1), m * pairs[:, None, :])
     out = {
         "rho_mean": rho.mean(axis=1),
@@ -92,10 +93,10 @@ def resampled_statistics(sums: DocumentSums, weights: np.ndarray, *,
         "overlap": ov,
     }
     if sums.doc_expert_counts is not None:
-        tokens = C @ np.asarray(sums.lengths, dtype=np.float64)                # [B]
+        tokens = C @ np.asarray(sums.lengths, dtype=np.float64)  # [B]
         counts = (C @ sums.doc_expert_counts.reshape(D, -1)).reshape(B, L, -1)  # [B, L, N]
         p = _div(counts, tokens[:, None, None])
-        ind = (p * p).sum(axis=-1).mean(axis=1) / m                            # [B]
+        ind = (p * p).sum(axis=-1).mean(axis=1) / m  # [B]
         uniform = m / sums.num_experts
         o_mean = out["overlap_mean"]
         out["overlap_independent_mean"] = ind
@@ -103,37 +104,45 @@ def resampled_statistics(sums: DocumentSums, weights: np.ndarray, *,
     return out
 
 
-def bootstrap_intervals(sums: DocumentSums, *, resamples: int = 2000, seed: int = 0,
-                        level: float = 0.95, layer_weights: np.ndarray | None = None
-                        ) -> StatsIntervals:
+def bootstrap_intervals(
+    sums: DocumentSums,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+    layer_weights: np.ndarray | None = None,
+) -> StatsIntervals:
     """Percentile intervals from ``resamples`` multinomial document resamples drawn with ``seed``.
 
     ``sums`` must hold per-document expert counts (``document_sums(...,
     per_document_counts=True)``). The same sums, seed and resamples give the same intervals.
     """
-    if isinstance(resamples, bool) or not isinstance(resamples, int | np.integer) \
-            or resamples < 1:
+    if isinstance(resamples, bool) or not isinstance(resamples, int | np.integer) or resamples < 1:
         raise InputError(f"bootstrap must be a positive number of resamples, got {resamples!r}")
     if not 0 < level < 1:
         raise InputError(f"level must be in (0, 1), got {level}")
     if sums.doc_expert_counts is None:
-        raise InputError("bootstrap needs per-document expert counts "
-                         "(document_sums(..., per_document_counts=True))")
+        raise InputError(
+            "bootstrap needs per-document expert counts "
+            "(document_sums(..., per_document_counts=True))"
+        )
     rng = np.random.default_rng(seed)
     D = sums.documents
-    f64 = {k: np.asarray(getattr(sums, k), dtype=np.float64) for k in (
-        "lengths", "reuse", "union", "windows", "overlap", "pairs", "doc_expert_counts")}
+    f64 = {
+        k: np.asarray(getattr(sums, k), dtype=np.float64)
+        for k in ("lengths", "reuse", "union", "windows", "overlap", "pairs", "doc_expert_counts")
+    }
     sums = replace(sums, **f64)  # converted once, not in every block's matrix products
     pvals = np.full(D, 1.0 / D)
     blocks: list[dict[str, np.ndarray]] = []
     for b0 in range(0, resamples, _BLOCK):
         b = min(_BLOCK, resamples - b0)
-        C = rng.multinomial(D, pvals, size=b)                                 # [b, D]
+        C = rng.multinomial(D, pvals, size=b)  # [b, D]
         blocks.append(resampled_statistics(sums, C, layer_weights=layer_weights))
     q = 100 * np.array([(1 - level) / 2, (1 + level) / 2])
 
     def interval(key: str) -> Interval:
-        vals = np.concatenate([blk[key] for blk in blocks])                   # [B, ...]
+        vals = np.concatenate([blk[key] for blk in blocks])  # [B, ...]
         if vals.shape[1:] and vals.shape[-1] == 0:
             empty = np.zeros(vals.shape[1:])
             return Interval(lo=empty, hi=empty)
@@ -143,10 +152,15 @@ def bootstrap_intervals(sums: DocumentSums, *, resamples: int = 2000, seed: int 
         return Interval(lo=lo, hi=hi)
 
     return StatsIntervals(
-        level=float(level), resamples=int(resamples), seed=int(seed),
-        rho_mean=interval("rho_mean"), union_mean=interval("union_mean"),
-        u_bar=interval("u_bar"), rho_bar=interval("rho_bar"),
-        overlap_mean=interval("overlap_mean"), overlap=interval("overlap"),
+        level=float(level),
+        resamples=int(resamples),
+        seed=int(seed),
+        rho_mean=interval("rho_mean"),
+        union_mean=interval("union_mean"),
+        u_bar=interval("u_bar"),
+        rho_bar=interval("rho_bar"),
+        overlap_mean=interval("overlap_mean"),
+        overlap=interval("overlap"),
         overlap_independent_mean=interval("overlap_independent_mean"),
         temporal_share=interval("temporal_share"),
     )

@@ -42,6 +42,7 @@ _WDTYPE_KEY = b"specmoe.weights_dtype"
 # ------------------------------------------------------------------------------------------
 # engine imports: collect (document name, payload parts, dtype hint), decode, stack
 
+
 def _natural_key(p: Path) -> list[Any]:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
 
@@ -50,8 +51,9 @@ def _load_npy(path: Path) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except Exception as exc:  # numpy raises many types on corrupt files
-        raise InputError(f"{path}: not a readable .npy array ({type(exc).__name__}: {exc})"
-                         .splitlines()[0]) from None
+        raise InputError(
+            f"{path}: not a readable .npy array ({type(exc).__name__}: {exc})".splitlines()[0]
+        ) from None
     if not isinstance(arr, np.ndarray):
         arr.close()
         raise InputError(f"{path}: a .npz archive, not one .npy array per request")
@@ -70,16 +72,21 @@ def _from_response(obj: dict, base: str) -> list[tuple[str, list[Any], str | Non
             ext = ch.get("sgl_ext") if isinstance(ch.get("sgl_ext"), dict) else {}
             payload = ch.get("routed_experts", ext.get("routed_experts"))
             if payload is None:
-                raise InputError(f"{base}: choice {i} has no 'routed_experts' (was the server "
-                                 f"started with --enable-return-routed-experts?)")
+                raise InputError(
+                    f"{base}: choice {i} has no 'routed_experts' (was the server "
+                    f"started with --enable-return-routed-experts?)"
+                )
             dtype = ch.get("routed_experts_dtype", ext.get("routed_experts_dtype"))
-            docs.append((name if len(obj["choices"]) == 1 else f"{name}/{i}",
-                         [*prompt, payload], dtype))
+            docs.append(
+                (name if len(obj["choices"]) == 1 else f"{name}/{i}", [*prompt, payload], dtype)
+            )
         return docs
     info = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else obj
     if info.get("routed_experts") is None:
-        raise InputError(f"{base}: response has no 'routed_experts' (was the server started "
-                         f"with --enable-return-routed-experts?)")
+        raise InputError(
+            f"{base}: response has no 'routed_experts' (was the server started "
+            f"with --enable-return-routed-experts?)"
+        )
     name = str(info.get("id", name))
     return [(name, [*prompt, info["routed_experts"]], info.get("routed_experts_dtype"))]
 
@@ -89,15 +96,18 @@ def _from_json_value(value: Any, base: str) -> list[tuple[str, list[Any], str | 
         return _from_response(value, base)
     if isinstance(value, list | str):
         return [(base, [value], None)]
-    raise InputError(f"{base}: expected nested lists, a base64 string or an engine response, "
-                     f"got {type(value).__name__}")
+    raise InputError(
+        f"{base}: expected nested lists, a base64 string or an engine response, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _collect(path: Path) -> list[tuple[str, list[Any], str | None]]:
     """One entry per document, in file order (a directory: natural order of names)."""
     if path.is_dir():
-        files = sorted((p for p in path.glob("*.npy") if not p.name.startswith(".")),
-                       key=_natural_key)
+        files = sorted(
+            (p for p in path.glob("*.npy") if not p.name.startswith(".")), key=_natural_key
+        )
         if not files:
             raise InputError(f"{path}: directory holds no .npy files (one per request)")
         return [(p.stem, [_load_npy(p)], None) for p in files]
@@ -113,8 +123,9 @@ def _collect(path: Path) -> list[tuple[str, list[Any], str | None]]:
         else:
             top = json.loads(text)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: not readable JSON ({type(exc).__name__}: {exc})"
-                         .splitlines()[0]) from None
+        raise InputError(
+            f"{path}: not readable JSON ({type(exc).__name__}: {exc})".splitlines()[0]
+        ) from None
     if isinstance(top, dict) and not (_RESPONSE_KEYS & top.keys()):  # keyed by request id
         items = [(str(k), v) for k, v in top.items()]
     elif isinstance(top, list) and path.suffix != ".jsonl" and _int_depth(top) in (1, 3):
@@ -137,8 +148,9 @@ def _int_depth(value: Any) -> int:
     return depth if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _decode(payload: Any, dtype_hint: str | None, *, layers: int | None,
-            top_k: int | None, name: str) -> np.ndarray:
+def _decode(
+    payload: Any, dtype_hint: str | None, *, layers: int | None, top_k: int | None, name: str
+) -> np.ndarray:
     """One payload as [T, R, m] integers."""
     if isinstance(payload, str):
         try:
@@ -149,57 +161,69 @@ def _decode(payload: Any, dtype_hint: str | None, *, layers: int | None,
             try:
                 arr = np.load(io.BytesIO(raw), allow_pickle=False)
             except Exception as exc:
-                raise InputError(f"{name}: base64 .npy payload is corrupt "
-                                 f"({type(exc).__name__})") from None
+                raise InputError(
+                    f"{name}: base64 .npy payload is corrupt ({type(exc).__name__})"
+                ) from None
         else:
             try:
-                dtype = np.dtype(dtype_hint or "int32") if isinstance(
-                    dtype_hint, str | None) else None
+                dtype = (
+                    np.dtype(dtype_hint or "int32") if isinstance(dtype_hint, str | None) else None
+                )
             except (TypeError, ValueError):
                 dtype = None
             if dtype is None or dtype.kind not in "iu":
-                raise InputError(f"{name}: routed_experts_dtype {dtype_hint!r} is not an "
-                                 f"integer type") from None
+                raise InputError(
+                    f"{name}: routed_experts_dtype {dtype_hint!r} is not an integer type"
+                ) from None
             if len(raw) % dtype.itemsize:
-                raise InputError(f"{name}: {len(raw)} bytes are not a whole number of "
-                                 f"{dtype} expert ids")
+                raise InputError(
+                    f"{name}: {len(raw)} bytes are not a whole number of {dtype} expert ids"
+                )
             arr = np.frombuffer(raw, dtype=dtype)
     else:
         try:
             arr = np.asarray(payload)
         except (ValueError, TypeError, OverflowError):
-            raise InputError(f"{name}: ragged nested lists (requests must be "
-                             f"[len, layers, top_k])") from None
+            raise InputError(
+                f"{name}: ragged nested lists (requests must be [len, layers, top_k])"
+            ) from None
     if arr.size == 0:
         raise InputError(f"{name}: no tokens (an empty routed_experts of shape {arr.shape})")
     if not np.issubdtype(arr.dtype, np.integer):
-        raise InputError(f"{name}: expert ids must be integers, got dtype {arr.dtype} "
-                         f"and shape {arr.shape}")
+        raise InputError(
+            f"{name}: expert ids must be integers, got dtype {arr.dtype} and shape {arr.shape}"
+        )
     if arr.dtype == np.uint64:  # numpy would join uint64 and int64 records as floats
         if arr.max() > np.iinfo(np.int64).max:
             raise InputError(f"{name}: expert id {int(arr.max())} is out of any range")
         arr = arr.astype(np.int64)
     if arr.ndim == 3:
         if (layers, top_k) != (None, None) and arr.shape[1:] != (
-                layers or arr.shape[1], top_k or arr.shape[2]):
-            raise InputError(f"{name}: shape {arr.shape} disagrees with layers={layers}, "
-                             f"top_k={top_k} (from --layers/--top-k or --model)")
+            layers or arr.shape[1],
+            top_k or arr.shape[2],
+        ):
+            raise InputError(
+                f"{name}: shape {arr.shape} disagrees with layers={layers}, "
+                f"top_k={top_k} (from --layers/--top-k or --model)"
+            )
         return arr
     if arr.ndim == 2 and (layers or top_k):
         width = arr.shape[1]
         r, k = (layers, width // layers) if layers else (width // top_k, top_k)
         if (top_k and layers and layers * top_k != width) or r * k != width or not r * k:
-            raise InputError(f"{name}: rows of {width} ids do not split into "
-                             f"--layers {layers} x --top-k {top_k}")
+            raise InputError(
+                f"{name}: rows of {width} ids do not split into --layers {layers} x --top-k {top_k}"
+            )
         return arr.reshape(arr.shape[0], r, k)
     if arr.ndim == 1 and layers and top_k:
         if arr.size % (layers * top_k):
-            raise InputError(f"{name}: {arr.size} ids are not a whole number of tokens of "
-                             f"--layers {layers} x --top-k {top_k}")
+            raise InputError(
+                f"{name}: {arr.size} ids are not a whole number of tokens of "
+                f"--layers {layers} x --top-k {top_k}"
+            )
         return arr.reshape(-1, layers, top_k)
     need = "--layers and --top-k" if arr.ndim <= 1 else "--layers or --top-k"
-    raise InputError(f"{name}: ids of shape {arr.shape} need {need} to become "
-                     f"[len, layers, top_k]")
+    raise InputError(f"{name}: ids of shape {arr.shape} need {need} to become [len, layers, top_k]")
 
 
 def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarray, list[int]]:
@@ -207,15 +231,18 @@ def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarra
     r, m = experts.shape[1:]
     if spec is not None:
         if m != spec.top_k:
-            raise InputError(f"{name}: records {m} experts per token but model {spec.name} "
-                             f"routes {spec.top_k}")
+            raise InputError(
+                f"{name}: records {m} experts per token but model {spec.name} routes {spec.top_k}"
+            )
         keep = list(spec.moe_layer_indices)
         if r == spec.num_moe_layers:
             return experts, keep
         if r == spec.num_hidden_layers and max(keep) < r:
             return experts[:, keep], keep
-        raise InputError(f"{name}: records {r} layers but model {spec.name} has "
-                         f"{spec.num_moe_layers} MoE layers of {spec.num_hidden_layers}")
+        raise InputError(
+            f"{name}: records {r} layers but model {spec.name} has "
+            f"{spec.num_moe_layers} MoE layers of {spec.num_hidden_layers}"
+        )
     flat = experts.reshape(-1, r, m)
     first = flat[:1, :, :1]
     constant = np.all(flat == first, axis=(0, 2))  # [R]
@@ -226,9 +253,15 @@ def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarra
     return (experts if len(keep) == r else experts[:, keep]), keep
 
 
-def import_routed_experts(path: str | os.PathLike, *, engine: str,
-                          num_experts: int | None = None, model: str | None = None,
-                          layers: int | None = None, top_k: int | None = None) -> RoutingTrace:
+def import_routed_experts(
+    path: str | os.PathLike,
+    *,
+    engine: str,
+    num_experts: int | None = None,
+    model: str | None = None,
+    layers: int | None = None,
+    top_k: int | None = None,
+) -> RoutingTrace:
     """Read the routed experts an engine returned (one document per request).
 
     ``path``: one ``.npy`` ``[T, R, m]``, a directory of them, or a JSON / JSON-lines file
@@ -240,35 +273,51 @@ def import_routed_experts(path: str | os.PathLike, *, engine: str,
     path = Path(path)
     spec = _spec(model)
     n = _num_experts(num_experts, spec, None, name=str(path))
-    if spec is not None and layers is None and top_k is None and (
-            spec.num_hidden_layers == spec.num_moe_layers):  # flattened records: unambiguous
+    if (
+        spec is not None
+        and layers is None
+        and top_k is None
+        and (spec.num_hidden_layers == spec.num_moe_layers)
+    ):  # flattened records: unambiguous
         layers, top_k = spec.num_moe_layers, spec.top_k
     arrays, names = [], []
     for doc, parts, dtype in _collect(path):
         label = f"{path}: request {doc}"
         dec = [_decode(p, dtype, layers=layers, top_k=top_k, name=label) for p in parts]
         if len({a.shape[1:] for a in dec}) > 1:
-            raise InputError(f"{label}: prompt and output routing differ in shape "
-                             f"{[a.shape for a in dec]}")
+            raise InputError(
+                f"{label}: prompt and output routing differ in shape {[a.shape for a in dec]}"
+            )
         arr = dec[0] if len(dec) == 1 else np.concatenate(dec)
         if arr.shape[0] == 0:
             raise InputError(f"{label}: no tokens")
         if arrays and arr.shape[1:] != arrays[0].shape[1:]:
-            raise InputError(f"{label}: shape {arr.shape} disagrees with request {names[0]} "
-                             f"{arrays[0].shape} in layers or top_k")
+            raise InputError(
+                f"{label}: shape {arr.shape} disagrees with request {names[0]} "
+                f"{arrays[0].shape} in layers or top_k"
+            )
         arrays.append(arr)
         names.append(doc)
     lengths = [a.shape[0] for a in arrays]
     stacked = np.concatenate(arrays)
     experts, kept = _moe_layers(stacked, spec, name=str(path))
-    meta = {"source": engine, "documents": names, "layers": kept,
-            "engine_layers": int(stacked.shape[1])}
+    meta = {
+        "source": engine,
+        "documents": names,
+        "layers": kept,
+        "engine_layers": int(stacked.shape[1]),
+    }
     if spec is not None:
         meta["model"] = spec.name
     if 0 <= experts.min() and experts.max() < n:  # else validation names the bad id
         experts = experts.astype(np.int16 if n <= np.iinfo(np.int16).max else np.int32)
-    return RoutingTrace(experts=experts, doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
-                        num_experts=n, meta=meta, name=str(path))
+    return RoutingTrace(
+        experts=experts,
+        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        num_experts=n,
+        meta=meta,
+        name=str(path),
+    )
 
 
 def _spec(model: str | None) -> Any:
@@ -281,23 +330,35 @@ def _spec(model: str | None) -> Any:
 
 def _num_experts(given: int | None, spec: Any, found: Any, *, name: str) -> int:
     """N from --num-experts, the model spec and the file; they must agree."""
-    cands = {k: v for k, v in (("--num-experts", given), ("--model", getattr(
-        spec, "num_experts", None)), ("the file's meta", found)) if v is not None}
+    cands = {
+        k: v
+        for k, v in (
+            ("--num-experts", given),
+            ("--model", getattr(spec, "num_experts", None)),
+            ("the file's meta", found),
+        )
+        if v is not None
+    }
     if not cands:
-        raise InputError(f"{name}: the number of experts is unknown; give --num-experts N "
-                         f"or --model SPEC")
+        raise InputError(
+            f"{name}: the number of experts is unknown; give --num-experts N or --model SPEC"
+        )
     for k, v in cands.items():
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(f"{name}: number of experts ({k}) must be a positive integer, "
-                             f"got {v!r:.40}")
+            raise InputError(
+                f"{name}: number of experts ({k}) must be a positive integer, got {v!r:.40}"
+            )
     if len(set(cands.values())) > 1:
-        raise InputError(f"{name}: number of experts disagrees: " + ", ".join(
-            f"{k} says {v}" for k, v in cands.items()))
+        raise InputError(
+            f"{name}: number of experts disagrees: "
+            + ", ".join(f"{k} says {v}" for k, v in cands.items())
+        )
     return next(iter(cands.values()))
 
 
 # ------------------------------------------------------------------------------------------
 # Parquet: one row per token; doc, doc_name, pos, layer_<l> list<int>, weights_<l> list<float>
+
 
 def save_parquet(trace: RoutingTrace | TraceReader, path: str | os.PathLike) -> Path:
     """Write a trace (in memory, or a reader streamed shard by shard) as Parquet, atomically."""
@@ -332,13 +393,17 @@ def _write_parquet(trace: RoutingTrace | TraceReader, path: Path) -> tuple[Routi
         md[_WDTYPE_KEY] = str(first.weights.dtype).encode()
     schema = pa.schema(fields, metadata=md)
     doc0 = tokens = 0
-    with atomic_path(path) as tmp, pq.ParquetWriter(
-            tmp, schema, compression="zstd", write_page_checksum=True) as writer:
+    with (
+        atomic_path(path) as tmp,
+        pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True) as writer,
+    ):
         for tr in [first, *shards]:
             wd = None if tr.weights is None else tr.weights.dtype
             if wd != (None if first.weights is None else first.weights.dtype):
-                raise InputError(f"{tr.name}: shards disagree on router weights ({wd} here, "
-                                 f"{first.weights.dtype if wtype else None} in the first)")
+                raise InputError(
+                    f"{tr.name}: shards disagree on router weights ({wd} here, "
+                    f"{first.weights.dtype if wtype else None} in the first)"
+                )
             for start in range(0, tr.num_tokens, _ROWS_PER_GROUP):
                 writer.write_table(_table(tr, schema, doc0, names, wtype, start))
             doc0 += tr.num_documents
@@ -349,8 +414,7 @@ def _write_parquet(trace: RoutingTrace | TraceReader, path: Path) -> tuple[Routi
 _ROWS_PER_GROUP = 1 << 20  # tokens per Parquet row group (bounds memory and list offsets)
 
 
-def _table(tr: RoutingTrace, schema: Any, doc0: int, names: bool, wtype: Any,
-           start: int) -> Any:
+def _table(tr: RoutingTrace, schema: Any, doc0: int, names: bool, wtype: Any, start: int) -> Any:
     """Rows ``start:start + _ROWS_PER_GROUP`` of one shard as an Arrow table."""
     import pyarrow as pa
 
@@ -363,9 +427,14 @@ def _table(tr: RoutingTrace, schema: Any, doc0: int, names: bool, wtype: Any,
     cols: list[Any] = [pa.array(doc[start:stop])]
     if names:
         docs = tr.meta.get("documents")
-        cols.append(pa.array(
-            np.array([str(d) for d in docs], dtype=object)[doc[start:stop] - doc0]
-            if docs is not None else [None] * t, type=pa.string()))
+        cols.append(
+            pa.array(
+                np.array([str(d) for d in docs], dtype=object)[doc[start:stop] - doc0]
+                if docs is not None
+                else [None] * t,
+                type=pa.string(),
+            )
+        )
     cols.append(pa.array(pos[start:stop]))
     id_type = schema.field(f"layer_{tr.layers[0]}").type.value_type
     for li in range(tr.num_layers):
@@ -373,14 +442,19 @@ def _table(tr: RoutingTrace, schema: Any, doc0: int, names: bool, wtype: Any,
         cols.append(pa.ListArray.from_arrays(offsets, vals))
     if wtype is not None:
         for li in range(tr.num_layers):
-            vals = pa.array(np.ascontiguousarray(tr.weights[start:stop, li]).ravel().astype(
-                wtype.to_pandas_dtype()), type=wtype)
+            vals = pa.array(
+                np.ascontiguousarray(tr.weights[start:stop, li])
+                .ravel()
+                .astype(wtype.to_pandas_dtype()),
+                type=wtype,
+            )
             cols.append(pa.ListArray.from_arrays(offsets, vals))
     return pa.Table.from_arrays(cols, schema=schema)
 
 
-def load_parquet(path: str | os.PathLike, *, num_experts: int | None = None,
-                 model: str | None = None) -> RoutingTrace:
+def load_parquet(
+    path: str | os.PathLike, *, num_experts: int | None = None, model: str | None = None
+) -> RoutingTrace:
     """Read a Parquet trace (see :func:`save_parquet`; rows in any order), validated.
 
     N comes from the file's ``specmoe.meta`` metadata, ``num_experts`` or ``model``. Page
@@ -396,8 +470,9 @@ def load_parquet(path: str | os.PathLike, *, num_experts: int | None = None,
     except InputError:
         raise
     except (pa.ArrowException, OSError, ValueError, EOFError) as exc:  # a corrupt file
-        raise InputError(f"{path}: not a readable Parquet trace ({type(exc).__name__}: {exc})"
-                         .splitlines()[0]) from None
+        raise InputError(
+            f"{path}: not a readable Parquet trace ({type(exc).__name__}: {exc})".splitlines()[0]
+        ) from None
 
 
 def _read_parquet(path: Path, *, num_experts: int | None, model: str | None) -> RoutingTrace:
@@ -426,40 +501,46 @@ def _read_parquet(path: Path, *, num_experts: int | None, model: str | None) -> 
     if not layer_cols:
         raise InputError(f"{name}: no layer_<i> columns of expert ids")
     layers = meta.get("layers")
-    if not (isinstance(layers, list) and sorted(map(str, layers)) == sorted(
-            map(str, layer_cols))):
+    if not (isinstance(layers, list) and sorted(map(str, layers)) == sorted(map(str, layer_cols))):
         layers = sorted(layer_cols)
     layers = [int(li) for li in layers]
     wcols = {int(c[8:]): c for c in cols if re.fullmatch(r"weights_\d+", c)}
     if len(layer_cols) != sum(bool(re.fullmatch(r"layer_\d+", c)) for c in cols):
         raise InputError(f"{name}: two layer_<i> columns name the same layer")
     if wcols and set(wcols) != set(layers):
-        raise InputError(f"{name}: weights_<i> columns {sorted(wcols)} do not match "
-                         f"layer_<i> columns {sorted(layers)}")
+        raise InputError(
+            f"{name}: weights_<i> columns {sorted(wcols)} do not match "
+            f"layer_<i> columns {sorted(layers)}"
+        )
 
     def ints(col: str) -> np.ndarray:
         c = table.column(col)
         if not pa.types.is_integer(c.type) or c.null_count:
-            raise InputError(f"{name}: column {col!r} must hold integers without nulls, "
-                             f"got {c.type} with {c.null_count} nulls")
+            raise InputError(
+                f"{name}: column {col!r} must hold integers without nulls, "
+                f"got {c.type} with {c.null_count} nulls"
+            )
         return c.to_numpy().astype(np.int64)
 
     def lists(col: str, kind: str, m: int | None) -> np.ndarray:
         c = table.column(col)
-        if not (pa.types.is_list(c.type) or pa.types.is_large_list(c.type)
-                or pa.types.is_fixed_size_list(c.type)):
+        if not (
+            pa.types.is_list(c.type)
+            or pa.types.is_large_list(c.type)
+            or pa.types.is_fixed_size_list(c.type)
+        ):
             raise InputError(f"{name}: column {col!r} must be a list column, got {c.type}")
-        ok = (pa.types.is_integer if kind == "int" else pa.types.is_floating)(
-            c.type.value_type)
+        ok = (pa.types.is_integer if kind == "int" else pa.types.is_floating)(c.type.value_type)
         if not ok:
-            raise InputError(f"{name}: column {col!r} holds {c.type.value_type}, not "
-                             f"{'integers' if kind == 'int' else 'floats'}")
+            raise InputError(
+                f"{name}: column {col!r} holds {c.type.value_type}, not "
+                f"{'integers' if kind == 'int' else 'floats'}"
+            )
         lens = pc.list_value_length(c).to_numpy(zero_copy_only=False)
         m = int(lens[0]) if m is None and len(lens) else m
         flat = pc.list_flatten(c)
         if c.null_count or flat.null_count or np.any(lens != m):
-            raise InputError(f"{name}: column {col!r} must hold {m} non-null values in "
-                             f"every row")
+            raise InputError(f"{name}: column {col!r} must hold {m} non-null values in every row")
         return flat.to_numpy().reshape(len(table), m)
 
     doc, pos = ints("doc"), ints("pos")
@@ -470,13 +551,13 @@ def _read_parquet(path: Path, *, num_experts: int | None, model: str | None) -> 
     starts = np.flatnonzero(np.r_[True, doc[1:] != doc[:-1]])
     lengths = np.diff(np.r_[starts, len(doc)])
     if not np.array_equal(pos, np.arange(len(doc)) - np.repeat(starts, lengths)):
-        bad = int(doc[np.flatnonzero(pos != np.arange(len(doc))
-                                     - np.repeat(starts, lengths))[0]])
+        bad = int(doc[np.flatnonzero(pos != np.arange(len(doc)) - np.repeat(starts, lengths))[0]])
         raise InputError(f"{name}: document {bad} does not hold each position 0..n-1 once")
     first = lists(layer_cols[layers[0]], "int", None)
     m = first.shape[1]
-    experts = np.stack([first] + [lists(layer_cols[li], "int", m) for li in layers[1:]],
-                       axis=1)[order]
+    experts = np.stack([first] + [lists(layer_cols[li], "int", m) for li in layers[1:]], axis=1)[
+        order
+    ]
     weights = None
     if wcols:
         weights = np.stack([lists(wcols[li], "float", m) for li in layers], axis=1)[order]
@@ -489,8 +570,14 @@ def _read_parquet(path: Path, *, num_experts: int | None, model: str | None) -> 
         names = table.column("doc_name").take(pa.array(order[starts]))
         if names.null_count == 0:
             meta["documents"] = [str(s) for s in names.to_pylist()]
-    return RoutingTrace(experts=experts, doc_offsets=np.r_[0, np.cumsum(lengths)],
-                        num_experts=n, weights=weights, meta=meta, name=name)
+    return RoutingTrace(
+        experts=experts,
+        doc_offsets=np.r_[0, np.cumsum(lengths)],
+        num_experts=n,
+        weights=weights,
+        meta=meta,
+        name=name,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -504,38 +591,73 @@ def _infer_in(path: Path) -> str:
     if path.is_dir():
         if any(path.glob("*.npz")):
             return "npz"
-        raise InputError(f"{path}: cannot tell the input format of this directory; give "
-                         f"--from vllm or --from sglang for .npy requests")
+        raise InputError(
+            f"{path}: cannot tell the input format of this directory; give "
+            f"--from vllm or --from sglang for .npy requests"
+        )
     fmt = _SUFFIX_IN.get(path.suffix.lower())
     if fmt is None:
-        raise InputError(f"{path}: cannot tell the input format from suffix "
-                         f"{path.suffix or '(none)'!r}; give --from ({', '.join(FORMATS_IN)})")
+        raise InputError(
+            f"{path}: cannot tell the input format from suffix "
+            f"{path.suffix or '(none)'!r}; give --from ({', '.join(FORMATS_IN)})"
+        )
     return fmt
 
 
 def _infer_out(path: Path) -> str:
     fmt = _SUFFIX_OUT.get(path.suffix.lower())
     if fmt is None:
-        raise InputError(f"{path}: cannot tell the output format from suffix "
-                         f"{path.suffix or '(none)'!r}; give --to ({', '.join(FORMATS_OUT)})")
+        raise InputError(
+            f"{path}: cannot tell the output format from suffix "
+            f"{path.suffix or '(none)'!r}; give --to ({', '.join(FORMATS_OUT)})"
+        )
     return fmt
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("input", metavar="IN", help="trace file or directory to read")
     parser.add_argument("output", metavar="OUT", help="file to write (.npz or .parquet)")
-    parser.add_argument("--from", dest="src", choices=FORMATS_IN, default=None,
-                        help="input format (default: from the suffix)")
-    parser.add_argument("--to", dest="dst", choices=FORMATS_OUT, default=None,
-                        help="output format (default: from the suffix)")
-    parser.add_argument("--num-experts", type=int, default=None, metavar="N",
-                        help="experts per MoE layer (ids are checked against [0, N))")
-    parser.add_argument("--model", default=None, metavar="SPEC",
-                        help="model preset, HF config or spec JSON (gives N, m, MoE layers)")
-    parser.add_argument("--layers", type=int, default=None, metavar="R",
-                        help="layers per token in a flattened engine record")
-    parser.add_argument("--top-k", type=int, default=None, metavar="K",
-                        help="experts per token in a flattened engine record")
+    parser.add_argument(
+        "--from",
+        dest="src",
+        choices=FORMATS_IN,
+        default=None,
+        help="input format (default: from the suffix)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="dst",
+        choices=FORMATS_OUT,
+        default=None,
+        help="output format (default: from the suffix)",
+    )
+    parser.add_argument(
+        "--num-experts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="experts per MoE layer (ids are checked against [0, N))",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="model preset, HF config or spec JSON (gives N, m, MoE layers)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="R",
+        help="layers per token in a flattened engine record",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="experts per token in a flattened engine record",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -543,8 +665,11 @@ def run(args) -> int:
     from specmoe._io import dumps_json
 
     src, dst = Path(args.input), Path(args.output)
-    for flag, v in (("--num-experts", args.num_experts), ("--layers", args.layers),
-                    ("--top-k", args.top_k)):
+    for flag, v in (
+        ("--num-experts", args.num_experts),
+        ("--layers", args.layers),
+        ("--top-k", args.top_k),
+    ):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be a positive integer, got {v}")
     fmt_in = args.src or _infer_in(src)
@@ -557,13 +682,21 @@ def run(args) -> int:
         spec = _spec(args.model)
         _num_experts(args.num_experts, spec, trace.num_experts, name=str(src))
         if spec is not None and spec.top_k != trace.top_k:
-            raise InputError(f"{src}: holds {trace.top_k} experts per token but model "
-                             f"{spec.name} routes {spec.top_k}")
+            raise InputError(
+                f"{src}: holds {trace.top_k} experts per token but model "
+                f"{spec.name} routes {spec.top_k}"
+            )
     elif fmt_in == "parquet":
         trace = load_parquet(src, num_experts=args.num_experts, model=args.model)
     else:
-        trace = import_routed_experts(src, engine=fmt_in, num_experts=args.num_experts,
-                                      model=args.model, layers=args.layers, top_k=args.top_k)
+        trace = import_routed_experts(
+            src,
+            engine=fmt_in,
+            num_experts=args.num_experts,
+            model=args.model,
+            layers=args.layers,
+            top_k=args.top_k,
+        )
     if fmt_out == "npz":
         head = trace if isinstance(trace, RoutingTrace) else trace.load()
         save_trace(head, dst)
@@ -571,18 +704,26 @@ def run(args) -> int:
     else:
         head, tokens, docs = _write_parquet(trace, dst)
     result = {
-        "input": str(src), "from": fmt_in, "output": str(dst), "to": fmt_out,
-        "num_experts": head.num_experts, "num_layers": head.num_layers, "top_k": head.top_k,
-        "layers": head.layers, "num_tokens": tokens, "num_documents": docs,
+        "input": str(src),
+        "from": fmt_in,
+        "output": str(dst),
+        "to": fmt_out,
+        "num_experts": head.num_experts,
+        "num_layers": head.num_layers,
+        "top_k": head.top_k,
+        "layers": head.layers,
+        "num_tokens": tokens,
+        "num_documents": docs,
         "with_weights": head.weights is not None,
     }
     if "engine_layers" in head.meta:
-        result["dropped_layers"] = sorted(set(range(head.meta["engine_layers"]))
-                                          - set(head.layers))
+        result["dropped_layers"] = sorted(set(range(head.meta["engine_layers"])) - set(head.layers))
     if args.json:
         print(dumps_json(result))
     else:
-        print(f"{src} ({fmt_in}) -> {dst} ({fmt_out}): {tokens} tokens in {docs} "
-              f"document{'s' * (docs != 1)}, "
-              f"L={head.num_layers}, m={head.top_k}, N={head.num_experts}")
+        print(
+            f"{src} ({fmt_in}) -> {dst} ({fmt_out}): {tokens} tokens in {docs} "
+            f"document{'s' * (docs != 1)}, "
+            f"L={head.num_layers}, m={head.top_k}, N={head.num_experts}"
+        )
     return 0

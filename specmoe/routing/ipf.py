@@ -63,11 +63,23 @@ from specmoe.routing.stats import compute_stats, token_bitsets
 from specmoe.routing.trace import RoutingTrace, TraceReader
 
 __all__ = [
-    "STATUS_CONVERGED", "STATUS_INFEASIBLE", "STATUS_NOT_CONVERGED", "ExpertMoments",
-    "IPFSolution", "UnionPrediction", "bin_experts", "coactivation_counts",
-    "fit_document_moments", "fit_moments",
-    "ipf_pairwise", "load_moments", "pattern_bits", "predict_union", "save_moments",
-    "solve_windows", "stationary_moments",
+    "STATUS_CONVERGED",
+    "STATUS_INFEASIBLE",
+    "STATUS_NOT_CONVERGED",
+    "ExpertMoments",
+    "IPFSolution",
+    "UnionPrediction",
+    "bin_experts",
+    "coactivation_counts",
+    "fit_document_moments",
+    "fit_moments",
+    "ipf_pairwise",
+    "load_moments",
+    "pattern_bits",
+    "predict_union",
+    "save_moments",
+    "solve_windows",
+    "stationary_moments",
 ]
 
 STATUS_CONVERGED = "converged"
@@ -102,8 +114,9 @@ class ExpertMoments:
         if pop.ndim != 2 or pop.shape[1] != self.num_experts:
             raise InputError(f"popularity must be [L, N={self.num_experts}], got {pop.shape}")
         if co.ndim != 3 or co.shape[0] != pop.shape[0] or co.shape[2] != self.num_experts:
-            raise InputError(f"coactivation must be [L={pop.shape[0]}, J, "
-                             f"N={self.num_experts}], got {co.shape}")
+            raise InputError(
+                f"coactivation must be [L={pop.shape[0]}, J, N={self.num_experts}], got {co.shape}"
+            )
         if not 0 < self.top_k < self.num_experts:
             raise InputError(f"top_k={self.top_k} must lie in 1..N-1 (N={self.num_experts})")
         if not (np.all(np.isfinite(pop)) and np.all(np.isfinite(co))):
@@ -111,8 +124,7 @@ class ExpertMoments:
         # c_e(j) <= p_e need not hold exactly (pairs and tokens differ at document edges);
         # moments that no law meets show up as an IPF status, not here.
         if min(pop.min(), co.min()) < 0 or max(pop.max(), co.max()) > 1:
-            raise InputError("moments out of range: popularity and coactivation must lie in "
-                             "[0, 1]")
+            raise InputError("moments out of range: popularity and coactivation must lie in [0, 1]")
         object.__setattr__(self, "popularity", pop)
         object.__setattr__(self, "coactivation", co)
         if self.union is not None:
@@ -133,16 +145,19 @@ class ExpertMoments:
 
     def check_window(self, n: int, *, name: str = "max-n") -> None:
         if n - 1 > self.max_lag:
-            raise InputError(f"{name}: n={n} needs lags up to {n - 1}, but the statistics "
-                             f"cover lags 1..{self.max_lag} (n <= {self.max_lag + 1})")
+            raise InputError(
+                f"{name}: n={n} needs lags up to {n - 1}, but the statistics "
+                f"cover lags 1..{self.max_lag} (n <= {self.max_lag + 1})"
+            )
 
 
 def _doc_ids(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
 
 
-def coactivation_counts(experts: np.ndarray, doc_offsets: np.ndarray, num_experts: int, *,
-                        max_lag: int) -> tuple[np.ndarray, np.ndarray]:
+def coactivation_counts(
+    experts: np.ndarray, doc_offsets: np.ndarray, num_experts: int, *, max_lag: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-expert lagged co-activation counts of one trace array.
 
     experts: [T, L, m]. Returns counts [L, J, N], the number of t with e ∈ S_{l,t} ∩ S_{l,t+j}
@@ -152,15 +167,15 @@ def coactivation_counts(experts: np.ndarray, doc_offsets: np.ndarray, num_expert
     T, L, _ = ex.shape
     N = int(num_experts)
     doc = _doc_ids(np.asarray(doc_offsets))
-    words = token_bitsets(ex, N)                                   # [T, L, W] uint64
-    word, bit = ex >> 6, (ex & 63).astype(np.uint64)               # [T, L, m]
-    flat = ex + (np.arange(L) * N)[None, :, None]                  # ids unique across layers
+    words = token_bitsets(ex, N)  # [T, L, W] uint64
+    word, bit = ex >> 6, (ex & 63).astype(np.uint64)  # [T, L, m]
+    flat = ex + (np.arange(L) * N)[None, :, None]  # ids unique across layers
     counts = np.zeros((L, max_lag, N))
     pairs = np.zeros(max_lag)
     for j in range(1, min(max_lag, T - 1) + 1):
-        valid = doc[:-j] == doc[j:]                                # [T-j]
+        valid = doc[:-j] == doc[j:]  # [T-j]
         pairs[j - 1] = valid.sum()
-        later = np.take_along_axis(words[j:], word[:-j], axis=2)   # S_{t+j} word of each slot
+        later = np.take_along_axis(words[j:], word[:-j], axis=2)  # S_{t+j} word of each slot
         hit = ((later >> bit[:-j]) & np.uint64(1)).astype(bool) & valid[:, None, None]
         counts[:, j - 1] = np.bincount(flat[:-j][hit], minlength=L * N).reshape(L, N)
     return counts, pairs
@@ -184,17 +199,26 @@ def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> Exper
         c, p = coactivation_counts(tr.experts, tr.doc_offsets, tr.num_experts, max_lag=max_lag)
         counts += c
         pairs += p
-    meta = {"layers": list(stats.layers),
-            "source": str(getattr(trace, "path", getattr(trace, "name", "trace")))}
+    meta = {
+        "layers": list(stats.layers),
+        "source": str(getattr(trace, "path", getattr(trace, "name", "trace"))),
+    }
     if getattr(trace, "meta", {}).get("model"):
         meta["model"] = trace.meta["model"]
-    return ExpertMoments(num_experts=stats.num_experts, top_k=stats.top_k,
-                         popularity=stats.popularity, coactivation=counts / pairs[None, :, None],
-                         tokens=stats.tokens, union=stats.union, meta=meta)
+    return ExpertMoments(
+        num_experts=stats.num_experts,
+        top_k=stats.top_k,
+        popularity=stats.popularity,
+        coactivation=counts / pairs[None, :, None],
+        tokens=stats.tokens,
+        union=stats.union,
+        meta=meta,
+    )
 
 
-def fit_document_moments(trace: RoutingTrace | TraceReader, *,
-                         max_lag: int = 8) -> list[ExpertMoments]:
+def fit_document_moments(
+    trace: RoutingTrace | TraceReader, *, max_lag: int = 8
+) -> list[ExpertMoments]:
     """The statistics of each document of more than ``max_lag`` tokens, one
     :class:`ExpertMoments` each (``tokens`` is the document's length; ``union`` is None).
     Shorter documents have no pair at lag ``max_lag`` and are left out."""
@@ -213,9 +237,16 @@ def fit_document_moments(trace: RoutingTrace | TraceReader, *,
             pop = np.bincount(flat.ravel(), minlength=L * N).reshape(L, N) / (b - a)
             counts, pairs = coactivation_counts(ex, np.array([0, b - a]), N, max_lag=max_lag)
             meta = {"document": names[d] if d < len(names) else int(d)}
-            out.append(ExpertMoments(num_experts=N, top_k=tr.top_k, popularity=pop,
-                                     coactivation=counts / pairs[None, :, None],
-                                     tokens=int(b - a), meta=meta))
+            out.append(
+                ExpertMoments(
+                    num_experts=N,
+                    top_k=tr.top_k,
+                    popularity=pop,
+                    coactivation=counts / pairs[None, :, None],
+                    tokens=int(b - a),
+                    meta=meta,
+                )
+            )
     if not out:
         raise InputError(f"trace: no document is longer than max-lag={max_lag} tokens")
     return out
@@ -223,14 +254,23 @@ def fit_document_moments(trace: RoutingTrace | TraceReader, *,
 
 def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
     """Write the statistics as a small JSON ("STATS") file, atomically."""
+
     def r(a: np.ndarray) -> list:
         return np.round(a, 9).tolist()
 
-    obj = {"format": STATS_FORMAT, "version": 1, "num_experts": moments.num_experts,
-           "top_k": moments.top_k, "num_layers": moments.num_layers, "max_lag": moments.max_lag,
-           "tokens": moments.tokens, "meta": moments.meta,
-           "popularity": r(moments.popularity), "coactivation": r(moments.coactivation),
-           "union": None if moments.union is None else r(moments.union)}
+    obj = {
+        "format": STATS_FORMAT,
+        "version": 1,
+        "num_experts": moments.num_experts,
+        "top_k": moments.top_k,
+        "num_layers": moments.num_layers,
+        "max_lag": moments.max_lag,
+        "tokens": moments.tokens,
+        "meta": moments.meta,
+        "popularity": r(moments.popularity),
+        "coactivation": r(moments.coactivation),
+        "union": None if moments.union is None else r(moments.union),
+    }
     return atomic_write_json(path, obj)
 
 
@@ -244,12 +284,14 @@ def load_moments(path: str | os.PathLike) -> ExpertMoments:
         raise InputError(f"{path}: not a specmoe statistics file (format != {STATS_FORMAT!r})")
     try:
         return ExpertMoments(
-            num_experts=int(obj["num_experts"]), top_k=int(obj["top_k"]),
+            num_experts=int(obj["num_experts"]),
+            top_k=int(obj["top_k"]),
             popularity=np.asarray(obj["popularity"], dtype=np.float64),
             coactivation=np.asarray(obj["coactivation"], dtype=np.float64),
             tokens=int(obj.get("tokens", 0)),
             union=None if obj.get("union") is None else np.asarray(obj["union"], dtype=float),
-            meta=dict(obj.get("meta") or {}))
+            meta=dict(obj.get("meta") or {}),
+        )
     except KeyError as exc:
         raise InputError(f"{path}: statistics file lacks {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -270,8 +312,9 @@ def stationary_moments(p: np.ndarray, c: np.ndarray, n: int) -> np.ndarray:
     p = np.asarray(p, dtype=np.float64).reshape(-1)
     c = np.asarray(c, dtype=np.float64).reshape(p.size, -1)
     if n > 1 and c.shape[1] < n - 1:
-        raise InputError(f"a window of n={n} needs co-activation at lags 1..{n - 1}, "
-                         f"got {c.shape[1]} lags")
+        raise InputError(
+            f"a window of n={n} needs co-activation at lags 1..{n - 1}, got {c.shape[1]} lags"
+        )
     lag = np.abs(np.subtract.outer(np.arange(n), np.arange(n)))
     M = np.empty((p.size, n, n))
     M[:] = np.where(lag == 0, 0.0, np.nan)
@@ -321,9 +364,15 @@ def _pair_tables(M: np.ndarray) -> tuple[list[tuple[int, int]], np.ndarray]:
     return pairs, tab
 
 
-def ipf_pairwise(moments: np.ndarray, *, tol: float = 1e-10, max_iter: int = 5000,
-                 feasibility_tol: float = 1e-12, check_every: int = 4,
-                 stall_sweeps: int = 200) -> IPFSolution:
+def ipf_pairwise(
+    moments: np.ndarray,
+    *,
+    tol: float = 1e-10,
+    max_iter: int = 5000,
+    feasibility_tol: float = 1e-12,
+    check_every: int = 4,
+    stall_sweeps: int = 200,
+) -> IPFSolution:
     """Maximum-entropy laws on {0,1}^n meeting given first and pairwise moments, by IPF.
 
     moments: [B, n, n] symmetric; diagonal P(x_i = 1), off-diagonal P(x_i = 1, x_k = 1).
@@ -352,13 +401,13 @@ def ipf_pairwise(moments: np.ndarray, *, tol: float = 1e-10, max_iter: int = 500
         probs[bad] = np.nan
         status = np.where(bad, STATUS_INFEASIBLE, STATUS_CONVERGED)
         return IPFSolution(1, probs, status, np.where(bad, np.nan, 0.0), 0)
-    pairs, tab = _pair_tables(M)                                   # [B, Q, 4]
+    pairs, tab = _pair_tables(M)  # [B, Q, 4]
     Q = len(pairs)
-    bits = pattern_bits(n).astype(np.int64)                        # [P, n]
+    bits = pattern_bits(n).astype(np.int64)  # [P, n]
     cell = np.stack([2 * bits[:, i] + bits[:, k] for i, k in pairs])  # [Q, P]
-    onehot = np.zeros((2**n, Q * 4))                               # [P, 4Q]
+    onehot = np.zeros((2**n, Q * 4))  # [P, 4Q]
     onehot[np.arange(2**n)[:, None], 4 * np.arange(Q)[None, :] + cell.T] = 1.0
-    onehot_t = np.ascontiguousarray(onehot.T)                      # [4Q, P]
+    onehot_t = np.ascontiguousarray(onehot.T)  # [4Q, P]
     # Patterns lead, problems trail ([P, b], problems contiguous): the pattern axis viewed as
     # (before i, x_i, between, x_k, after) lets one pair's marginal be a sum over the other
     # axes and its rescale a broadcast multiply, both over contiguous rows of problems.
@@ -367,17 +416,17 @@ def ipf_pairwise(moments: np.ndarray, *, tol: float = 1e-10, max_iter: int = 500
     tab = np.clip(tab, 0.0, None)
     probs = np.full((B, 2**n), np.nan)
     viol = np.full(B, np.nan)
-    live = np.nonzero(~infeasible)[0]                              # rows still iterating
-    work = np.full((2**n, live.size), 1.0 / 2**n)                  # [P, b]
-    tq = np.ascontiguousarray(tab[live].transpose(1, 2, 0))        # [Q, 4, b] targets
-    v_ref = np.full(live.size, np.inf)                             # violation at the last mark
+    live = np.nonzero(~infeasible)[0]  # rows still iterating
+    work = np.full((2**n, live.size), 1.0 / 2**n)  # [P, b]
+    tq = np.ascontiguousarray(tab[live].transpose(1, 2, 0))  # [Q, 4, b] targets
+    v_ref = np.full(live.size, np.inf)  # violation at the last mark
     it = 0
     while live.size and it < max_iter:
         mark = it > 0 and it % stall_sweeps < check_every
         for _ in range(min(check_every, max_iter - it)):
             for q in range(Q):
                 view = work.reshape(*views[q], -1)
-                cur = view.sum(axis=(0, 2, 4)).reshape(4, -1)      # [4, b], cell 2·x_i + x_k
+                cur = view.sum(axis=(0, 2, 4)).reshape(4, -1)  # [4, b], cell 2·x_i + x_k
                 f = np.divide(tq[q], cur, out=np.zeros_like(cur), where=cur > 0)
                 view *= f.reshape(1, 2, 1, 2, 1, -1)
             it += 1
@@ -394,8 +443,9 @@ def ipf_pairwise(moments: np.ndarray, *, tol: float = 1e-10, max_iter: int = 500
             keep = ~fin
             live, v_ref = live[keep], v_ref[keep]
             work, tq = np.ascontiguousarray(work[:, keep]), np.ascontiguousarray(tq[:, :, keep])
-    status = np.where(infeasible, STATUS_INFEASIBLE,
-                      np.where(viol <= tol, STATUS_CONVERGED, STATUS_NOT_CONVERGED))
+    status = np.where(
+        infeasible, STATUS_INFEASIBLE, np.where(viol <= tol, STATUS_CONVERGED, STATUS_NOT_CONVERGED)
+    )
     return IPFSolution(n, probs, status, viol, it)
 
 
@@ -414,7 +464,7 @@ def bin_experts(popularity: np.ndarray, bins: int) -> np.ndarray:
     if not 1 <= bins <= N:
         raise InputError(f"bins must be in 1..{N}, got {bins}")
     order = np.argsort(popularity, axis=1, kind="stable")
-    rank_bin = (np.arange(N) * bins) // N                          # [N] bin of each rank
+    rank_bin = (np.arange(N) * bins) // N  # [N] bin of each rank
     out = np.empty((L, N), dtype=np.int64)
     np.put_along_axis(out, order, np.broadcast_to(rank_bin, (L, N)), axis=1)
     return out
@@ -454,25 +504,33 @@ class UnionPrediction:
 VARIANTS = ("uniform", "skewed")
 
 
-def _bin_targets(moments: ExpertMoments, variant: str,
-                 bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_targets(
+    moments: ExpertMoments, variant: str, bins: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per layer and bin: marginal p [L, K], co-activation c [L, K, J], experts per bin [L, K]."""
     N, m, L = moments.num_experts, moments.top_k, moments.num_layers
     if variant == "uniform":
         p = np.full((L, 1), m / N)
-        c = (moments.coactivation.sum(axis=2) / N)[:, None, :]     # [L, 1, J] = m o_l(j)/N
+        c = (moments.coactivation.sum(axis=2) / N)[:, None, :]  # [L, 1, J] = m o_l(j)/N
         return p, c, np.full((L, 1), float(N))
-    b = bin_experts(moments.popularity, bins)                      # [L, N]
+    b = bin_experts(moments.popularity, bins)  # [L, N]
     onehot = (b[:, :, None] == np.arange(bins)).astype(np.float64)  # [L, N, K]
-    size = onehot.sum(axis=1)                                      # [L, K]
+    size = onehot.sum(axis=1)  # [L, K]
     p = np.einsum("ln,lnk->lk", moments.popularity, onehot) / size
     c = np.einsum("ljn,lnk->lkj", moments.coactivation, onehot) / size[:, :, None]
     return p, c, size
 
 
-def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: int = 9,
-                  min_n: int = 2, variant: str = "skewed", bins: int = 8, tol: float = 1e-10,
-                  max_iter: int = 5000) -> UnionPrediction:
+def predict_union(
+    moments: ExpertMoments | Sequence[ExpertMoments],
+    *,
+    max_n: int = 9,
+    min_n: int = 2,
+    variant: str = "skewed",
+    bins: int = 8,
+    tol: float = 1e-10,
+    max_iter: int = 5000,
+) -> UnionPrediction:
     """Û_l(n) for n = min_n..max_n by maximum-entropy IPF (see the module docstring).
 
     ``moments`` is one set of statistics (the paper's method: one stationary law for the whole
@@ -500,9 +558,9 @@ def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: in
     ns = np.arange(min_n, max_n + 1)
     D = len(parts)
     targets = [_bin_targets(part, variant, bins) for part in parts]
-    p = np.stack([t[0] for t in targets])                          # [D, L, K]
-    c = np.stack([t[1] for t in targets])                          # [D, L, K, J]
-    size = np.stack([t[2] for t in targets])                       # [D, L, K]
+    p = np.stack([t[0] for t in targets])  # [D, L, K]
+    c = np.stack([t[1] for t in targets])  # [D, L, K, J]
+    size = np.stack([t[2] for t in targets])  # [D, L, K]
     K = p.shape[2]
     # Estimates at document edges can leave c a hair outside the box 2p − 1 <= c <= p that a
     # 2x2 table needs; such targets are moved into it and counted (``clipped``).
@@ -516,10 +574,11 @@ def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: in
     iters = 0
     rank = {STATUS_CONVERGED: 0, STATUS_NOT_CONVERGED: 1, STATUS_INFEASIBLE: 2}
     for s, n in enumerate(ns):
-        sol = solve_windows(p.reshape(-1), c.reshape(D * L * K, -1), int(n), tol=tol,
-                            max_iter=max_iter)
+        sol = solve_windows(
+            p.reshape(-1), c.reshape(D * L * K, -1), int(n), tol=tol, max_iter=max_iter
+        )
         iters = max(iters, sol.iterations)
-        per = (size * sol.p_any.reshape(D, L, K)).sum(axis=2)      # [D, L]
+        per = (size * sol.p_any.reshape(D, L, K)).sum(axis=2)  # [D, L]
         w = np.maximum(tokens - n + 1, 0.0) if D > 1 else np.ones(1)
         pred[:, s] = (w[:, None] * per).sum(axis=0) / w.sum()
         st = np.vectorize(rank.get)(sol.status.reshape(D, L, K)).max(axis=(0, 2))
@@ -530,8 +589,15 @@ def predict_union(moments: ExpertMoments | Sequence[ExpertMoments], *, max_n: in
     if D == 1:
         pooled = first.popularity
     return UnionPrediction(
-        n=ns, predicted=pred, status=status.astype(str), max_violation=viol,
+        n=ns,
+        predicted=pred,
+        status=status.astype(str),
+        max_violation=viol,
         uniform_baseline=uniform_union(N, m, max_n)[ns - 1],
         popularity_baseline=independent_union(pooled, max_n)[:, ns - 1],
-        variant=variant, bins=K, iterations=iters,
-        pooling="trace" if isinstance(moments, ExpertMoments) else "documents", clipped=clipped)
+        variant=variant,
+        bins=K,
+        iterations=iters,
+        pooling="trace" if isinstance(moments, ExpertMoments) else "documents",
+        clipped=clipped,
+    )

@@ -23,36 +23,66 @@ from specmoe.errors import InputError
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("trace", help="fit data: a trace (.npz or shard directory) or a "
-                                      "STATS .json file")
-    parser.add_argument("--validate", default=None, metavar="TRACE2",
-                        help="trace to score the prediction on (default: the fit trace)")
-    parser.add_argument("--variant", choices=("uniform", "skewed"), default="skewed",
-                        help="uniform expert probabilities, or popularity bins (default)")
-    parser.add_argument("--bins", type=int, default=8,
-                        help="popularity bins per layer for --variant skewed (default 8)")
-    parser.add_argument("--pool", choices=("trace", "documents"), default=None,
-                        help="documents: a mixture of per-document laws weighted by their "
-                             "windows (default for a trace); trace: one law for the whole "
-                             "fit data (paper 003; the only choice for a STATS file)")
+    parser.add_argument(
+        "trace", help="fit data: a trace (.npz or shard directory) or a STATS .json file"
+    )
+    parser.add_argument(
+        "--validate",
+        default=None,
+        metavar="TRACE2",
+        help="trace to score the prediction on (default: the fit trace)",
+    )
+    parser.add_argument(
+        "--variant",
+        choices=("uniform", "skewed"),
+        default="skewed",
+        help="uniform expert probabilities, or popularity bins (default)",
+    )
+    parser.add_argument(
+        "--bins",
+        type=int,
+        default=8,
+        help="popularity bins per layer for --variant skewed (default 8)",
+    )
+    parser.add_argument(
+        "--pool",
+        choices=("trace", "documents"),
+        default=None,
+        help="documents: a mixture of per-document laws weighted by their "
+        "windows (default for a trace); trace: one law for the whole "
+        "fit data (paper 003; the only choice for a STATS file)",
+    )
     parser.add_argument("--max-n", type=int, default=9, help="longest window (default 9)")
-    parser.add_argument("--tol", type=float, default=1e-10,
-                        help="IPF tolerance on every pairwise cell (default 1e-10)")
-    parser.add_argument("--max-iter", type=int, default=5000,
-                        help="most IPF sweeps (default 5000)")
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=1e-10,
+        help="IPF tolerance on every pairwise cell (default 1e-10)",
+    )
+    parser.add_argument("--max-iter", type=int, default=5000, help="most IPF sweeps (default 5000)")
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="write ipf.json, stats.json and ipf_union.png to DIR")
-
-
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write ipf.json, stats.json and ipf_union.png to DIR",
+    )
 
 
 def _rel(pred: np.ndarray, emp: np.ndarray | None) -> np.ndarray | None:
     return None if emp is None else (pred - emp) / emp
 
 
-def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
-                 validate_name: str | None, tol: float, max_iter: int) -> dict[str, Any]:
+def build_result(
+    moments,
+    pred,
+    *,
+    empirical: np.ndarray | None,
+    fit_name: str,
+    validate_name: str | None,
+    tol: float,
+    max_iter: int,
+) -> dict[str, Any]:
     """The JSON record of one prediction (means are over layers, per n)."""
     emp_mean = None if empirical is None else empirical.mean(axis=0)
     pop = pred.popularity_baseline
@@ -60,16 +90,26 @@ def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
     rec: dict[str, Any] = {
         "fit": {"source": fit_name, "tokens": moments.tokens},
         "validate": None if validate_name is None else {"source": validate_name},
-        "num_experts": moments.num_experts, "top_k": moments.top_k,
-        "num_layers": moments.num_layers, "layers": moments.meta.get("layers"),
-        "variant": pred.variant, "bins": pred.bins, "pooling": pred.pooling, "tol": tol,
+        "num_experts": moments.num_experts,
+        "top_k": moments.top_k,
+        "num_layers": moments.num_layers,
+        "layers": moments.meta.get("layers"),
+        "variant": pred.variant,
+        "bins": pred.bins,
+        "pooling": pred.pooling,
+        "tol": tol,
         "max_iter": max_iter,
         "n": pred.n.tolist(),
-        "predicted_union": pred.mean_predicted, "empirical_union": emp_mean,
+        "predicted_union": pred.mean_predicted,
+        "empirical_union": emp_mean,
         "relative_error": rel,
         "max_abs_relative_error": None if rel is None else float(np.abs(rel).max()),
-        "per_layer": {"predicted": pred.predicted, "empirical": empirical,
-                      "status": pred.status.tolist(), "max_violation": pred.max_violation},
+        "per_layer": {
+            "predicted": pred.predicted,
+            "empirical": empirical,
+            "status": pred.status.tolist(),
+            "max_violation": pred.max_violation,
+        },
         "converged": pred.converged,
         "clipped_targets": pred.clipped,
         "iterations": pred.iterations,
@@ -85,26 +125,32 @@ def build_result(moments, pred, *, empirical: np.ndarray | None, fit_name: str,
 
 
 def summary(rec: dict[str, Any]) -> str:
-    lines = [f"ipf ({rec['variant']}, bins={rec['bins']}, pool={rec['pooling']}): "
-             f"N={rec['num_experts']} "
-             f"m={rec['top_k']} L={rec['num_layers']}, fit on {rec['fit']['source']}"
-             + (f", scored on {rec['validate']['source']}" if rec["validate"] else ""),
-             f"{'n':>3} {'IPF':>8} {'measured':>9} {'error':>8} {'indep':>8} {'uniform':>8}"]
+    lines = [
+        f"ipf ({rec['variant']}, bins={rec['bins']}, pool={rec['pooling']}): "
+        f"N={rec['num_experts']} "
+        f"m={rec['top_k']} L={rec['num_layers']}, fit on {rec['fit']['source']}"
+        + (f", scored on {rec['validate']['source']}" if rec["validate"] else ""),
+        f"{'n':>3} {'IPF':>8} {'measured':>9} {'error':>8} {'indep':>8} {'uniform':>8}",
+    ]
     emp = rec["empirical_union"]
     for i, n in enumerate(rec["n"]):
         e = "—" if emp is None else f"{emp[i]:9.3f}"
         r = "—" if emp is None else f"{rec['relative_error'][i]:+8.2%}"
-        lines.append(f"{n:>3} {rec['predicted_union'][i]:8.3f} {e:>9} {r:>8} "
-                     f"{rec['baselines']['popularity_independent'][i]:8.3f} "
-                     f"{rec['baselines']['uniform_independent'][i]:8.3f}")
+        lines.append(
+            f"{n:>3} {rec['predicted_union'][i]:8.3f} {e:>9} {r:>8} "
+            f"{rec['baselines']['popularity_independent'][i]:8.3f} "
+            f"{rec['baselines']['uniform_independent'][i]:8.3f}"
+        )
     if rec["converged"]:
         lines.append("IPF converged everywhere")
     else:
         st = np.asarray(rec["per_layer"]["status"])
         worst = np.nanmax(np.asarray(rec["per_layer"]["max_violation"], dtype=float))
-        lines.append(f"IPF did not converge in {int((st != 'converged').sum())} of {st.size} "
-                     f"(layer, n) cells; largest pairwise-cell violation {worst:.2g} "
-                     f"(see per_layer.status)")
+        lines.append(
+            f"IPF did not converge in {int((st != 'converged').sum())} of {st.size} "
+            f"(layer, n) cells; largest pairwise-cell violation {worst:.2g} "
+            f"(see per_layer.status)"
+        )
     return "\n".join(lines)
 
 
@@ -125,15 +171,15 @@ def run(args) -> int:
     if args.bins < 1:
         raise InputError(f"--bins must be >= 1, got {args.bins}")
     if not args.tol > 0 or args.max_iter < 1:
-        raise InputError(f"--tol must be > 0 and --max-iter >= 1 (got {args.tol}, "
-                         f"{args.max_iter})")
+        raise InputError(f"--tol must be > 0 and --max-iter >= 1 (got {args.tol}, {args.max_iter})")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         raise InputError(f"--out {args.out}: exists and is not a directory")
     fit_reader = moments = None
     if Path(args.trace).suffix.lower() == ".json":
         if args.pool == "documents":
-            raise InputError(f"--pool documents needs a trace, not the statistics file "
-                             f"{args.trace}")
+            raise InputError(
+                f"--pool documents needs a trace, not the statistics file {args.trace}"
+            )
         args.pool = "trace"
         moments = load_moments(args.trace)
         moments.check_window(args.max_n, name="--max-n")
@@ -149,8 +195,9 @@ def run(args) -> int:
         reader = open_trace(args.validate)
         have = (reader.num_experts, reader.top_k, reader.num_layers)
         if have != want:
-            raise InputError(f"--validate {args.validate}: N, m, L = {have} but the fit "
-                             f"data have {want}")
+            raise InputError(
+                f"--validate {args.validate}: N, m, L = {have} but the fit data have {want}"
+            )
     if moments is None:
         print(f"ipf: fitting statistics on {args.trace}", file=sys.stderr, flush=True)
         moments = fit_moments(fit_reader, max_lag=args.max_n - 1)
@@ -159,19 +206,35 @@ def run(args) -> int:
         print(f"ipf: measuring the union on {args.validate}", file=sys.stderr, flush=True)
         empirical = compute_stats(reader, max_n=args.max_n, max_lag=1).union[:, 1:]
     elif moments.union is not None and moments.union.shape[1] >= args.max_n:
-        empirical = moments.union[:, 1:args.max_n]
+        empirical = moments.union[:, 1 : args.max_n]
     source = moments
     if args.pool == "documents":
         source = fit_document_moments(fit_reader, max_lag=args.max_n - 1)
-        print(f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
-              file=sys.stderr, flush=True)
-    print(f"ipf: solving {args.variant} IPF for n = 2..{args.max_n}", file=sys.stderr,
-          flush=True)
-    pred = predict_union(source, max_n=args.max_n, variant=args.variant, bins=args.bins,
-                         tol=args.tol, max_iter=args.max_iter)
-    rec = to_jsonable(build_result(moments, pred, empirical=empirical, fit_name=args.trace,
-                                   validate_name=args.validate, tol=args.tol,
-                                   max_iter=args.max_iter))
+        print(
+            f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"ipf: solving {args.variant} IPF for n = 2..{args.max_n}", file=sys.stderr, flush=True)
+    pred = predict_union(
+        source,
+        max_n=args.max_n,
+        variant=args.variant,
+        bins=args.bins,
+        tol=args.tol,
+        max_iter=args.max_iter,
+    )
+    rec = to_jsonable(
+        build_result(
+            moments,
+            pred,
+            empirical=empirical,
+            fit_name=args.trace,
+            validate_name=args.validate,
+            tol=args.tol,
+            max_iter=args.max_iter,
+        )
+    )
     if args.out is not None:
         from specmoe.report.ipf_figures import plot_union_file
 
@@ -179,8 +242,10 @@ def run(args) -> int:
         atomic_write_json(out / "ipf.json", rec)
         save_moments(moments, out / "stats.json")
         plot_union_file(rec, out / "ipf_union.png", title=Path(args.trace).name)
-        print(f"ipf: wrote {out / 'ipf.json'}, {out / 'stats.json'}, "
-              f"{out / 'ipf_union.png'}", file=sys.stderr)
+        print(
+            f"ipf: wrote {out / 'ipf.json'}, {out / 'stats.json'}, {out / 'ipf_union.png'}",
+            file=sys.stderr,
+        )
     if args.json:
         print(dumps_json(rec))
     else:

@@ -44,7 +44,7 @@ def uniform_union(num_experts: int, top_k: int, max_n: int) -> np.ndarray:
     """
     q = 1.0 - top_k / num_experts
     n = np.arange(1, max_n + 1)
-    return num_experts * (1.0 - q ** n)
+    return num_experts * (1.0 - q**n)
 
 
 def uniform_reuse(num_experts: int, top_k: int, max_n: int) -> np.ndarray:
@@ -79,8 +79,8 @@ def independent_union(popularity: np.ndarray, max_n: int) -> np.ndarray:
     within-token dependence (only the marginals enter the expectation); with p = m/N it is
     N(1 − q^n).
     """
-    p = np.asarray(popularity, dtype=np.float64)                 # [L, N]
-    n = np.arange(1, max_n + 1, dtype=np.float64)                # [n]
+    p = np.asarray(popularity, dtype=np.float64)  # [L, N]
+    n = np.arange(1, max_n + 1, dtype=np.float64)  # [n]
     miss = np.clip(1.0 - p, 0.0, 1.0)[:, None, :] ** n[None, :, None]  # [L, n, N]
     return (1.0 - miss).sum(axis=-1)
 
@@ -119,16 +119,22 @@ def _share(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
-def decompose_overlap(overlap: np.ndarray, independent: np.ndarray, uniform: float, *,
-                      union_mean: np.ndarray, union_independent_mean: np.ndarray,
-                      union_uniform: np.ndarray) -> OverlapDecomposition:
+def decompose_overlap(
+    overlap: np.ndarray,
+    independent: np.ndarray,
+    uniform: float,
+    *,
+    union_mean: np.ndarray,
+    union_independent_mean: np.ndarray,
+    union_uniform: np.ndarray,
+) -> OverlapDecomposition:
     """Three-level decomposition of overlap and union (see :class:`OverlapDecomposition`).
 
     ``overlap`` [L, lags], ``independent`` [L]; the union arguments are [n] layer means.
     """
-    o = np.asarray(overlap, dtype=np.float64)                    # [L, lags]
-    ind = np.asarray(independent, dtype=np.float64)[:, None]     # [L, 1]
-    o_mean = o.mean(axis=0)                                      # [lags]
+    o = np.asarray(overlap, dtype=np.float64)  # [L, lags]
+    ind = np.asarray(independent, dtype=np.float64)[:, None]  # [L, 1]
+    o_mean = o.mean(axis=0)  # [lags]
     ind_mean = float(ind.mean())
     return OverlapDecomposition(
         uniform=float(uniform),

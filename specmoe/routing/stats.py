@@ -84,6 +84,7 @@ __all__ = [
 # ------------------------------------------------------------------------------------------
 # array-level conveniences
 
+
 @dataclass(frozen=True)
 class ReuseUnion:
     """ρ̂ [L, n] and Û [L, n] (entry n−1), windows [n] per window length, and overlap [L, lags]."""
@@ -94,50 +95,79 @@ class ReuseUnion:
     overlap: np.ndarray
 
 
-def _array_sums(experts: np.ndarray, doc_offsets, num_experts: int | None, *, max_n: int,
-                max_lag: int, aligned: bool) -> DocumentSums:
+def _array_sums(
+    experts: np.ndarray,
+    doc_offsets,
+    num_experts: int | None,
+    *,
+    max_n: int,
+    max_lag: int,
+    aligned: bool,
+) -> DocumentSums:
     experts = np.asarray(experts)
     if experts.ndim != 3:
         raise InputError(f"experts must be [T, L, m], got shape {experts.shape}")
     T, L, m = experts.shape
-    off = (np.array([0, T], np.int64) if doc_offsets is None
-           else np.asarray(doc_offsets, dtype=np.int64))
+    off = (
+        np.array([0, T], np.int64)
+        if doc_offsets is None
+        else np.asarray(doc_offsets, dtype=np.int64)
+    )
     if off.ndim != 1 or off.size < 2 or off[0] != 0 or off[-1] != T or np.any(np.diff(off) <= 0):
         raise InputError(f"doc_offsets must increase strictly from 0 to T={T}")
     if max_n < 1 or max_lag < 0:
         raise InputError(f"need max_n >= 1 and max_lag >= 0, got {max_n} and {max_lag}")
     n_exp = _infer_n(experts, num_experts)
-    part = _shard_sums(experts, off, n_exp, max_n=max_n, max_lag=max_lag, aligned=aligned,
-                       per_doc_counts=False)
+    part = _shard_sums(
+        experts, off, n_exp, max_n=max_n, max_lag=max_lag, aligned=aligned, per_doc_counts=False
+    )
     lens = np.diff(off)
-    return DocumentSums(num_experts=n_exp, top_k=m, layers=list(range(L)), max_n=max_n,
-                        max_lag=max_lag, aligned=aligned, lengths=lens, reuse=part["reuse"],
-                        union=part["union"], windows=_window_counts(lens, max_n, aligned),
-                        overlap=part["overlap"], pairs=_pair_counts(lens, max_lag),
-                        expert_counts=part["counts"])
+    return DocumentSums(
+        num_experts=n_exp,
+        top_k=m,
+        layers=list(range(L)),
+        max_n=max_n,
+        max_lag=max_lag,
+        aligned=aligned,
+        lengths=lens,
+        reuse=part["reuse"],
+        union=part["union"],
+        windows=_window_counts(lens, max_n, aligned),
+        overlap=part["overlap"],
+        pairs=_pair_counts(lens, max_lag),
+        expert_counts=part["counts"],
+    )
 
 
-def reuse_and_union(experts: np.ndarray, *, max_n: int, doc_offsets=None,
-                    num_experts: int | None = None, aligned: bool = False,
-                    max_lag: int = 0) -> ReuseUnion:
+def reuse_and_union(
+    experts: np.ndarray,
+    *,
+    max_n: int,
+    doc_offsets=None,
+    num_experts: int | None = None,
+    aligned: bool = False,
+    max_lag: int = 0,
+) -> ReuseUnion:
     """ρ̂_l(n) and Û_l(n) for n = 1..max_n on an array [T, L, m] (paper 002 Eq. (1), App. D.2).
 
     ``doc_offsets`` [D+1] splits the tokens into documents (default: one document); windows
     never cross a document edge. ``aligned=True`` uses the same window starts for every n, so
     that Eq. (2) holds exactly. ``max_lag`` > 0 also computes the pairwise overlap.
     """
-    sums = _array_sums(experts, doc_offsets, num_experts, max_n=max_n, max_lag=max_lag,
-                       aligned=aligned)
+    sums = _array_sums(
+        experts, doc_offsets, num_experts, max_n=max_n, max_lag=max_lag, aligned=aligned
+    )
     rho, union = rho_union_from_sums(sums)
-    return ReuseUnion(rho=rho, union=union, windows=sums.windows.sum(axis=0),
-                      overlap=overlap_from_sums(sums))
+    return ReuseUnion(
+        rho=rho, union=union, windows=sums.windows.sum(axis=0), overlap=overlap_from_sums(sums)
+    )
 
 
-def pair_overlap(experts: np.ndarray, *, max_lag: int, doc_offsets=None,
-                 num_experts: int | None = None) -> np.ndarray:
+def pair_overlap(
+    experts: np.ndarray, *, max_lag: int, doc_offsets=None, num_experts: int | None = None
+) -> np.ndarray:
     """[L, lags] o_l(j) = E|S_t ∩ S_{t+j}| / m over pairs inside one document (paper 003 §6)."""
-    sums = _array_sums(experts, doc_offsets, num_experts, max_n=1, max_lag=max_lag,
-                       aligned=False)
+    sums = _array_sums(experts, doc_offsets, num_experts, max_n=1, max_lag=max_lag, aligned=False)
     return overlap_from_sums(sums)
 
 
@@ -151,6 +181,7 @@ def expert_popularity(experts: np.ndarray, num_experts: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------
 # the public result
+
 
 @dataclass(frozen=True)
 class RoutingStats:
@@ -222,7 +253,7 @@ def u_bar_of(union: np.ndarray, weights: np.ndarray, top_k: int) -> np.ndarray:
 def rho_bar_of(rho: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """[..., n−1] ρ̄_k = Σ_{j=2}^{k+1} Σ_l w_l ρ_l(j) / (k W), k = 1..max_n−1 (paper 002 (11))."""
     w = np.asarray(weights, dtype=np.float64)
-    per_j = np.tensordot(w, rho, axes=([0], [-2])) / w.sum()          # [..., n]
+    per_j = np.tensordot(w, rho, axes=([0], [-2])) / w.sum()  # [..., n]
     k = np.arange(1, rho.shape[-1])
     return np.cumsum(per_j[..., 1:], axis=-1) / k
 
@@ -231,8 +262,10 @@ def layer_weights_for(spec, sums_or_trace) -> np.ndarray:
     """[L] w_l from a ModelSpec that agrees with the trace's N, m and layers."""
     N, m, L = sums_or_trace.num_experts, sums_or_trace.top_k, sums_or_trace.num_layers
     if (spec.num_experts, spec.top_k) != (N, m):
-        raise InputError(f"model {spec.name!r} has N={spec.num_experts}, m={spec.top_k} but "
-                         f"the trace has N={N}, m={m}")
+        raise InputError(
+            f"model {spec.name!r} has N={spec.num_experts}, m={spec.top_k} but "
+            f"the trace has N={N}, m={m}"
+        )
     w = np.asarray(spec.layer_expert_bytes, dtype=np.float64)
     if spec.num_moe_layers == L:
         return w
@@ -241,43 +274,76 @@ def layer_weights_for(spec, sums_or_trace) -> np.ndarray:
     layers = list(sums_or_trace.meta.get("layers", range(L)) if layers is None else layers)
     if len(layers) == L and all(layer in pos for layer in layers):
         return w[[pos[layer] for layer in layers]]
-    raise InputError(f"model {spec.name!r} has {spec.num_moe_layers} MoE layers but the trace "
-                     f"has {L} (layers {layers[:8]}{'...' if L > 8 else ''})")
+    raise InputError(
+        f"model {spec.name!r} has {spec.num_moe_layers} MoE layers but the trace "
+        f"has {L} (layers {layers[:8]}{'...' if L > 8 else ''})"
+    )
 
 
 def stats_from_sums(sums: DocumentSums, *, spec=None) -> RoutingStats:
     """Every point estimate of :class:`RoutingStats` from per-document sums (no intervals)."""
     N, m, L = sums.num_experts, sums.top_k, sums.num_layers
     w = layer_weights_for(spec, sums) if spec is not None else np.ones(L)
-    rho, union = rho_union_from_sums(sums)                                   # [L, n]
-    popularity = sums.expert_counts / max(sums.tokens, 1)                    # [L, N]
+    rho, union = rho_union_from_sums(sums)  # [L, n]
+    popularity = sums.expert_counts / max(sums.tokens, 1)  # [L, N]
     u_unif = uniform_union(N, m, sums.max_n)
-    u_ind = independent_union(popularity, sums.max_n)                        # [L, n]
-    ov = overlap_from_sums(sums)                                             # [L, lags]
-    ov_ind = independent_overlap(popularity, m)                              # [L]
+    u_ind = independent_union(popularity, sums.max_n)  # [L, n]
+    ov = overlap_from_sums(sums)  # [L, lags]
+    ov_ind = independent_overlap(popularity, m)  # [L]
     resid = identity_residual(rho, union, m)
     return RoutingStats(
-        num_experts=N, top_k=m, num_layers=L, layers=list(sums.layers), tokens=sums.tokens,
-        documents=sums.documents, max_n=sums.max_n, max_lag=sums.max_lag, aligned=sums.aligned,
-        windows=sums.windows.sum(axis=0), pairs=sums.pairs.sum(axis=0), rho=rho, union=union,
-        rho_mean=rho.mean(axis=0), union_mean=union.mean(axis=0), rho_bar=rho_bar_of(rho, w),
-        u_bar=u_bar_of(union, w, m), layer_weights=w, weighted=spec is not None,
-        uniform_rho=uniform_reuse(N, m, sums.max_n), uniform_union=u_unif,
-        union_independent=u_ind, union_independent_mean=u_ind.mean(axis=0),
+        num_experts=N,
+        top_k=m,
+        num_layers=L,
+        layers=list(sums.layers),
+        tokens=sums.tokens,
+        documents=sums.documents,
+        max_n=sums.max_n,
+        max_lag=sums.max_lag,
+        aligned=sums.aligned,
+        windows=sums.windows.sum(axis=0),
+        pairs=sums.pairs.sum(axis=0),
+        rho=rho,
+        union=union,
+        rho_mean=rho.mean(axis=0),
+        union_mean=union.mean(axis=0),
+        rho_bar=rho_bar_of(rho, w),
+        u_bar=u_bar_of(union, w, m),
+        layer_weights=w,
+        weighted=spec is not None,
+        uniform_rho=uniform_reuse(N, m, sums.max_n),
+        uniform_union=u_unif,
+        union_independent=u_ind,
+        union_independent_mean=u_ind.mean(axis=0),
         identity_error=float(np.max(np.abs(resid))),
         identity_bound=float(np.max(identity_bound(sums.windows, m))),
-        overlap=ov, overlap_mean=ov.mean(axis=0),
+        overlap=ov,
+        overlap_mean=ov.mean(axis=0),
         overlap_independent=np.repeat(ov_ind[:, None], ov.shape[1], axis=1),
-        overlap_uniform=uniform_overlap(N, m), popularity=popularity,
+        overlap_uniform=uniform_overlap(N, m),
+        popularity=popularity,
         decomposition=decompose_overlap(
-            ov, ov_ind, uniform_overlap(N, m), union_mean=union.mean(axis=0),
-            union_independent_mean=u_ind.mean(axis=0), union_uniform=u_unif),
+            ov,
+            ov_ind,
+            uniform_overlap(N, m),
+            union_mean=union.mean(axis=0),
+            union_independent_mean=u_ind.mean(axis=0),
+            union_uniform=u_unif,
+        ),
     )
 
 
-def compute_stats(trace_or_reader, *, max_n: int = 9, max_lag: int | None = None, spec=None,
-                  bootstrap: int = 0, seed: int = 0, aligned: bool = False,
-                  progress: Callable[[int, int], None] | None = None) -> RoutingStats:
+def compute_stats(
+    trace_or_reader,
+    *,
+    max_n: int = 9,
+    max_lag: int | None = None,
+    spec=None,
+    bootstrap: int = 0,
+    seed: int = 0,
+    aligned: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> RoutingStats:
     """Reuse, union, overlap and popularity of a trace, streamed shard by shard.
 
     ``trace_or_reader``: a :class:`RoutingTrace`, a :class:`TraceReader` or a path.
@@ -289,40 +355,61 @@ def compute_stats(trace_or_reader, *, max_n: int = 9, max_lag: int | None = None
     """
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int | np.integer) or bootstrap < 0:
         raise InputError(f"bootstrap must be an integer >= 0, got {bootstrap!r}")
-    if max_lag is not None and (isinstance(max_lag, bool) or not isinstance(
-            max_lag, int | np.integer) or max_lag < 1):
+    if max_lag is not None and (
+        isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1
+    ):
         raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
     src = _as_source(trace_or_reader)
     name = getattr(src, "name", None) or str(getattr(src, "path", "trace"))
     if spec is not None:  # fail before the pass over the data
         layer_weights_for(spec, src)
     longest = longest_document(src)
-    if isinstance(max_n, int | np.integer) and longest is not None and max_n > longest \
-            and max_n >= 1:
-        raise InputError(f"{name}: max-n={max_n} is longer than every document "
-                         f"(longest: {longest} tokens)")
+    if (
+        isinstance(max_n, int | np.integer)
+        and longest is not None
+        and max_n > longest
+        and max_n >= 1
+    ):
+        raise InputError(
+            f"{name}: max-n={max_n} is longer than every document (longest: {longest} tokens)"
+        )
     if max_lag is not None and longest is not None and max_lag > longest - 1:
-        raise InputError(f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
-                         f"document (longest: {longest} tokens)")
+        raise InputError(
+            f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
+            f"document (longest: {longest} tokens)"
+        )
     lag = DEFAULT_MAX_LAG if max_lag is None else max_lag
     if max_lag is None and longest is not None:
         lag = min(lag, longest - 1)
-    sums = document_sums(src, max_n=max_n, max_lag=lag, aligned=aligned,
-                         per_document_counts=bootstrap > 0, progress=progress)
+    sums = document_sums(
+        src,
+        max_n=max_n,
+        max_lag=lag,
+        aligned=aligned,
+        per_document_counts=bootstrap > 0,
+        progress=progress,
+    )
     longest = int(sums.lengths.max())
     if sums.windows[:, -1].sum() == 0:
-        raise InputError(f"{name}: max-n={max_n} is longer than every document "
-                         f"(longest: {longest} tokens)"
-                         + (" with room for aligned windows" if aligned else ""))
+        raise InputError(
+            f"{name}: max-n={max_n} is longer than every document "
+            f"(longest: {longest} tokens)" + (" with room for aligned windows" if aligned else "")
+        )
     if max_lag is None:
         sums = trim_lags(sums, min(lag, longest - 1))
     elif max_lag > longest - 1:
-        raise InputError(f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
-                         f"document (longest: {longest} tokens)")
+        raise InputError(
+            f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
+            f"document (longest: {longest} tokens)"
+        )
     stats = stats_from_sums(sums, spec=spec)
     if bootstrap:
         from specmoe.routing.bootstrap import bootstrap_intervals
 
-        stats = replace(stats, intervals=bootstrap_intervals(
-            sums, resamples=int(bootstrap), seed=seed, layer_weights=stats.layer_weights))
+        stats = replace(
+            stats,
+            intervals=bootstrap_intervals(
+                sums, resamples=int(bootstrap), seed=seed, layer_weights=stats.layer_weights
+            ),
+        )
     return stats

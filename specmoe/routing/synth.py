@@ -47,8 +47,14 @@ from specmoe.routing.ipf import (
 )
 from specmoe.routing.trace import RoutingTrace
 
-__all__ = ["chain_tables", "rescale_to_sum", "sticky_trace", "synth_fidelity", "synthesize",
-           "systematic_sample"]
+__all__ = [
+    "chain_tables",
+    "rescale_to_sum",
+    "sticky_trace",
+    "synth_fidelity",
+    "synthesize",
+    "systematic_sample",
+]
 
 
 def _layer_map(num_layers: int, source_layers: int) -> np.ndarray:
@@ -58,8 +64,9 @@ def _layer_map(num_layers: int, source_layers: int) -> np.ndarray:
     return np.rint(np.arange(num_layers) * (source_layers - 1) / (num_layers - 1)).astype(np.int64)
 
 
-def _expert_targets(moments: ExpertMoments, *, variant: str,
-                    bins: int) -> tuple[np.ndarray, np.ndarray]:
+def _expert_targets(
+    moments: ExpertMoments, *, variant: str, bins: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Marginal [L, N] and co-activation [L, N, J] targets of every expert's chain."""
     N, m, L = moments.num_experts, moments.top_k, moments.num_layers
     if variant == "uniform":
@@ -67,25 +74,31 @@ def _expert_targets(moments: ExpertMoments, *, variant: str,
         c = np.repeat((moments.coactivation.sum(axis=2) / N)[:, None, :], N, axis=1)
         return p, c
     p = moments.popularity
-    co = moments.coactivation.transpose(0, 2, 1)                  # [L, N, J]
-    lo = np.maximum(0.0, 2.0 * p - 1.0)[:, :, None]                # a valid 2x2 table needs
-    if bins >= N:                                                  # 2p − 1 <= c <= p
+    co = moments.coactivation.transpose(0, 2, 1)  # [L, N, J]
+    lo = np.maximum(0.0, 2.0 * p - 1.0)[:, :, None]  # a valid 2x2 table needs
+    if bins >= N:  # 2p − 1 <= c <= p
         return p, np.clip(co, lo, p[:, :, None])
-    b = bin_experts(p, bins)                                       # [L, N]
+    b = bin_experts(p, bins)  # [L, N]
     onehot = (b[:, :, None] == np.arange(bins)).astype(np.float64)  # [L, N, K]
-    var = p * (1.0 - p)                                            # [L, N]
-    cov = co - (p**2)[:, :, None]                                  # [L, N, J]
-    vb = np.einsum("ln,lnk->lk", var, onehot)                      # [L, K]
-    cb = np.einsum("lnj,lnk->lkj", cov, onehot)                    # [L, K, J]
+    var = p * (1.0 - p)  # [L, N]
+    cov = co - (p**2)[:, :, None]  # [L, N, J]
+    vb = np.einsum("ln,lnk->lk", var, onehot)  # [L, K]
+    cb = np.einsum("lnj,lnk->lkj", cov, onehot)  # [L, K, J]
     rho_b = np.divide(cb, vb[:, :, None], out=np.zeros_like(cb), where=vb[:, :, None] > 0)
-    rho = np.take_along_axis(rho_b, b[:, :, None], axis=1)         # [L, N, J]
+    rho = np.take_along_axis(rho_b, b[:, :, None], axis=1)  # [L, N, J]
     c = (p**2)[:, :, None] + rho * var[:, :, None]
     return p, np.clip(c, lo, p[:, :, None])
 
 
-def chain_tables(moments: ExpertMoments, *, window: int, variant: str = "skewed",
-                 bins: int = 8, tol: float = 1e-10,
-                 max_iter: int = 5000) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+def chain_tables(
+    moments: ExpertMoments,
+    *,
+    window: int,
+    variant: str = "skewed",
+    bins: int = 8,
+    tol: float = 1e-10,
+    max_iter: int = 5000,
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Transition tables [L, N, C] (P(active | context)), context laws [L, N, C], IPF summary.
 
     A context is the expert's last w-1 bits, oldest as the most significant bit. Rows whose IPF
@@ -99,17 +112,23 @@ def chain_tables(moments: ExpertMoments, *, window: int, variant: str = "skewed"
     probs = sol.probs
     bad = ~sol.converged
     if bad.any():
-        indep = solve_windows(p[bad], np.outer(p[bad] ** 2, np.ones(window - 1)), window,
-                              tol=tol, max_iter=max_iter)
+        indep = solve_windows(
+            p[bad], np.outer(p[bad] ** 2, np.ones(window - 1)), window, tol=tol, max_iter=max_iter
+        )
         probs = probs.copy()
         probs[bad] = indep.probs
-    pw = probs.reshape(L, N, -1, 2)                                # [L, N, C, 2]
+    pw = probs.reshape(L, N, -1, 2)  # [L, N, C, 2]
     ctx_law = pw.sum(axis=3)
     with np.errstate(divide="ignore", invalid="ignore"):
         trans = np.where(ctx_law > 0, pw[..., 1] / ctx_law, p.reshape(L, N, 1))
-    info = {"window": window, "variant": variant, "bins": bins if variant == "skewed" else 1,
-            "ipf_iterations": sol.iterations, "ipf_fallbacks": int(bad.sum()),
-            "ipf_status": {s: int((sol.status == s).sum()) for s in np.unique(sol.status)}}
+    info = {
+        "window": window,
+        "variant": variant,
+        "bins": bins if variant == "skewed" else 1,
+        "ipf_iterations": sol.iterations,
+        "ipf_fallbacks": int(bad.sum()),
+        "ipf_status": {s: int((sol.status == s).sum()) for s in np.unique(sol.status)},
+    }
     return np.clip(trans, 0.0, 1.0), ctx_law, info
 
 
@@ -127,7 +146,7 @@ def systematic_sample(x: np.ndarray, order: np.ndarray, u: np.ndarray, m: int) -
     # Rows of cumulative sums shifted by (m+1) per row stay sorted when flattened, so one
     # searchsorted finds every row's m positions at once.
     shift = rows * (m + 1)
-    thr = np.asarray(u).reshape(L, 1) + np.arange(m) + shift       # [L, m]
+    thr = np.asarray(u).reshape(L, 1) + np.arange(m) + shift  # [L, m]
     pos = np.searchsorted((cs + shift).ravel(), thr.ravel(), side="right")
     pos = np.minimum(pos.reshape(L, m) - rows * N, N - 1)
     return order[rows, pos]
@@ -149,11 +168,21 @@ def rescale_to_sum(pi: np.ndarray, m: int) -> np.ndarray:
     return np.minimum(x, 1.0)
 
 
-def synthesize(moments: ExpertMoments, num_tokens: int, *, num_layers: int | None = None,
-               num_experts: int | None = None, top_k: int | None = None,
-               window: int | None = None, variant: str = "skewed", bins: int = 8,
-               seed: int = 0, doc_tokens: int | None = None, burn_in: int = 64,
-               chunk: int = 256) -> RoutingTrace:
+def synthesize(
+    moments: ExpertMoments,
+    num_tokens: int,
+    *,
+    num_layers: int | None = None,
+    num_experts: int | None = None,
+    top_k: int | None = None,
+    window: int | None = None,
+    variant: str = "skewed",
+    bins: int = 8,
+    seed: int = 0,
+    doc_tokens: int | None = None,
+    burn_in: int = 64,
+    chunk: int = 256,
+) -> RoutingTrace:
     """A synthetic trace of ``num_tokens`` tokens (see the module docstring for the method).
 
     ``num_experts``/``top_k`` (e.g. from a ModelSpec) must equal the statistics' N and m;
@@ -180,29 +209,29 @@ def synthesize(moments: ExpertMoments, num_tokens: int, *, num_layers: int | Non
         raise InputError(f"layers must be >= 1, got {L}")
     trans, ctx_law, info = chain_tables(moments, window=window, variant=variant, bins=bins)
     lmap = _layer_map(L, L_src)
-    trans, ctx_law = trans[lmap], ctx_law[lmap]                    # [L, N, C]
+    trans, ctx_law = trans[lmap], ctx_law[lmap]  # [L, N, C]
     rng = np.random.default_rng(seed)
     C = trans.shape[2]
     # Initial contexts from each expert's context law, then a burn-in of coupled steps.
     cum = np.cumsum(ctx_law, axis=2)
     u = rng.random((L, N, 1)) * cum[:, :, -1:]
-    ctx = np.minimum((cum <= u).sum(axis=2), C - 1)                # [L, N]
+    ctx = np.minimum((cum <= u).sum(axis=2), C - 1)  # [L, N]
     out = np.empty((num_tokens, L, m), dtype=np.int16 if N <= 32767 else np.int32)
     rows = np.arange(L)[:, None]
     flat_trans = trans.reshape(-1)
-    base = np.arange(L * N).reshape(L, N) * C                      # [L, N] row starts
+    base = np.arange(L * N).reshape(L, N) * C  # [L, N] row starts
     total = burn_in + num_tokens
     t = 0
     while t < total:
         k = min(chunk, total - t)
-        order = rng.random((k, L, N)).argsort(axis=2)              # fresh ordering per token
-        thr = rng.random((k, L))                                   # systematic offsets
+        order = rng.random((k, L, N)).argsort(axis=2)  # fresh ordering per token
+        thr = rng.random((k, L))  # systematic offsets
         for i in range(k):
             x = rescale_to_sum(flat_trans[base + ctx] + 1e-12, m)  # [L, N] inclusion probs
-            chosen = systematic_sample(x, order[i], thr[i], m)     # [L, m]
+            chosen = systematic_sample(x, order[i], thr[i], m)  # [L, m]
             srt = np.sort(chosen, axis=1)
             dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-            for layer in np.nonzero(dup)[0]:                       # float ties: rare
+            for layer in np.nonzero(dup)[0]:  # float ties: rare
                 chosen[layer] = rng.choice(N, size=m, replace=False, p=x[layer] / x[layer].sum())
             bits = np.zeros((L, N), dtype=np.int64)
             bits[rows, chosen] = 1
@@ -214,15 +243,20 @@ def synthesize(moments: ExpertMoments, num_tokens: int, *, num_layers: int | Non
         offsets = np.array([0, num_tokens])
     else:
         offsets = np.unique(np.append(np.arange(0, num_tokens, doc_tokens), num_tokens))
-    meta = {"num_experts": N, "model": moments.meta.get("model", "synthetic"),
-            "source": f"synthetic from {moments.meta.get('source', 'statistics')}",
-            "synthetic": {**info, "seed": seed, "burn_in": burn_in, "layer_map": lmap.tolist()}}
-    return RoutingTrace(experts=out, doc_offsets=offsets, num_experts=N, meta=meta,
-                        name="synthetic")
+    meta = {
+        "num_experts": N,
+        "model": moments.meta.get("model", "synthetic"),
+        "source": f"synthetic from {moments.meta.get('source', 'statistics')}",
+        "synthetic": {**info, "seed": seed, "burn_in": burn_in, "layer_map": lmap.tolist()},
+    }
+    return RoutingTrace(
+        experts=out, doc_offsets=offsets, num_experts=N, meta=meta, name="synthetic"
+    )
 
 
-def synth_fidelity(source: ExpertMoments, trace: RoutingTrace, *,
-                   max_n: int | None = None) -> dict[str, Any]:
+def synth_fidelity(
+    source: ExpertMoments, trace: RoutingTrace, *, max_n: int | None = None
+) -> dict[str, Any]:
     """Compare a synthetic trace with the statistics it was drawn from (same layer count).
 
     popularity_r: [L] Pearson r of per-expert popularity; overlap_diff: [L, J] synthetic −
@@ -230,39 +264,62 @@ def synth_fidelity(source: ExpertMoments, trace: RoutingTrace, *,
     for n = 2..max_n, when the source statistics carry a measured union.
     """
     if trace.num_layers != source.num_layers:
-        raise InputError(f"synthetic trace has {trace.num_layers} layers, statistics "
-                         f"{source.num_layers}")
+        raise InputError(
+            f"synthetic trace has {trace.num_layers} layers, statistics {source.num_layers}"
+        )
     J = source.max_lag
     max_n = J + 1 if max_n is None else max_n
     syn = fit_moments(trace, max_lag=max(J, max_n - 1))
-    r = np.array([np.corrcoef(a, b)[0, 1] if a.std() > 0 and b.std() > 0 else np.nan
-                  for a, b in zip(source.popularity, syn.popularity)])
+    r = np.array(
+        [
+            np.corrcoef(a, b)[0, 1] if a.std() > 0 and b.std() > 0 else np.nan
+            for a, b in zip(source.popularity, syn.popularity)
+        ]
+    )
     od = syn.overlap[:, :J] - source.overlap
     res: dict[str, Any] = {
-        "popularity_r": r, "popularity_r_min": float(np.nanmin(r)) if np.isfinite(r).any()
-        else None, "overlap_source": source.overlap.mean(axis=0),
-        "overlap_synth": syn.overlap[:, :J].mean(axis=0), "overlap_diff": od,
-        "overlap_max_abs_diff": float(np.abs(od).max()), "n": list(range(2, max_n + 1)),
+        "popularity_r": r,
+        "popularity_r_min": float(np.nanmin(r)) if np.isfinite(r).any() else None,
+        "overlap_source": source.overlap.mean(axis=0),
+        "overlap_synth": syn.overlap[:, :J].mean(axis=0),
+        "overlap_diff": od,
+        "overlap_max_abs_diff": float(np.abs(od).max()),
+        "n": list(range(2, max_n + 1)),
     }
     if source.union is not None and source.union.shape[1] >= max_n:
         us = syn.union[:, 1:max_n].mean(axis=0)
         u0 = source.union[:, 1:max_n].mean(axis=0)
-        res.update(union_source=u0, union_synth=us, union_rel_err=(us - u0) / u0,
-                   union_max_abs_rel_err=float(np.abs((us - u0) / u0).max()))
+        res.update(
+            union_source=u0,
+            union_synth=us,
+            union_rel_err=(us - u0) / u0,
+            union_max_abs_rel_err=float(np.abs((us - u0) / u0).max()),
+        )
     return res
 
 
-def sticky_trace(num_experts: int, top_k: int, layers: int, keep: float, *, tokens: int = 1500,
-                 docs: int = 10, doc_offsets: Any = None, seed: int = 0,
-                 source: str | None = None) -> RoutingTrace:
+def sticky_trace(
+    num_experts: int,
+    top_k: int,
+    layers: int,
+    keep: float,
+    *,
+    tokens: int = 1500,
+    docs: int = 10,
+    doc_offsets: Any = None,
+    seed: int = 0,
+    source: str | None = None,
+) -> RoutingTrace:
     """A simple sticky routing process, for benchmarks and tests without a recorded trace:
     each layer's token keeps each of the previous token's experts with probability ``keep``
     and draws the rest uniformly from the experts it did not keep (a dropped one may come
     back, so the share reused is keep plus a little; not a fitted model).
     Documents split the tokens evenly (``docs``) unless ``doc_offsets`` is given."""
     if not 0 <= keep <= 1 or not 1 <= top_k <= num_experts:
-        raise InputError(f"sticky trace: need 0 <= keep <= 1 and 1 <= top_k <= num_experts, "
-                         f"got keep={keep}, top_k={top_k}, num_experts={num_experts}")
+        raise InputError(
+            f"sticky trace: need 0 <= keep <= 1 and 1 <= top_k <= num_experts, "
+            f"got keep={keep}, top_k={top_k}, num_experts={num_experts}"
+        )
     rng = np.random.default_rng(seed)
     ex = np.zeros((tokens, layers, top_k), dtype=np.int64)
     for li in range(layers):
@@ -272,8 +329,15 @@ def sticky_trace(num_experts: int, top_k: int, layers: int, keep: float, *, toke
             rest = np.setdiff1d(np.arange(num_experts), kept)
             prev = np.concatenate([kept, rng.choice(rest, top_k - kept.size, replace=False)])
             ex[t, li] = prev
-    offsets = (np.linspace(0, tokens, docs + 1).astype(np.int64) if doc_offsets is None
-               else np.asarray(doc_offsets, dtype=np.int64))
-    return RoutingTrace(experts=ex, doc_offsets=offsets, num_experts=num_experts,
-                        meta={"source": source or f"sticky synthetic routing, keep {keep}"},
-                        name=f"sticky synthetic routing (keep {keep})")
+    offsets = (
+        np.linspace(0, tokens, docs + 1).astype(np.int64)
+        if doc_offsets is None
+        else np.asarray(doc_offsets, dtype=np.int64)
+    )
+    return RoutingTrace(
+        experts=ex,
+        doc_offsets=offsets,
+        num_experts=num_experts,
+        meta={"source": source or f"sticky synthetic routing, keep {keep}"},
+        name=f"sticky synthetic routing (keep {keep})",
+    )

@@ -17,27 +17,55 @@ from specmoe.errors import InputError
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--from", dest="source", required=True, metavar="TRACE|STATS",
-                        help="a trace (.npz or shard directory) or a STATS .json file")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="TRACE|STATS",
+        help="a trace (.npz or shard directory) or a STATS .json file",
+    )
     parser.add_argument("--tokens", type=int, required=True, help="tokens to generate")
-    parser.add_argument("--model", default=None, metavar="SPEC",
-                        help="model spec (preset, HF config or spec JSON) giving N, m, layers")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="model spec (preset, HF config or spec JSON) giving N, m, layers",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--out", required=True, metavar="FILE", help="synthetic trace (.npz)")
-    parser.add_argument("--variant", choices=("uniform", "skewed"), default="skewed",
-                        help="expert probabilities: uniform, or measured popularity (default)")
-    parser.add_argument("--bins", type=int, default=8,
-                        help="popularity bins sharing a lag correlation (default 8)")
-    parser.add_argument("--window", type=int, default=None,
-                        help="window w of the pattern chain (default: max lag + 1, at most 9)")
-    parser.add_argument("--max-lag", type=int, default=8,
-                        help="lags to fit when --from is a trace (default 8)")
-    parser.add_argument("--doc-tokens", type=int, default=None,
-                        help="split the output into documents of this many tokens")
-    parser.add_argument("--save-stats", default=None, metavar="FILE",
-                        help="also write the fitted statistics as a STATS .json")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the fidelity checks (faster on long traces)")
+    parser.add_argument(
+        "--variant",
+        choices=("uniform", "skewed"),
+        default="skewed",
+        help="expert probabilities: uniform, or measured popularity (default)",
+    )
+    parser.add_argument(
+        "--bins", type=int, default=8, help="popularity bins sharing a lag correlation (default 8)"
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="window w of the pattern chain (default: max lag + 1, at most 9)",
+    )
+    parser.add_argument(
+        "--max-lag", type=int, default=8, help="lags to fit when --from is a trace (default 8)"
+    )
+    parser.add_argument(
+        "--doc-tokens",
+        type=int,
+        default=None,
+        help="split the output into documents of this many tokens",
+    )
+    parser.add_argument(
+        "--save-stats",
+        default=None,
+        metavar="FILE",
+        help="also write the fitted statistics as a STATS .json",
+    )
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip the fidelity checks (faster on long traces)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 
@@ -67,25 +95,41 @@ def run(args) -> int:
         save_moments(moments, args.save_stats)
     print(f"synth: drawing {args.tokens} tokens", file=sys.stderr, flush=True)
     trace = synthesize(
-        moments, args.tokens, seed=args.seed, variant=args.variant, bins=args.bins,
-        window=args.window, doc_tokens=args.doc_tokens,
+        moments,
+        args.tokens,
+        seed=args.seed,
+        variant=args.variant,
+        bins=args.bins,
+        window=args.window,
+        doc_tokens=args.doc_tokens,
         num_experts=None if spec is None else spec.num_experts,
         top_k=None if spec is None else spec.top_k,
-        num_layers=None if spec is None else spec.num_moe_layers)
+        num_layers=None if spec is None else spec.num_moe_layers,
+    )
     if spec is not None:
         trace.meta["model"] = spec.name
         trace.meta["layers"] = list(spec.moe_layer_indices)
     save_trace(trace, args.out)
-    rec = {"out": str(args.out), "source": str(args.source), "tokens": trace.num_tokens,
-           "num_experts": trace.num_experts, "top_k": trace.top_k,
-           "num_layers": trace.num_layers, "seed": args.seed, "variant": args.variant,
-           "model": None if spec is None else spec.name,
-           "synthetic": trace.meta["synthetic"], "fidelity": None}
+    rec = {
+        "out": str(args.out),
+        "source": str(args.source),
+        "tokens": trace.num_tokens,
+        "num_experts": trace.num_experts,
+        "top_k": trace.top_k,
+        "num_layers": trace.num_layers,
+        "seed": args.seed,
+        "variant": args.variant,
+        "model": None if spec is None else spec.name,
+        "synthetic": trace.meta["synthetic"],
+        "fidelity": None,
+    }
     if not args.no_check and trace.num_layers == moments.num_layers:
         f = synth_fidelity(moments, trace)
         rec["fidelity"] = f
-        msg = (f"synth: popularity r >= {f['popularity_r_min']:.4f}, overlap within "
-               f"{f['overlap_max_abs_diff']:.4f}")
+        msg = (
+            f"synth: popularity r >= {f['popularity_r_min']:.4f}, overlap within "
+            f"{f['overlap_max_abs_diff']:.4f}"
+        )
         if "union_max_abs_rel_err" in f:
             msg += f", union within {f['union_max_abs_rel_err']:.2%}"
         print(msg, file=sys.stderr)
@@ -93,6 +137,8 @@ def run(args) -> int:
     if args.json:
         print(dumps_json(rec))
     else:
-        print(f"{args.out}: {trace.num_tokens} tokens, N={trace.num_experts} "
-              f"m={trace.top_k} L={trace.num_layers}")
+        print(
+            f"{args.out}: {trace.num_tokens} tokens, N={trace.num_experts} "
+            f"m={trace.top_k} L={trace.num_layers}"
+        )
     return 0

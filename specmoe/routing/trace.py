@@ -59,8 +59,9 @@ class RoutingTrace:
     name: str = "trace"  # the file or argument the trace came from, for error messages
 
     def __post_init__(self) -> None:
-        validate_arrays(self.experts, self.doc_offsets, self.num_experts, self.weights,
-                        name=self.name)
+        validate_arrays(
+            self.experts, self.doc_offsets, self.num_experts, self.weights, name=self.name
+        )
         object.__setattr__(self, "doc_offsets", np.asarray(self.doc_offsets, dtype=np.int64))
         if not isinstance(self.meta, dict):
             raise InputError(f"{self.name}: 'meta' must be a dict, got {type(self.meta).__name__}")
@@ -100,16 +101,26 @@ class RoutingTrace:
     def select_documents(self, index: np.ndarray | list[int]) -> RoutingTrace:
         """A new trace of the documents ``index`` (in that order; repeats allowed)."""
         index = np.asarray(index)
-        if index.ndim != 1 or (index.size and (
+        if index.ndim != 1 or (
+            index.size
+            and (
                 not np.issubdtype(index.dtype, np.integer)
-                or index.min() < 0 or index.max() >= self.num_documents)):
-            raise InputError(f"{self.name}: document index must be integers in "
-                             f"[0, {self.num_documents}), got {index.tolist()!r:.80}")
+                or index.min() < 0
+                or index.max() >= self.num_documents
+            )
+        ):
+            raise InputError(
+                f"{self.name}: document index must be integers in "
+                f"[0, {self.num_documents}), got {index.tolist()!r:.80}"
+            )
         index = index.astype(np.int64)
         lengths = np.diff(self.doc_offsets)[index]
-        parts = [self.experts[self.doc_offsets[i]:self.doc_offsets[i + 1]] for i in index]
-        wparts = (None if self.weights is None else
-                  [self.weights[self.doc_offsets[i]:self.doc_offsets[i + 1]] for i in index])
+        parts = [self.experts[self.doc_offsets[i] : self.doc_offsets[i + 1]] for i in index]
+        wparts = (
+            None
+            if self.weights is None
+            else [self.weights[self.doc_offsets[i] : self.doc_offsets[i + 1]] for i in index]
+        )
         meta = dict(self.meta)
         if "documents" in meta and len(meta["documents"]) == self.num_documents:
             meta["documents"] = [meta["documents"][i] for i in index]
@@ -117,25 +128,34 @@ class RoutingTrace:
             experts=np.concatenate(parts) if parts else self.experts[:0],
             doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
             num_experts=self.num_experts,
-            weights=(None if wparts is None else
-                     np.concatenate(wparts) if wparts else self.weights[:0]),
-            meta=meta, name=self.name,
+            weights=(
+                None if wparts is None else np.concatenate(wparts) if wparts else self.weights[:0]
+            ),
+            meta=meta,
+            name=self.name,
         )
 
     def select_layers(self, layers: list[int] | np.ndarray) -> RoutingTrace:
         """A new trace with only the MoE layers at positions ``layers`` (0..L-1)."""
         layers = [int(i) for i in layers]
-        if not layers or len(set(layers)) != len(layers) or not all(
-                0 <= i < self.num_layers for i in layers):
-            raise InputError(f"{self.name}: layers must be distinct positions in "
-                             f"[0, {self.num_layers}), got {layers!r:.80}")
+        if (
+            not layers
+            or len(set(layers)) != len(layers)
+            or not all(0 <= i < self.num_layers for i in layers)
+        ):
+            raise InputError(
+                f"{self.name}: layers must be distinct positions in "
+                f"[0, {self.num_layers}), got {layers!r:.80}"
+            )
         meta = dict(self.meta)
         meta["layers"] = [self.layers[i] for i in layers]
         return RoutingTrace(
-            experts=self.experts[:, layers], doc_offsets=self.doc_offsets,
+            experts=self.experts[:, layers],
+            doc_offsets=self.doc_offsets,
             num_experts=self.num_experts,
             weights=None if self.weights is None else self.weights[:, layers],
-            meta=meta, name=self.name,
+            meta=meta,
+            name=self.name,
         )
 
     @staticmethod
@@ -158,13 +178,17 @@ class RoutingTrace:
             meta["documents"] = [d for tr in traces for d in tr.meta["documents"]]
         return RoutingTrace(
             experts=np.concatenate([tr.experts for tr in traces]),
-            doc_offsets=np.concatenate(offsets), num_experts=traces[0].num_experts,
-            weights=weights, meta=meta, name=name,
+            doc_offsets=np.concatenate(offsets),
+            num_experts=traces[0].num_experts,
+            weights=weights,
+            meta=meta,
+            name=name,
         )
 
 
-def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: Any = None, *,
-                    name: str = "trace") -> None:
+def validate_arrays(
+    experts: Any, doc_offsets: Any, num_experts: Any, weights: Any = None, *, name: str = "trace"
+) -> None:
     """Check the trace invariants; raise ``InputError`` naming ``name`` and the first problem."""
     if not isinstance(experts, np.ndarray) or experts.ndim != 3:
         shape = getattr(experts, "shape", None)
@@ -177,8 +201,7 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
     if isinstance(num_experts, bool) or not isinstance(num_experts, int | np.integer):
         raise InputError(f"{name}: num_experts must be an integer, got {num_experts!r}")
     if not m < num_experts:
-        raise InputError(
-            f"{name}: num_experts={num_experts} must exceed the {m} experts per token")
+        raise InputError(f"{name}: num_experts={num_experts} must exceed the {m} experts per token")
     if num_experts > 1 << 30:
         raise InputError(f"{name}: num_experts={num_experts} is implausibly large (> 2**30)")
     lo, hi = int(experts.min()), int(experts.max())
@@ -192,7 +215,8 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
             t, layer = divmod(int(dup[0]), L)
             raise InputError(
                 f"{name}: token {t} repeats an expert id within its {m} slots in layer {layer}"
-                f" ({experts[t, layer].tolist()})")
+                f" ({experts[t, layer].tolist()})"
+            )
     off = np.asarray(doc_offsets) if doc_offsets is not None else None
     if off is None or off.ndim != 1 or off.size < 2:
         raise InputError(f"{name}: 'doc_offsets' must be a 1-d array [D+1] with D >= 1")
@@ -205,50 +229,68 @@ def validate_arrays(experts: Any, doc_offsets: Any, num_experts: Any, weights: A
         raise InputError(f"{name}: 'doc_offsets' ends at {int(off[-1])}, not at T={T}")
     if weights is not None:
         if not isinstance(weights, np.ndarray) or weights.shape != experts.shape:
-            raise InputError(f"{name}: 'weights' shape {getattr(weights, 'shape', None)} "
-                             f"does not match experts {experts.shape}")
+            raise InputError(
+                f"{name}: 'weights' shape {getattr(weights, 'shape', None)} "
+                f"does not match experts {experts.shape}"
+            )
         if not np.issubdtype(weights.dtype, np.floating):
             raise InputError(f"{name}: 'weights' must be floating, got dtype {weights.dtype}")
         if not np.all(np.isfinite(weights)):
             raise InputError(f"{name}: 'weights' holds NaN or inf")
 
 
-def _validate_meta(meta: dict[str, Any], num_layers: int, num_documents: int, *,
-                   name: str) -> None:
+def _validate_meta(meta: dict[str, Any], num_layers: int, num_documents: int, *, name: str) -> None:
     """``layers``: L distinct non-negative ints; ``documents`` (if present): D names."""
     layers = meta["layers"]
-    if (not isinstance(layers, list) or len(layers) != num_layers
-            or not all(isinstance(x, int | np.integer) and not isinstance(x, bool) and x >= 0
-                       for x in layers)
-            or len(set(layers)) != num_layers):
-        raise InputError(f"{name}: meta 'layers' must list the {num_layers} distinct "
-                         f"non-negative layer indices of the MoE layers, got {layers!r:.80}")
+    if (
+        not isinstance(layers, list)
+        or len(layers) != num_layers
+        or not all(
+            isinstance(x, int | np.integer) and not isinstance(x, bool) and x >= 0 for x in layers
+        )
+        or len(set(layers)) != num_layers
+    ):
+        raise InputError(
+            f"{name}: meta 'layers' must list the {num_layers} distinct "
+            f"non-negative layer indices of the MoE layers, got {layers!r:.80}"
+        )
     meta["layers"] = [int(x) for x in layers]
     if "documents" in meta:
         docs = meta["documents"]
-        if (not isinstance(docs, list) or len(docs) != num_documents
-                or not all(isinstance(d, str | int) and not isinstance(d, bool) for d in docs)):
-            raise InputError(f"{name}: meta 'documents' must list {num_documents} document "
-                             f"names, got {docs!r:.80}")
+        if (
+            not isinstance(docs, list)
+            or len(docs) != num_documents
+            or not all(isinstance(d, str | int) and not isinstance(d, bool) for d in docs)
+        ):
+            raise InputError(
+                f"{name}: meta 'documents' must list {num_documents} document "
+                f"names, got {docs!r:.80}"
+            )
 
 
 def _check_compatible(traces: list[RoutingTrace], *, name: str) -> None:
     first = traces[0]
     for tr in traces[1:]:
         if (tr.num_experts, tr.num_layers, tr.top_k) != (
-                first.num_experts, first.num_layers, first.top_k):
+            first.num_experts,
+            first.num_layers,
+            first.top_k,
+        ):
             raise InputError(
                 f"{name}: mismatched shards: {tr.name} has N={tr.num_experts}, "
                 f"L={tr.num_layers}, m={tr.top_k} but {first.name} has N={first.num_experts}, "
-                f"L={first.num_layers}, m={first.top_k}")
+                f"L={first.num_layers}, m={first.top_k}"
+            )
         if tr.layers != first.layers:
             raise InputError(
                 f"{name}: mismatched shards: {tr.name} holds layers {tr.layers} but "
-                f"{first.name} holds layers {first.layers}")
+                f"{first.name} holds layers {first.layers}"
+            )
 
 
 # ------------------------------------------------------------------------------------------
 # I/O
+
 
 def save_trace(trace: RoutingTrace, path: str | os.PathLike, *, compress: bool = True) -> Path:
     """Write ``trace`` to ``path`` (.npz), atomically."""
@@ -284,8 +326,9 @@ def _read_npz(path: Path) -> RoutingTrace:
     except InputError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-        raise InputError(f"{name}: not a readable .npz trace ({type(exc).__name__}: {exc})"
-                         .splitlines()[0]) from None
+        raise InputError(
+            f"{name}: not a readable .npz trace ({type(exc).__name__}: {exc})".splitlines()[0]
+        ) from None
     except Exception as exc:  # numpy raises odd types on corrupt members
         raise InputError(f"{name}: corrupt .npz trace ({type(exc).__name__})") from None
     try:
@@ -295,12 +338,20 @@ def _read_npz(path: Path) -> RoutingTrace:
         if not isinstance(meta, dict):
             raise ValueError("not an object")
     except (ValueError, RecursionError) as exc:
-        raise InputError(f"{name}: 'meta' must be a JSON object string "
-                         f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+        raise InputError(
+            f"{name}: 'meta' must be a JSON object string "
+            f"({type(exc).__name__}: {exc})".splitlines()[0]
+        ) from None
     if "num_experts" not in meta:
         raise InputError(f"{name}: 'meta' lacks num_experts")
-    return RoutingTrace(experts=experts, doc_offsets=offsets, num_experts=meta["num_experts"],
-                        weights=weights, meta=meta, name=name)
+    return RoutingTrace(
+        experts=experts,
+        doc_offsets=offsets,
+        num_experts=meta["num_experts"],
+        weights=weights,
+        meta=meta,
+        name=name,
+    )
 
 
 class TraceReader:

@@ -56,12 +56,13 @@ __all__ = [
 ]
 
 DEFAULT_MAX_LAG = 16
-_CHUNK_BYTES = 8 << 20   # size of the per-chunk buffer of per-token values
+_CHUNK_BYTES = 8 << 20  # size of the per-chunk buffer of per-token values
 _BYTE_POP = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
 # ------------------------------------------------------------------------------------------
 # bitsets
+
 
 def token_bitsets(experts: np.ndarray, num_experts: int) -> np.ndarray:
     """[..., m] distinct expert ids -> [..., W] uint64 bitsets (bit e % 64 of word e // 64)."""
@@ -95,8 +96,9 @@ def _infer_n(experts: np.ndarray, num_experts: int | None) -> int:
     return int(num_experts) if num_experts is not None else int(np.max(experts)) + 1
 
 
-def window_union_counts(experts_doc: np.ndarray, n: int, *,
-                        num_experts: int | None = None) -> np.ndarray:
+def window_union_counts(
+    experts_doc: np.ndarray, n: int, *, num_experts: int | None = None
+) -> np.ndarray:
     """[t_d − n + 1, L] X_l,t(n): distinct experts of each window of n tokens of one document.
 
     ``experts_doc`` [t_d, L, m]; row t is the window t..t+n−1 (paper 002 Section 1). Empty
@@ -108,14 +110,15 @@ def window_union_counts(experts_doc: np.ndarray, n: int, *,
     t_d = bits.shape[0]
     if t_d < n:
         return np.zeros((0, bits.shape[1]), dtype=np.int32)
-    acc = bits[n - 1:].copy()
+    acc = bits[n - 1 :].copy()
     for i in range(1, n):
-        acc |= bits[n - 1 - i:t_d - i]
+        acc |= bits[n - 1 - i : t_d - i]
     return popcount(acc).astype(np.int32)
 
 
-def window_reuse_counts(experts_doc: np.ndarray, n: int, *,
-                        num_experts: int | None = None) -> np.ndarray:
+def window_reuse_counts(
+    experts_doc: np.ndarray, n: int, *, num_experts: int | None = None
+) -> np.ndarray:
     """[t_d − n + 1, L] |S_{t+n−1} ∩ (S_t ∪ ... ∪ S_{t+n−2})| for each window of one document.
 
     The numerator of Eq. (1) of paper 002 per window (row t is the window t..t+n−1); zero for
@@ -127,14 +130,15 @@ def window_reuse_counts(experts_doc: np.ndarray, n: int, *,
     t_d = bits.shape[0]
     if t_d < n:
         return np.zeros((0, bits.shape[1]), dtype=np.int32)
-    earlier = np.zeros_like(bits[n - 1:])
+    earlier = np.zeros_like(bits[n - 1 :])
     for i in range(1, n):
-        earlier |= bits[n - 1 - i:t_d - i]
-    return popcount(earlier & bits[n - 1:]).astype(np.int32)
+        earlier |= bits[n - 1 - i : t_d - i]
+    return popcount(earlier & bits[n - 1 :]).astype(np.int32)
 
 
 # ------------------------------------------------------------------------------------------
 # per-document sufficient statistics
+
 
 @dataclass(frozen=True)
 class DocumentSums:
@@ -189,9 +193,17 @@ def _pair_counts(lengths: np.ndarray, max_lag: int) -> np.ndarray:
     return np.maximum(lengths[:, None] - j[None, :], 0)
 
 
-def _shard_sums(experts: np.ndarray, offsets: np.ndarray, num_experts: int, *, max_n: int,
-                max_lag: int, aligned: bool, per_doc_counts: bool,
-                chunk: int | None = None) -> dict[str, np.ndarray]:
+def _shard_sums(
+    experts: np.ndarray,
+    offsets: np.ndarray,
+    num_experts: int,
+    *,
+    max_n: int,
+    max_lag: int,
+    aligned: bool,
+    per_doc_counts: bool,
+    chunk: int | None = None,
+) -> dict[str, np.ndarray]:
     """Sums of one shard: experts [T, L, m], offsets [D_s + 1] (whole documents).
 
     Per chunk of tokens (plus a halo of earlier tokens) every per-token value, indexed by the
@@ -215,43 +227,44 @@ def _shard_sums(experts: np.ndarray, offsets: np.ndarray, num_experts: int, *, m
         chunk = min(max(_CHUNK_BYTES // max(K * L * qdt().itemsize, 1), 1024), 1 << 16)
     sums = np.zeros((D, K * L), np.int64)
     counts = np.zeros((D, L, N) if per_doc_counts else (L, N), np.int64)
-    layer_base = (np.arange(L, dtype=np.intp) * N)[None, :, None]           # [1, L, 1]
-    edge = np.arange(max(halo, 1))                                           # [H]
+    layer_base = (np.arange(L, dtype=np.intp) * N)[None, :, None]  # [1, L, 1]
+    edge = np.arange(max(halo, 1))  # [H]
     for c0 in range(0, T, chunk):
         c1 = min(c0 + chunk, T)
         e0 = max(c0 - halo, 0)
-        k0 = c0 - e0                               # the core starts at local index k0
-        bits = token_bitsets(experts[e0:c1], N)    # [Te, L, W]
+        k0 = c0 - e0  # the core starts at local index k0
+        bits = token_bitsets(experts[e0:c1], N)  # [Te, L, W]
         Te, Tc = bits.shape[0], c1 - c0
-        Q = np.empty((Tc, K * L), qdt)             # [Tc, K·L]
+        Q = np.empty((Tc, K * L), qdt)  # [Tc, K·L]
         # reuse and union: earlier[t] = S_{t−1} ∪ ... ∪ S_{t−n+1}; X_n[t] = X_{n−1}[t−1] + m − I_n[t]
         earlier = np.zeros_like(bits)
         tmp = np.empty_like(bits)
         x_prev = np.full((Te, L), m, dtype=qdt)
         for n in range(2, max_n + 1):
             if n - 1 < Te:
-                earlier[n - 1:] |= bits[:Te - n + 1]
-            inter = popcount(np.bitwise_and(earlier, bits, out=tmp))          # [Te, L]
+                earlier[n - 1 :] |= bits[: Te - n + 1]
+            inter = popcount(np.bitwise_and(earlier, bits, out=tmp))  # [Te, L]
             x = np.empty_like(x_prev)
             x[0] = m
             np.subtract(x_prev[:-1] + m, inter[1:], out=x[1:], casting="unsafe")
             col = 2 * (n - 2) * L
-            Q[:, col:col + L] = inter[k0:]
-            Q[:, col + L:col + 2 * L] = x[k0:]
+            Q[:, col : col + L] = inter[k0:]
+            Q[:, col + L : col + 2 * L] = x[k0:]
             x_prev = x
         # pairwise overlap at lag j, indexed by the later token of the pair
         for j in range(1, max_lag + 1):
             col = (2 * (max_n - 1) + j - 1) * L
             a = max(k0, j)
-            Q[:a - k0, col:col + L] = 0
+            Q[: a - k0, col : col + L] = 0
             if a < Te:
-                Q[a - k0:, col:col + L] = popcount(
-                    np.bitwise_and(bits[a:], bits[a - j:Te - j], out=tmp[a:]))
+                Q[a - k0 :, col : col + L] = popcount(
+                    np.bitwise_and(bits[a:], bits[a - j : Te - j], out=tmp[a:])
+                )
         # documents overlapping the core; zero the windows that cross an edge
         d0 = int(np.searchsorted(ends, c0, side="right"))
         d1 = int(np.searchsorted(starts, c1, side="left"))
         s, e = starts[d0:d1], ends[d0:d1]
-        head = s[:, None] + edge[None, :]                                    # [Dc, H]
+        head = s[:, None] + edge[None, :]  # [Dc, H]
         hv = (head >= c0) & (head < np.minimum(e, c1)[:, None])
         head_row, head_i = head[hv] - c0, np.broadcast_to(edge, head.shape)[hv]
         tail = e[:, None] - 1 - edge[None, :]
@@ -263,20 +276,21 @@ def _shard_sums(experts: np.ndarray, offsets: np.ndarray, num_experts: int, *, m
                 Q[head_row[head_i < lo_off], cols] = 0
             if hi_off:
                 Q[tail_row[tail_i < hi_off], cols] = 0
-        seg = np.clip(s, c0, c1) - c0              # the core is covered by these documents
+        seg = np.clip(s, c0, c1) - c0  # the core is covered by these documents
         if seg.size <= 256:  # a sum per document beats reduceat along axis 0 by ~10x
             bounds = np.append(seg, Tc)
             for i in range(seg.size):
-                sums[d0 + i] += Q[bounds[i]:bounds[i + 1]].sum(axis=0, dtype=np.int64)
+                sums[d0 + i] += Q[bounds[i] : bounds[i + 1]].sum(axis=0, dtype=np.int64)
         else:
             sums[d0:d1] += np.add.reduceat(Q, seg, axis=0, dtype=np.int64)
         # popularity counts
-        idx = layer_base + experts[c0:c1]                                    # [Tc, L, m]
+        idx = layer_base + experts[c0:c1]  # [Tc, L, m]
         if per_doc_counts:
             doc = np.repeat(np.arange(d1 - d0, dtype=np.intp), np.diff(np.append(seg, Tc)))
             idx = idx + (doc * (L * N))[:, None, None]
-            counts[d0:d1] += np.bincount(idx.ravel(), minlength=(d1 - d0) * L * N
-                                         ).reshape(d1 - d0, L, N)
+            counts[d0:d1] += np.bincount(idx.ravel(), minlength=(d1 - d0) * L * N).reshape(
+                d1 - d0, L, N
+            )
         else:
             counts += np.bincount(idx.ravel(), minlength=L * N).reshape(L, N)
     lens = np.diff(offsets)
@@ -285,12 +299,16 @@ def _shard_sums(experts: np.ndarray, offsets: np.ndarray, num_experts: int, *, m
     union[:, :, 0] = m * _window_counts(lens, max_n, aligned)[:, :1]
     nn = max_n - 1
     if nn:
-        iu = sums[:, :2 * nn * L].reshape(D, nn, 2, L)
+        iu = sums[:, : 2 * nn * L].reshape(D, nn, 2, L)
         reuse[:, :, 1:] = iu[:, :, 0].transpose(0, 2, 1)
         union[:, :, 1:] = iu[:, :, 1].transpose(0, 2, 1)
-    overlap = sums[:, 2 * nn * L:].reshape(D, max_lag, L).transpose(0, 2, 1)
-    return {"reuse": reuse, "union": union, "overlap": np.ascontiguousarray(overlap),
-            "counts": counts}
+    overlap = sums[:, 2 * nn * L :].reshape(D, max_lag, L).transpose(0, 2, 1)
+    return {
+        "reuse": reuse,
+        "union": union,
+        "overlap": np.ascontiguousarray(overlap),
+        "counts": counts,
+    }
 
 
 def _as_source(trace_or_reader) -> RoutingTrace | TraceReader:
@@ -298,8 +316,9 @@ def _as_source(trace_or_reader) -> RoutingTrace | TraceReader:
         return trace_or_reader
     if isinstance(trace_or_reader, str | os.PathLike):
         return open_trace(trace_or_reader)
-    raise InputError(f"trace: expected a RoutingTrace, TraceReader or path, got "
-                     f"{type(trace_or_reader).__name__}")
+    raise InputError(
+        f"trace: expected a RoutingTrace, TraceReader or path, got {type(trace_or_reader).__name__}"
+    )
 
 
 def longest_document(trace_or_reader) -> int | None:
@@ -324,9 +343,15 @@ def longest_document(trace_or_reader) -> int | None:
     return longest
 
 
-def document_sums(trace_or_reader, *, max_n: int = 9, max_lag: int = DEFAULT_MAX_LAG,
-                  aligned: bool = False, per_document_counts: bool = False,
-                  progress: Callable[[int, int], None] | None = None) -> DocumentSums:
+def document_sums(
+    trace_or_reader,
+    *,
+    max_n: int = 9,
+    max_lag: int = DEFAULT_MAX_LAG,
+    aligned: bool = False,
+    per_document_counts: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> DocumentSums:
     """Stream a trace (in memory, a reader, or a path) shard by shard into :class:`DocumentSums`.
 
     ``progress(done, total)`` is called after each shard.
@@ -346,9 +371,15 @@ def document_sums(trace_or_reader, *, max_n: int = 9, max_lag: int = DEFAULT_MAX
     first = None
     for i, tr in enumerate(shards):
         first = first or tr
-        part = _shard_sums(tr.experts, tr.doc_offsets, tr.num_experts, max_n=int(max_n),
-                           max_lag=int(max_lag), aligned=aligned,
-                           per_doc_counts=per_document_counts)
+        part = _shard_sums(
+            tr.experts,
+            tr.doc_offsets,
+            tr.num_experts,
+            max_n=int(max_n),
+            max_lag=int(max_lag),
+            aligned=aligned,
+            per_doc_counts=per_document_counts,
+        )
         if not per_document_counts:
             c = part.pop("counts")
             counts = c if counts is None else counts + c
@@ -362,24 +393,36 @@ def document_sums(trace_or_reader, *, max_n: int = 9, max_lag: int = DEFAULT_MAX
     if doc_counts is not None:  # D·L·N of them: halve their memory (a document has < 2^31 tokens)
         doc_counts = doc_counts.astype(np.int32)
     return DocumentSums(
-        num_experts=int(first.num_experts), top_k=first.top_k, layers=list(first.layers),
-        max_n=int(max_n), max_lag=int(max_lag), aligned=bool(aligned), lengths=lens,
-        reuse=cat["reuse"], union=cat["union"], windows=_window_counts(lens, int(max_n), aligned),
-        overlap=cat["overlap"], pairs=_pair_counts(lens, int(max_lag)),
-        expert_counts=doc_counts.sum(axis=0, dtype=np.int64) if doc_counts is not None
-        else counts,
+        num_experts=int(first.num_experts),
+        top_k=first.top_k,
+        layers=list(first.layers),
+        max_n=int(max_n),
+        max_lag=int(max_lag),
+        aligned=bool(aligned),
+        lengths=lens,
+        reuse=cat["reuse"],
+        union=cat["union"],
+        windows=_window_counts(lens, int(max_n), aligned),
+        overlap=cat["overlap"],
+        pairs=_pair_counts(lens, int(max_lag)),
+        expert_counts=doc_counts.sum(axis=0, dtype=np.int64) if doc_counts is not None else counts,
         doc_expert_counts=doc_counts,
     )
 
 
 def trim_lags(sums: DocumentSums, max_lag: int) -> DocumentSums:
     """The same sums with lags 1..max_lag only."""
-    return replace(sums, max_lag=int(max_lag), overlap=sums.overlap[:, :, :max_lag],
-                   pairs=sums.pairs[:, :max_lag])
+    return replace(
+        sums,
+        max_lag=int(max_lag),
+        overlap=sums.overlap[:, :, :max_lag],
+        pairs=sums.pairs[:, :max_lag],
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # estimates from sums
+
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     num, den = np.broadcast_arrays(np.asarray(num, np.float64), np.asarray(den, np.float64))
@@ -390,7 +433,7 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def rho_union_from_sums(sums: DocumentSums) -> tuple[np.ndarray, np.ndarray]:
     """(ρ̂ [L, n], Û [L, n]) pooled over documents (paper 002 Eq. (1), Appendix D.2)."""
-    win = sums.windows.sum(axis=0)                                            # [n]
+    win = sums.windows.sum(axis=0)  # [n]
     rho = _ratio(sums.reuse.sum(axis=0), sums.top_k * win[None, :])
     union = _ratio(sums.union.sum(axis=0), win[None, :])
     return rho, union
@@ -415,7 +458,7 @@ def identity_bound(windows: np.ndarray, top_k: int) -> np.ndarray:
     out = np.zeros(w.shape)
     for k in range(w.size):
         if w[k] > 0:
-            out[k] = top_k * np.sum(1.0 - w[k] / w[:k + 1])
+            out[k] = top_k * np.sum(1.0 - w[k] / w[: k + 1])
     return out
 
 

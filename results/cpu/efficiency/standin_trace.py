@@ -21,7 +21,7 @@ T, L, N, M, DOC = 8192, 16, 64, 8, 512
 depth = np.arange(L) / (L - 1)
 stick = np.where(depth < 0.5, 0.10 + 0.64 * depth, 0.42 - 0.24 * (depth - 0.5))
 rng = np.random.default_rng(2024)
-logw = np.log(rng.dirichlet(np.full(N, 2.0), size=L))             # [L, N]
+logw = np.log(rng.dirichlet(np.full(N, 2.0), size=L))  # [L, N]
 out = np.empty((T, L, M), dtype=np.int16)
 prev = None
 for t in range(T):
@@ -32,7 +32,14 @@ for t in range(T):
         keys[keep] = np.inf
     prev = np.argpartition(-keys, M - 1, axis=1)[:, :M]
     out[t] = prev
-meta = {"model": "OLMoE-1B-7B-0125", "source": "sticky stand-in for recorded routing "
-        "(results/cpu/efficiency/standin_trace.py)", "stick": stick.round(4).tolist()}
-save_trace(RoutingTrace(experts=out, doc_offsets=np.arange(0, T + 1, DOC), num_experts=N,
-                        meta=meta, name="standin"), sys.argv[1])
+meta = {
+    "model": "OLMoE-1B-7B-0125",
+    "source": "sticky stand-in for recorded routing (results/cpu/efficiency/standin_trace.py)",
+    "stick": stick.round(4).tolist(),
+}
+save_trace(
+    RoutingTrace(
+        experts=out, doc_offsets=np.arange(0, T + 1, DOC), num_experts=N, meta=meta, name="standin"
+    ),
+    sys.argv[1],
+)
