@@ -23,8 +23,8 @@ from collections import Counter
 
 import numpy as np
 
+from specmoe.formats.trace import RoutingTrace
 from specmoe.routing.stats import compute_stats
-from specmoe.routing.trace import RoutingTrace
 
 
 def sticky_trace(

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             "outside_ms": [a - b for a, b in zip(whole, expert, strict=True)],
         }
     if args.profile:
-        from specmoe.bench.profile import load_profile
+        from specmoe.formats.profile import load_profile
 
         prof = load_profile(args.profile)
         idx = [prof.n.index(n) for n in range(1, 10)]

@@ -90,7 +90,7 @@ EOF
     step traces 60 "$PY" - "$RES/traces" <<'EOF'
 import sys
 from pathlib import Path
-from specmoe.routing.trace import save_trace
+from specmoe.formats.trace import save_trace
 
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)

@@ -227,12 +227,12 @@ class Models:
         of the protocol's nine, in split order, truncated to 512 tokens."""
         if "policy-docs" not in self._cache:
             from specmoe.data import corpus
-            from specmoe.engine.run_cli import _encode, validation_prompts
+            from specmoe.engine.runner import encode, validation_prompts
 
             taken = {name for name, _ in validation_prompts(tokenizer, count=9, context=2048)}
             docs = []
             for name, text in corpus.documents("validation"):
-                ids = _encode(tokenizer, text) if name not in taken else []
+                ids = encode(tokenizer, text) if name not in taken else []
                 if len(ids) >= 512:
                     docs.append((name, ids[:512]))
                 if len(docs) == POLICY_PROMPTS:
@@ -244,7 +244,7 @@ class Models:
 
     def prompts(self, tokenizer: Any) -> list[tuple[str, list[int]]]:
         if not self.docs:
-            from specmoe.engine.run_cli import validation_prompts
+            from specmoe.engine.runner import validation_prompts
 
             self.docs = validation_prompts(
                 tokenizer, count=self.cfg["docs"], context=self.cfg["min_tokens"]
@@ -254,7 +254,7 @@ class Models:
     def get(self, key: str) -> dict[str, Any]:
         if key in self._cache:
             return self._cache[key]
-        from specmoe.engine.run_cli import forced_from, load_target
+        from specmoe.engine.runner import forced_from, load_target
 
         if key in ("bundled", "bundled-policy"):
             if key == "bundled-policy" and "bundled" in self._cache:
@@ -302,7 +302,7 @@ class Models:
 
 def run_unit(unit: Unit, models: Models, folder: Path, *, seed: int) -> dict[str, Any]:
     from specmoe.engine.measure import verify_passes
-    from specmoe.engine.run_cli import run_grid
+    from specmoe.engine.runner import run_grid
     from specmoe.engine.speculative import Engine
     from specmoe.engine.switch import KernelPolicy
 

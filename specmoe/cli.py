@@ -1,11 +1,13 @@
-"""The ``specmoe`` console script: one dispatcher, each subcommand in the module it drives.
+"""The ``specmoe`` console script: one dispatcher, verb -> ``specmoe.commands.<verb>``.
 
-Every subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int | None``.
+Every command module defines ``add_arguments(parser)`` and ``run(args) -> int | None``.
 Modules are imported only when their subcommand runs, so ``specmoe --help`` stays fast and a
 numpy-only command never imports torch.
 
 Exit status: 0 success, 2 bad input (``InputError``: one line naming the file or argument),
-1 any other failure. ``--debug`` shows the traceback.
+1 any other failure. ``--debug`` shows the traceback. A library error that names a function
+argument (``InputError(..., argument="k_max")``) is shown with the flag whose value fed it
+(``--k-max``): the flag of the parser action with that ``dest``.
 """
 
 from __future__ import annotations
@@ -14,30 +16,28 @@ import argparse
 import importlib
 import sys
 
-# verb -> (module that drives it, one-line help). Keep in the order a user meets them.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "capture": ("specmoe.engine.capture_cli", "record the experts a model routes each token to"),
-    "stats": ("specmoe.routing.stats_cli", "reuse, union and overlap statistics of a trace"),
-    "convert": ("specmoe.routing.convert", "import/export traces (vLLM, SGLang, Parquet)"),
-    "ipf": ("specmoe.routing.ipf_cli", "predict unique experts by maximum-entropy IPF"),
-    "synth": ("specmoe.routing.synth_cli", "make synthetic routing from fitted statistics"),
-    "bench": ("specmoe.bench.cli", "benchmark expert kernels and fit their bandwidths"),
-    "plan": ("specmoe.cost.plan_cli", "predict verify times, crossover, staircase and speedup"),
-    "run": ("specmoe.engine.run_cli", "run real speculative decoding and log every round"),
-    "validate": ("specmoe.validate", "score a plan against measured runs"),
-    "report": ("specmoe.report.html", "write one HTML page of figures and tables"),
-    "oracle": ("specmoe.oracle.cli", "the offline Oracle bound and Delta space"),
-    "policy": ("specmoe.oracle.policy_cli", "evaluate online draft-budget policies"),
-    "spec": ("specmoe.spec", "show a model spec (preset or HF config)"),
-    "efficiency": (
-        "specmoe.engine.efficiency_cli",
-        "target efficiency and speedup against batch size",
-    ),
+# verb -> one-line help, in the order a user meets them. The code is specmoe.commands.<verb>.
+COMMANDS: dict[str, str] = {
+    "capture": "record the experts a model routes each token to",
+    "stats": "reuse, union and overlap statistics of a trace",
+    "convert": "import/export traces (vLLM, SGLang, Parquet)",
+    "ipf": "predict unique experts by maximum-entropy IPF",
+    "synth": "make synthetic routing from fitted statistics",
+    "bench": "benchmark expert kernels and fit their bandwidths",
+    "plan": "predict verify times, crossover, staircase and speedup",
+    "run": "run real speculative decoding and log every round",
+    "validate": "score a plan against measured runs",
+    "report": "write one HTML page of figures and tables",
+    "oracle": "the offline Oracle bound and Delta space",
+    "policy": "evaluate online draft-budget policies",
+    "spec": "show a model spec (preset or HF config)",
+    "efficiency": "target efficiency and speedup against batch size",
 }
 
 
-def _available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+def command_module(verb: str) -> str:
+    """The module that implements ``specmoe <verb>``."""
+    return f"specmoe.commands.{verb}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,11 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specmoe {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for verb, (module, help_text) in COMMANDS.items():
-        if not _available(module):
-            continue
+    for verb, help_text in COMMANDS.items():
         sub.add_parser(verb, help=help_text, add_help=False)
     return parser
+
+
+def _flag_of(parser: argparse.ArgumentParser, argument: str) -> str | None:
+    """The option string (or positional metavar) of the action whose ``dest`` is ``argument``."""
+    for action in parser._actions:
+        if action.dest == argument:
+            if action.option_strings:
+                return max(action.option_strings, key=len)
+            return str(action.metavar or action.dest).upper()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,21 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     top = build_parser()
     # Find the verb, then build that subcommand's own parser from its module.
     verb = next((a for a in argv if not a.startswith("-")), None)
-    if verb is None or verb not in COMMANDS or not _available(COMMANDS[verb][0]):
+    if verb is None or verb not in COMMANDS:
         if verb is not None and not argv[0].startswith("-"):
-            known = ", ".join(v for v, (m, _) in COMMANDS.items() if _available(m))
             print(
-                f"specmoe: error: unknown command {verb!r} (choose from {known})", file=sys.stderr
+                f"specmoe: error: unknown command {verb!r} (choose from {', '.join(COMMANDS)})",
+                file=sys.stderr,
             )
             return 2
         top.parse_args(argv)
         top.print_help()
         return 0
-    module_name, help_text = COMMANDS[verb]
     idx = argv.index(verb)
+    parser = argparse.ArgumentParser(prog=f"specmoe {verb}", description=COMMANDS[verb])
     try:
-        module = importlib.import_module(module_name)
-        parser = argparse.ArgumentParser(prog=f"specmoe {verb}", description=help_text)
+        module = importlib.import_module(command_module(verb))
         module.add_arguments(parser)
         args = parser.parse_args(argv[idx + 1 :])
         args.debug = debug
@@ -90,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         if debug:
             raise
-        print(f"specmoe {verb}: error: {exc}", file=sys.stderr)
+        flag = _flag_of(parser, exc.argument) if exc.argument else None
+        shown = exc.as_flag(flag) if flag else exc
+        print(f"specmoe {verb}: error: {shown}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"specmoe {verb}: interrupted", file=sys.stderr)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specmoe.bench.profile import BandwidthProfile
 from specmoe.cost import theory
+from specmoe.formats.profile import BandwidthProfile
 from specmoe.spec import ModelSpec
 
 L = 4

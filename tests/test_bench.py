@@ -24,9 +24,9 @@ from specmoe.bench.passes import (
     recorded_windows,
     u_grid,
 )
-from specmoe.bench.profile import load_profile, profile_from_dict
 from specmoe.errors import InputError
-from specmoe.routing.trace import save_trace
+from specmoe.formats.profile import load_profile, profile_from_dict
+from specmoe.formats.trace import save_trace
 from specmoe.spec import ModelSpec
 
 # ------------------------------------------------------------------------------------ passes

@@ -108,8 +108,8 @@ def test_layer_mean():
     reason="routing statistics module not available",
 )
 def test_identity_and_eq12_on_a_trace():
+    from specmoe.formats.trace import RoutingTrace
     from specmoe.routing.stats import compute_stats
-    from specmoe.routing.trace import RoutingTrace
 
     rng = np.random.default_rng(3)
     T, L, N, m, n_max = 400, 3, 12, 3, 5
@@ -233,7 +233,7 @@ def test_draft_and_step_times():
 
 
 def _profile(L=2, n_max=4, model=None):
-    from specmoe.bench.profile import BandwidthProfile
+    from specmoe.formats.profile import BandwidthProfile
 
     rng = np.random.default_rng(0)
     op_s = rng.uniform(1e-3, 2e-3, (L, n_max)).cumsum(axis=1)

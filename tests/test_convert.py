@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.cli import main
+from specmoe.commands import convert
 from specmoe.errors import InputError
-from specmoe.routing import convert
-from specmoe.routing.convert import import_routed_experts, load_parquet, save_parquet
-from specmoe.routing.trace import RoutingTrace, load_trace, open_trace, save_trace
+from specmoe.formats import parquet as parquet_mod
+from specmoe.formats.engine_import import import_routed_experts
+from specmoe.formats.parquet import load_parquet, save_parquet
+from specmoe.formats.trace import RoutingTrace, load_trace, open_trace, save_trace
 from specmoe.spec import ModelSpec
 
 
@@ -613,9 +615,9 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, rng, capsys, argv, needle):
 
 
 def test_module_registers_the_verb():
-    from specmoe.cli import COMMANDS
+    from specmoe.cli import COMMANDS, command_module
 
-    assert COMMANDS["convert"][0] == convert.__name__
+    assert "convert" in COMMANDS and command_module("convert") == convert.__name__
     assert callable(convert.add_arguments) and callable(convert.run)
 
 
@@ -698,7 +700,7 @@ def test_damaged_parquet_never_gives_a_wrong_answer(tmp_path_factory, parquet_by
 
 
 def test_large_shards_split_into_row_groups(tmp_path, rng, monkeypatch):
-    monkeypatch.setattr(convert, "_ROWS_PER_GROUP", 4)
+    monkeypatch.setattr(parquet_mod, "_ROWS_PER_GROUP", 4)
     tr = make_trace(rng, lengths=(3, 6, 2), weights="float16", documents=["a", "b", "c"])
     path = save_parquet(tr, tmp_path / "t.parquet")
     assert pq.ParquetFile(path).num_row_groups == 3  # 11 tokens in groups of 4

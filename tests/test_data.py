@@ -319,7 +319,7 @@ HAS_TRACES = all(corpus.bundled_trace_path(s).exists() for s in ("fit", "validat
 @pytest.mark.skipif(not (HAS_TRACES and HAS_MODEL), reason="bundled traces not recorded yet")
 @pytest.mark.parametrize("split", ["fit", "validation"])
 def test_bundled_traces_are_canonical_and_of_their_split(split):
-    from specmoe.routing.trace import load_trace
+    from specmoe.formats.trace import load_trace
 
     tr = load_trace(corpus.bundled_trace_path(split))
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
@@ -338,7 +338,7 @@ def test_bundled_fit_trace_is_the_routing_of_the_bundled_model(hf_model, hf_toke
     """Re-route the first fit document with the bundled model: the same experts, slot by slot."""
     import torch
 
-    from specmoe.routing.trace import load_trace
+    from specmoe.formats.trace import load_trace
 
     tr = load_trace(corpus.bundled_trace_path("fit"))
     name, text = corpus.documents("fit")[0]

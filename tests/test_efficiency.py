@@ -27,8 +27,8 @@ from specmoe.cost.efficiency import (
     window_rows,
 )
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace, save_trace
 from specmoe.routing.ipf import fit_moments, save_moments
-from specmoe.routing.trace import RoutingTrace, save_trace
 from specmoe.spec import get_preset
 
 # ------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from specmoe.cli import main
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace, save_trace
 from specmoe.routing.ipf import (
     STATUS_CONVERGED,
     STATUS_INFEASIBLE,
@@ -34,7 +35,6 @@ from specmoe.routing.ipf import (
     stationary_moments,
 )
 from specmoe.routing.stats import compute_stats
-from specmoe.routing.trace import RoutingTrace, save_trace
 
 # ------------------------------------------------------------------------------------------
 # Reference routing processes and solvers
@@ -449,7 +449,7 @@ def test_bundled_traces_within_2pct():
     fit, val = bundled_trace_path("fit"), bundled_trace_path("validation")
     if not (fit.exists() and val.exists()):
         pytest.skip("bundled traces not built")
-    from specmoe.routing.trace import open_trace
+    from specmoe.formats.trace import open_trace
 
     emp = compute_stats(open_trace(val), max_n=9, max_lag=1).union[:, 1:].mean(axis=0)
     # measured on the 120k-token traces: documents +0.4..+1.6%, trace +0.4..+3.6%
@@ -470,7 +470,7 @@ def test_random_hf_model_traces(tmp_path, tiny_moe, byte_tok):
     """
     from specmoe.data import documents
     from specmoe.engine.capture import capture_documents
-    from specmoe.routing.trace import open_trace
+    from specmoe.formats.trace import open_trace
 
     model = tiny_moe(
         "olmoe", seed=1, num_experts=64, top_k=8, num_layers=4, hidden=64, context=1024

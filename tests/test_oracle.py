@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.cli import main
+from specmoe.formats.roundlog import write_round_log
 from specmoe.oracle.analysis import oracle_analysis
 from specmoe.oracle.counterfactual import build_counterfactual, window_union
 from specmoe.oracle.delta import _quadrants, delta_space, fit_boundary
 from specmoe.oracle.ssp import expected_accepted, occupancy, solve, summarise, survival
 from specmoe.oracle.synthetic import synthetic_round_log
-from specmoe.roundlog import write_round_log
 
 # ---------------------------------------------------------------------------------------------
 # brute-force references
@@ -410,8 +410,8 @@ def test_oracle_modules_import_numpy_and_scipy_only():
         "import sys\n"
         "for m in ('torch', 'statsmodels', 'sklearn', 'pyarrow', 'matplotlib', 'pandas'):\n"
         "    sys.modules[m] = None\n"
-        "import specmoe.roundlog, specmoe.oracle.analysis, specmoe.oracle.evaluate\n"
-        "import specmoe.oracle.cli, specmoe.oracle.policy_cli, specmoe.oracle.synthetic\n"
+        "import specmoe.formats.roundlog, specmoe.oracle.analysis, specmoe.oracle.evaluate\n"
+        "import specmoe.commands.oracle, specmoe.commands.policy, specmoe.oracle.synthetic\n"
         "import specmoe.report.oracle_figures\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -468,7 +468,7 @@ def _lookup_log(seed: int, budgets=(0, 1, 2, 4), tokens: int = 60, perfect: bool
     reference itself, its whole budget but for the token limit. Returns (log, prompt,
     reference, routing)."""
     from specmoe.engine.drafters import NgramDrafter
-    from specmoe.roundlog import RoundLog
+    from specmoe.formats.roundlog import RoundLog
 
     rng = np.random.default_rng(seed)
     motif = rng.integers(0, 12, 5)
@@ -547,7 +547,7 @@ def _lookup_log(seed: int, budgets=(0, 1, 2, 4), tokens: int = 60, perfect: bool
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_counterfactual_with_short_proposals_matches_the_replayed_drafter(seed):
     from specmoe.engine.drafters import NgramDrafter
-    from specmoe.roundlog import validate
+    from specmoe.formats.roundlog import validate
 
     log, prompt, ref, _route = _lookup_log(seed)
     validate(log)

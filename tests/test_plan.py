@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from specmoe.cli import main
+from specmoe.commands.plan import parse_acceptance, parse_draft_time, summary
 from specmoe.cost import bounds, theory
 from specmoe.cost.plan import build_plan, engine_settings
-from specmoe.cost.plan_cli import parse_acceptance, parse_draft_time, summary
 from specmoe.errors import InputError
 from specmoe.spec import ModelSpec
 
@@ -40,7 +40,7 @@ def toy_spec(**kw) -> ModelSpec:
 
 
 def toy_profile(spec: ModelSpec, *, n_max: int = NMAX, eps=(0.04, 0.06), dtype="float32"):
-    from specmoe.bench.profile import BandwidthProfile
+    from specmoe.formats.profile import BandwidthProfile
 
     bs = np.linspace(20.0, 30.0, n_max)
     bd = bs * np.linspace(0.95, 0.7, n_max)
@@ -169,7 +169,7 @@ def test_parse_acceptance_and_draft_time(tmp_path):
 
 @pytest.fixture()
 def inputs(tmp_path):
-    from specmoe.routing.trace import RoutingTrace, save_trace
+    from specmoe.formats.trace import RoutingTrace, save_trace
 
     spec = toy_spec()
     spec_path = tmp_path / "spec.json"
@@ -377,7 +377,7 @@ def test_default_profile_is_benchmarked_once_then_cached(inputs, capsys, monkeyp
     import sys
     import types
 
-    from specmoe.cost import plan_cli
+    from specmoe.commands import plan as plan_cli
 
     calls = []
 
@@ -422,7 +422,7 @@ def test_cost_imports_without_torch_or_matplotlib():
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import specmoe.cost.theory, specmoe.cost.bytes, specmoe.cost.step\n"
-        "import specmoe.cost.bounds, specmoe.cost.plan, specmoe.cost.plan_cli\n"
+        "import specmoe.cost.bounds, specmoe.cost.plan, specmoe.commands.plan\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.cli import main
+from specmoe.formats.roundlog import write_round_log
 from specmoe.oracle.counterfactual import build_counterfactual
 from specmoe.oracle.evaluate import evaluate_policies, simulate, split_prompts
 from specmoe.oracle.policies import FixedK, MarginalRule, RoundState, StaircasePolicy
 from specmoe.oracle.ssp import occupancy, solve, survival
 from specmoe.oracle.synthetic import synthetic_round_log
-from specmoe.roundlog import write_round_log
 
 
 def _ewma_brute(history, decay, prior, weight):

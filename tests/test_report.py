@@ -26,10 +26,10 @@ def _results(tmp: Path) -> Path:
     a round log and one unreadable file."""
     from _synthetic_runs import spec
 
-    from specmoe.bench.profile import load_profile
     from specmoe.cost.plan import build_plan
+    from specmoe.formats.profile import load_profile
+    from specmoe.formats.roundlog import write_round_log
     from specmoe.oracle.synthetic import synthetic_round_log
-    from specmoe.roundlog import write_round_log
 
     res = tmp / "results"
     plan_path, runs = world(res)

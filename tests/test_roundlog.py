@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.errors import InputError
-from specmoe.oracle.synthetic import synthetic_round_log
-from specmoe.roundlog import (
+from specmoe.formats.roundlog import (
     COLUMNS,
     RoundLogWriter,
     leading_match,
@@ -19,6 +18,7 @@ from specmoe.roundlog import (
     read_round_log,
     write_round_log,
 )
+from specmoe.oracle.synthetic import synthetic_round_log
 
 
 def _round(rng, k, *, run="r", prompt="p0", rnd=0, layers=2, top_k=2, n_exp=8, acc=None):
@@ -163,7 +163,7 @@ def test_synthetic_log_round_trip(tmp_path, small_log):
 
 @pytest.mark.parametrize("slice_runs", [0, 1024])  # fancy indexing, then slices per run
 def test_select_matches_per_round_lists(small_log, monkeypatch, slice_runs):
-    import specmoe.roundlog as rl
+    import specmoe.formats.roundlog as rl
 
     monkeypatch.setattr(rl, "_SLICE_RUNS", slice_runs)
     for idx in (np.array([5, 0, 17, 3, 4, 5]), np.arange(10, 40), np.arange(len(small_log))[::3]):

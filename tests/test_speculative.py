@@ -26,7 +26,7 @@ from specmoe.engine.speculative import (  # noqa: E402
     speculative_generate,
 )
 from specmoe.engine.switch import KernelPolicy  # noqa: E402
-from specmoe.roundlog import RoundLogWriter, read_round_log  # noqa: E402
+from specmoe.formats.roundlog import RoundLogWriter, read_round_log  # noqa: E402
 
 NEW = 16
 

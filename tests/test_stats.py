@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from specmoe.cli import main
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace, save_trace
 from specmoe.routing import windows
 from specmoe.routing.bootstrap import bootstrap_intervals, resampled_statistics
 from specmoe.routing.overlap import (
@@ -35,7 +36,6 @@ from specmoe.routing.stats import (
     window_reuse_counts,
     window_union_counts,
 )
-from specmoe.routing.trace import RoutingTrace, save_trace
 from specmoe.spec import ModelSpec
 
 # ------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from test_ipf import sticky_trace
 
 from specmoe.cli import main
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace, load_trace, save_trace
 from specmoe.routing.ipf import ExpertMoments, fit_moments, load_moments, save_moments
 from specmoe.routing.overlap import uniform_union
 from specmoe.routing.stats import compute_stats
@@ -23,7 +24,6 @@ from specmoe.routing.synth import (
     synthesize,
     systematic_sample,
 )
-from specmoe.routing.trace import RoutingTrace, load_trace, save_trace
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_bundled_trace_fidelity():
     """Measured on the 120k-token fit trace: popularity r >= 0.9997, overlap within 0.003,
     union within 2.7% (n = 9; the pairwise law's own error on these traces is 2.9%)."""
     from specmoe.data import bundled_trace_path
-    from specmoe.routing.trace import open_trace
+    from specmoe.formats.trace import open_trace
 
     path = bundled_trace_path("fit")
     if not path.exists():

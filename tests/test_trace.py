@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from specmoe.errors import InputError
-from specmoe.routing import trace as trace_mod
-from specmoe.routing.trace import RoutingTrace, load_trace, open_trace, save_trace
+from specmoe.formats import trace as trace_mod
+from specmoe.formats.trace import RoutingTrace, load_trace, open_trace, save_trace
 
 
 def random_experts(rng, t, layers, m, n):

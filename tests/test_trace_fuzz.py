@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from specmoe.errors import InputError
-from specmoe.routing.trace import RoutingTrace, load_trace, save_trace
+from specmoe.formats.trace import RoutingTrace, load_trace, save_trace
 
 FAST = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

@@ -26,8 +26,7 @@ from _synthetic_runs import (
 from specmoe.cli import main
 from specmoe.cost import theory
 from specmoe.errors import InputError
-from specmoe.validate import validate
-from specmoe.validate_rules import (
+from specmoe.validate.rules import (
     crossover_distance,
     default_rules_path,
     kstar_scores,
@@ -36,6 +35,7 @@ from specmoe.validate_rules import (
     sign_scores,
     speedup_scores,
 )
+from specmoe.validate.score import validate
 
 
 def _rule(d, rid):
@@ -384,7 +384,7 @@ def test_runs_shape_errors_name_the_file(tmp_path):
 
 def test_model_labels_of_the_runs_match_the_plan():
     from specmoe.spec import get_preset
-    from specmoe.validate import _same_model
+    from specmoe.validate.score import _same_model
 
     cut = get_preset("OLMoE-1B-7B-0125").with_layers(4).to_dict()
     assert _same_model(cut, "OLMoE-1B-7B-0125-dummy-4L")

@@ -20,7 +20,7 @@ layer's windows of n consecutive tokens within documents). Then:
 * the roofline of each kernel: Σ t / Σ max(bytes / ceiling, flops / peak) over the windows of
   each n, with bytes its requested bytes and flops 6·h·I per slot.
 
-The result is a :class:`specmoe.bench.profile.BandwidthProfile` (kernels ``per_slot`` and
+The result is a :class:`specmoe.formats.profile.BandwidthProfile` (kernels ``per_slot`` and
 ``dedup`` are the first per-slot and the first dedup kernel timed); every other kernel, the
 chosen-id table behind the fits and the machine facts go under ``extra``.
 """
@@ -50,11 +50,11 @@ from specmoe.bench.machine import (
     measure_peak_flops,
 )
 from specmoe.bench.passes import chosen_pass, distinct, pool_size, recorded_windows, u_grid
-from specmoe.bench.profile import BandwidthProfile
 from specmoe.bench.timing import CLOCKS, Timed, make_pool, time_pass
 from specmoe.errors import InputError
+from specmoe.formats.profile import BandwidthProfile
+from specmoe.formats.trace import RoutingTrace, load_trace
 from specmoe.kernels import get_kernel, kernel_kind, kernel_names, torch_dtype
-from specmoe.routing.trace import RoutingTrace, load_trace
 from specmoe.spec import ModelSpec
 
 __all__ = [

@@ -15,7 +15,7 @@ inside them); beta_D is the measured read ceiling; kv(k) = kv-bytes-per-token (c
 one eps for every bandwidth, the larger of the two kernels' (as in paper 002 Section 4), and
 delta = eps/(1 - eps) (Eq. (C.7)); f_l = 1 (the profile's dedup bandwidth is on union bytes).
 
-The CLI is :mod:`specmoe.cost.plan_cli`.
+The CLI is :mod:`specmoe.commands.plan`.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def whole_model_verify_time(
     source: str = "predicted",
     num_layers: int | None = None,
 ) -> np.ndarray:
-    """Eq. (22) from a :class:`~specmoe.bench.profile.BandwidthProfile`: ``source`` "predicted"
+    """Eq. (22) from a :class:`~specmoe.formats.profile.BandwidthProfile`: ``source`` "predicted"
     uses the fits at the union bytes of recorded windows (the prediction), "measured" the
     measured median operation times (the measured-time version). Returns tau_hat_p(n) [n_max] at
     the profile's pass sizes; ``tau1`` is tau_meas(1) in seconds. A one-token pass runs the

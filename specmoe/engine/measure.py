@@ -54,7 +54,7 @@ def verify_passes(
     the pass), setting, kernel, n, t_ms (the engine's clock), wall_ms,
     repetition, t_ms, u_mean, e_max.
     """
-    from specmoe.roundlog import pass_stats
+    from specmoe.formats.roundlog import pass_stats
 
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")

@@ -27,7 +27,7 @@ emitted tokens add up to exactly that number. Every emitted token is the target'
 given the emitted tokens before it, so the output equals plain greedy decoding (up to argmax near-ties between a batched pass and a
 one-token pass). Each round's routing ``[n, L, m]`` is recorded by router hooks
 (:class:`specmoe.engine.capture.RouterRecorder`) after the timing stops, and written with the
-round to a round log (:mod:`specmoe.roundlog`).
+round to a round log (:mod:`specmoe.formats.roundlog`).
 """
 
 from __future__ import annotations
@@ -289,11 +289,11 @@ def speculative_generate(
 
     ``budget``: an int k, or a policy object with ``choose(RoundState) -> k`` (a policy with
     ``use_confidence`` gets the drafter's probabilities of ``max_k`` drafts first). ``writer``:
-    a :class:`specmoe.roundlog.RoundLogWriter` that receives one row per round, each with the
+    a :class:`specmoe.formats.roundlog.RoundLogWriter` that receives one row per round, each with the
     fields of ``row`` (run_id, prompt_id, ...). ``progress``: anything with ``update(n)``.
     """
+    from specmoe.formats.roundlog import pass_stats
     from specmoe.oracle.policies import RoundState
-    from specmoe.roundlog import pass_stats
 
     prompt = [int(t) for t in prompt]
     if len(prompt) < 1:

@@ -392,7 +392,7 @@ class ForcedRouting:
 
     @classmethod
     def from_trace(cls, model: Any, trace: Any) -> ForcedRouting:
-        """Force a :class:`specmoe.routing.trace.RoutingTrace`'s routing."""
+        """Force a :class:`specmoe.formats.trace.RoutingTrace`'s routing."""
         return cls(
             model,
             np.asarray(trace.experts),

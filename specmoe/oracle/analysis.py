@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmoe.errors import InputError
+from specmoe.formats.roundlog import RoundLog, read_round_log
 from specmoe.oracle.costmodel import CostModel, fitted_cost_model, measured_cost_model
 from specmoe.oracle.counterfactual import Counterfactual, build_counterfactual
 from specmoe.oracle.delta import DeltaSpace, delta_space
 from specmoe.oracle.ssp import OracleSummary, summarise, survival
-from specmoe.roundlog import RoundLog, read_round_log
 
 __all__ = ["OracleResult", "load_runs", "oracle_analysis", "oracle_costs"]
 

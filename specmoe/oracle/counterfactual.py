@@ -56,7 +56,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.roundlog import COUNTERFACTUAL, RoundLog
+from specmoe.formats.roundlog import COUNTERFACTUAL, RoundLog
 
 __all__ = ["Counterfactual", "build_counterfactual", "expert_bits", "window_union"]
 

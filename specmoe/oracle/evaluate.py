@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specmoe.errors import InputError
+from specmoe.formats.roundlog import RoundLog
 from specmoe.oracle.analysis import make_cost_model, oracle_costs
 from specmoe.oracle.costmodel import CostModel
 from specmoe.oracle.counterfactual import Counterfactual, build_counterfactual
@@ -43,7 +44,6 @@ from specmoe.oracle.policies import (
     StaircasePolicy,
 )
 from specmoe.oracle.ssp import OracleSummary, summarise, survival
-from specmoe.roundlog import RoundLog
 
 __all__ = [
     "PolicyInputs",

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.roundlog import RoundLog
+from specmoe.formats.roundlog import RoundLog
 
 __all__ = [
     "DraftFit",

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from specmoe.roundlog import RoundLog, pass_stats
+from specmoe.formats.roundlog import RoundLog, pass_stats
 
 __all__ = ["default_alpha", "default_beta0", "synthetic_round_log"]
 

@@ -20,7 +20,6 @@ import base64
 import html
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,32 +306,3 @@ def write_report(
 
 # ------------------------------------------------------------------------------------------
 # the command
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("dir", metavar="DIR", help="results folder to report on")
-    parser.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE",
-        help="the HTML page to write (default DIR/report.html); figures go "
-        "to FILE's folder under <name>_files/",
-    )
-    parser.add_argument(
-        "--link", action="store_true", help="reference the figure files instead of embedding them"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print what was written as JSON on stdout"
-    )
-
-
-def run(args) -> int:
-    from specmoe._io import dumps_json
-
-    out, figures, counts = write_report(args.dir, args.out, embed=not args.link)
-    print(f"report: wrote {out} ({len(figures)} figures)", file=sys.stderr)
-    if args.json:
-        print(
-            dumps_json({"report": str(out), "figures": [str(p) for p in figures], "found": counts})
-        )
-    return 0

@@ -478,7 +478,7 @@ def render_oracle(path: Path, d: dict, figs) -> str:
 def render_rounds(path: Path, _data: Any, figs) -> str:
     import numpy as np
 
-    from specmoe.roundlog import read_round_log
+    from specmoe.formats.roundlog import read_round_log
 
     log = read_round_log(path, check=False)
     gens = len(set(log["generation_id"]))

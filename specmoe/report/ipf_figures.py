@@ -6,7 +6,7 @@ N(1 − q^n) (paper 003 Section 6.2); right, predicted against measured U_l(n) f
 (one marker per layer and n, colour by n) around the identity line, with ±2% guides.
 
 matplotlib is imported inside the functions only. Both functions take the JSON record of
-``specmoe ipf`` (:func:`specmoe.routing.ipf_cli.build_result`).
+``specmoe ipf`` (:func:`specmoe.commands.ipf.build_result`).
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ import numpy as np
 
 from specmoe._io import atomic_write_json
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace, TraceReader
 from specmoe.routing.overlap import independent_union, uniform_union
 from specmoe.routing.stats import compute_stats, token_bitsets
-from specmoe.routing.trace import RoutingTrace, TraceReader
 
 __all__ = [
     "STATUS_CONVERGED",

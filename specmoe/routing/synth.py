@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from specmoe.errors import InputError
+from specmoe.formats.trace import RoutingTrace
 from specmoe.routing.ipf import (
     VARIANTS,
     ExpertMoments,
@@ -45,7 +46,6 @@ from specmoe.routing.ipf import (
     fit_moments,
     solve_windows,
 )
-from specmoe.routing.trace import RoutingTrace
 
 __all__ = [
     "chain_tables",

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.routing.trace import RoutingTrace, TraceReader, open_trace
+from specmoe.formats.trace import RoutingTrace, TraceReader, open_trace
 
 __all__ = [
     "DocumentSums",

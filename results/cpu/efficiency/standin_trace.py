@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from specmoe.routing.trace import RoutingTrace, save_trace
+from specmoe.formats.trace import RoutingTrace, save_trace
 
 T, L, N, M, DOC = 8192, 16, 64, 8, 512
 depth = np.arange(L) / (L - 1)

@@ -71,9 +71,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from specmoe._io import dumps_json
+    from specmoe.formats.trace import open_trace, save_trace
     from specmoe.routing.ipf import fit_moments, load_moments, save_moments
     from specmoe.routing.synth import synth_fidelity, synthesize
-    from specmoe.routing.trace import open_trace, save_trace
 
     if args.tokens < 1:
         raise InputError(f"--tokens must be >= 1, got {args.tokens}")

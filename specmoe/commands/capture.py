@@ -213,7 +213,7 @@ def _generate(
     progress: bool,
 ) -> dict[str, Any]:
     from specmoe.engine.capture import capture_generation
-    from specmoe.routing.trace import save_trace
+    from specmoe.formats.trace import save_trace
 
     out = Path(args.out or f"capture-{label}-generation.npz")
     if out.suffix != ".npz":
@@ -248,7 +248,7 @@ def _documents(
     progress: bool,
 ) -> dict[str, Any]:
     from specmoe.engine.capture import capture_documents
-    from specmoe.routing.trace import RoutingTrace, open_trace, save_trace
+    from specmoe.formats.trace import RoutingTrace, open_trace, save_trace
 
     if not docs:
         raise InputError(f"{source}: no documents to capture")

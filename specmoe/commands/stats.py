@@ -112,8 +112,8 @@ def summary(stats, *, name: str = "trace") -> str:
 
 def run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json
+    from specmoe.formats.trace import open_trace
     from specmoe.routing.stats import compute_stats
-    from specmoe.routing.trace import open_trace
 
     _check_args(args)
     spec = None

@@ -151,8 +151,8 @@ def _bundled_fit() -> Path | None:
 
 
 def _moments(path: str) -> Any:
+    from specmoe.formats.trace import open_trace
     from specmoe.routing.ipf import fit_moments, load_moments
-    from specmoe.routing.trace import open_trace
 
     if Path(path).suffix.lower() == ".json":
         return load_moments(path)
@@ -164,7 +164,7 @@ def routing_sources(args: Any, spec: Any, ks: list[int]) -> list[tuple[str, Any]
     routings, the loaded trace for a path. Every source is checked against the model (N, m)
     and, for the IPF ones, the largest window (max K + 1 tokens), before any model is built."""
     from specmoe.engine.efficiency import SYNTHETIC, check_shape
-    from specmoe.routing.trace import load_trace
+    from specmoe.formats.trace import load_trace
 
     fit = _bundled_fit()
     if args.routing is None:

@@ -1,7 +1,7 @@
 """``specmoe bench``: benchmark expert kernels and fit their bandwidths (paper 002 Section 2).
 
 Measures (:func:`specmoe.bench.run.benchmark`) and writes, in ``--out``: ``profile.json`` (the
-:class:`~specmoe.bench.profile.BandwidthProfile` the cost model reads), ``timings.json`` (every
+:class:`~specmoe.formats.profile.BandwidthProfile` the cost model reads), ``timings.json`` (every
 timed pass: ids, kernel times) and two figures. ``--from PROFILE`` re-reads a saved profile
 instead of measuring (validated, and checked against ``--model``). ``--json`` prints the summary
 on stdout and nothing else; progress goes to stderr.
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.bench.profile import BandwidthProfile, load_profile
 from specmoe.errors import InputError
+from specmoe.formats.profile import BandwidthProfile, load_profile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,6 @@
 """The pre-registered rule set of ``specmoe validate`` and the scores it decides on.
 
-The rules and their tolerances live in ``specmoe/validate_rules.json`` (package data), written
+The rules and their tolerances live in ``specmoe/validate/rules.json`` (package data), written
 before the runs they score (paper 002 Section 4.4 and Table 8 do the same for DeepSeek-V2-Lite).
 :func:`load_rules` reads and checks that file (or another one given with ``--rules``), and
 :func:`decide` compares a configuration's scores against each rule, unchanged.
@@ -50,7 +50,7 @@ __all__ = [
     "verify_error",
 ]
 
-RULES_SCHEMA = "specmoe.validate_rules/1"
+RULES_SCHEMA = "specmoe.validate.rules/1"
 VERSIONS = ("prediction", "measured_time", "calibrated")
 METRICS = (
     "kstar_within_one",
@@ -127,7 +127,7 @@ class RuleSet:
 
 def default_rules_path() -> Path:
     """The pre-registered rule set shipped with the package."""
-    return Path(str(resources.files("specmoe") / "validate_rules.json"))
+    return Path(str(resources.files("specmoe.validate") / "rules.json"))
 
 
 def _get(d: dict, key: str, path: str, kind: type | tuple[type, ...], where: str = "") -> Any:
@@ -145,7 +145,7 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     """Read and check a rule set (default: the pre-registered one). Any problem is a one-line
     ``InputError`` naming the file."""
     p = default_rules_path() if path is None else Path(path)
-    name = str(path) if path is not None else "validate_rules.json"
+    name = str(path) if path is not None else "specmoe/validate/rules.json"
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

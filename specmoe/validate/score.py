@@ -18,8 +18,8 @@ speedup and the bounds (18), (20), (21) come from :mod:`specmoe.cost`. Each conf
 and the share of points inside the band of (18); the crossover predicted and measured; the
 acceptance values where k_hat* is within one of the measured best; the largest throughput lost
 at k_hat*; the verify-time error; the best speedup inside (21) with delta the step-time error.
-The rules and tolerances are read from ``validate_rules.json`` (:mod:`specmoe.validate_rules`)
-and decided unchanged. The runs folder format is :mod:`specmoe.validate_runs`.
+The rules and tolerances are read from ``specmoe/validate/rules.json`` (:mod:`specmoe.validate.rules`)
+and decided unchanged. The runs folder format is :mod:`specmoe.formats.runs`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.validate_rules import (
+from specmoe.formats.runs import Measured, load_runs
+from specmoe.validate.rules import (
     VERSIONS,
     RuleSet,
     crossover_distance,
@@ -45,7 +46,6 @@ from specmoe.validate_rules import (
     step_time_error,
     verify_error,
 )
-from specmoe.validate_runs import Measured, load_runs
 
 __all__ = ["SCHEMA", "prediction_versions", "score_configuration", "validate"]
 
@@ -336,7 +336,7 @@ def validate(
 ) -> dict[str, Any]:
     """Score every configuration of ``runs`` against the plan's model and bandwidth profile with
     the rule set ``rules_path`` (default: the pre-registered one); -> the validation dict."""
-    from specmoe.bench.profile import check_profile_matches, load_profile
+    from specmoe.formats.profile import check_profile_matches, load_profile
     from specmoe.spec import ModelSpec
 
     rules = load_rules(rules_path)
@@ -411,93 +411,3 @@ def validate(
 
 # ------------------------------------------------------------------------------------------
 # the command
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--plan",
-        required=True,
-        metavar="PLAN",
-        help="plan.json written by `specmoe plan` (or its folder)",
-    )
-    parser.add_argument(
-        "--runs",
-        required=True,
-        metavar="DIR",
-        help="folder of measured runs (verify.json, throughput.json)",
-    )
-    parser.add_argument(
-        "--rules",
-        default=None,
-        metavar="FILE",
-        help="rule set JSON (default: the pre-registered validate_rules.json)",
-    )
-    parser.add_argument(
-        "--profile",
-        default=None,
-        metavar="PROFILE",
-        help="bandwidth profile (default: the plan's, or profile.json beside "
-        "the plan or in the runs folder)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
-    parser.add_argument(
-        "--out", default=None, metavar="DIR", help="write validation.json and figures to DIR"
-    )
-
-
-def _fmt(x: Any, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def summary_text(d: dict[str, Any]) -> str:
-    """A terminal table: one row per configuration, then each rule and whether it holds."""
-    lines = [
-        f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
-        f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
-        f"eps = {d['epsilon']:.3f}",
-        "",
-        f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
-        f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}",
-    ]
-    for c in d["configurations"]:
-        cp = _fmt(c["crossover_predicted"], "d")
-        cm = _fmt(c["crossover_measured"], "d")
-        ve = c["verify_error"]
-        lines.append(
-            f"{c['name'][:33]:<34}{cp + '/' + cm:>10}"
-            f"{c['kstar_within_one']:>4} of {len(c['acceptance_values']):<2}"
-            f"{_fmt(c['max_loss'], '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
-            f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
-            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}"
-        )
-    lines.append("")
-    for r in d["rules"]:
-        mark = {True: "holds", False: "FAILS", None: "not scored"}[r["holds"]]
-        tag = "" if r["required"] else " (reported)"
-        lines.append(
-            f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
-            f"{r['configurations']} configurations — {r['text']}"
-        )
-    lines.append("")
-    lines.append("all required rules hold" if d["all_hold"] else "NOT every required rule holds")
-    return "\n".join(lines)
-
-
-def run(args) -> int:
-    from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
-
-    d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
-    text = summary_text(d)
-    if args.out:
-        out = Path(args.out)
-        atomic_write_json(out / "validation.json", d)
-        atomic_write_text(out / "validation.txt", text + "\n")
-        from specmoe.report.validate_figures import write_validation_figures
-
-        figs = write_validation_figures(d, out)
-        _err(f"validate: wrote {out / 'validation.json'} and {len(figs)} figures")
-    if args.json:
-        print(dumps_json(d))
-    else:
-        print(text)
-    return 0

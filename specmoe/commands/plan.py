@@ -280,7 +280,7 @@ def routing_union(trace_path: Path, spec: Any, k_max: int) -> tuple[np.ndarray, 
 
 def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any, dict]:
     """The bandwidth profile: --bandwidth, a cached one, or a quick benchmark (then cached)."""
-    from specmoe.bench.profile import load_profile
+    from specmoe.formats.profile import load_profile
 
     if args.bandwidth is not None:
         prof = load_profile(args.bandwidth, spec=spec)
@@ -305,7 +305,7 @@ def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any,
         raise RuntimeError(
             "the benchmark module (specmoe.bench.run) is not available: pass --bandwidth PROFILE"
         ) from None
-    from specmoe.routing.trace import load_trace
+    from specmoe.formats.trace import load_trace
 
     _err(
         f"plan: quick benchmark of the expert operation on {args.device} ({args.dtype}); "

@@ -156,6 +156,7 @@ def summary(rec: dict[str, Any]) -> str:
 
 def run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json, to_jsonable
+    from specmoe.formats.trace import open_trace
     from specmoe.routing.ipf import (
         fit_document_moments,
         fit_moments,
@@ -164,7 +165,6 @@ def run(args) -> int:
         save_moments,
     )
     from specmoe.routing.stats import compute_stats
-    from specmoe.routing.trace import open_trace
 
     if args.max_n < 2:
         raise InputError(f"--max-n must be >= 2, got {args.max_n}")

@@ -1,0 +1,162 @@
+"""``specmoe convert``: import/export routing traces (vLLM, SGLang, Parquet, ``.npz``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specmoe.errors import InputError
+from specmoe.formats._common import model_spec, resolve_num_experts
+from specmoe.formats.engine_import import import_routed_experts
+from specmoe.formats.parquet import load_parquet, write_parquet
+from specmoe.formats.trace import RoutingTrace, TraceReader, open_trace, save_trace
+
+FORMATS_IN = ("npz", "vllm", "sglang", "parquet")
+FORMATS_OUT = ("npz", "parquet")
+
+
+_SUFFIX_IN = {".npz": "npz", ".parquet": "parquet", ".pq": "parquet"}
+
+
+_SUFFIX_OUT = {".npz": "npz", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def _infer_in(path: Path) -> str:
+    if path.is_dir():
+        if any(path.glob("*.npz")):
+            return "npz"
+        raise InputError(
+            f"{path}: cannot tell the input format of this directory; give "
+            f"--from vllm or --from sglang for .npy requests"
+        )
+    fmt = _SUFFIX_IN.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(
+            f"{path}: cannot tell the input format from suffix "
+            f"{path.suffix or '(none)'!r}; give --from ({', '.join(FORMATS_IN)})"
+        )
+    return fmt
+
+
+def _infer_out(path: Path) -> str:
+    fmt = _SUFFIX_OUT.get(path.suffix.lower())
+    if fmt is None:
+        raise InputError(
+            f"{path}: cannot tell the output format from suffix "
+            f"{path.suffix or '(none)'!r}; give --to ({', '.join(FORMATS_OUT)})"
+        )
+    return fmt
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("input", metavar="IN", help="trace file or directory to read")
+    parser.add_argument("output", metavar="OUT", help="file to write (.npz or .parquet)")
+    parser.add_argument(
+        "--from",
+        dest="src",
+        choices=FORMATS_IN,
+        default=None,
+        help="input format (default: from the suffix)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="dst",
+        choices=FORMATS_OUT,
+        default=None,
+        help="output format (default: from the suffix)",
+    )
+    parser.add_argument(
+        "--num-experts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="experts per MoE layer (ids are checked against [0, N))",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="model preset, HF config or spec JSON (gives N, m, MoE layers)",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="R",
+        help="layers per token in a flattened engine record",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        metavar="K",
+        help="experts per token in a flattened engine record",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args) -> int:
+    from specmoe._io import dumps_json
+
+    src, dst = Path(args.input), Path(args.output)
+    for flag, v in (
+        ("--num-experts", args.num_experts),
+        ("--layers", args.layers),
+        ("--top-k", args.top_k),
+    ):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be a positive integer, got {v}")
+    fmt_in = args.src or _infer_in(src)
+    fmt_out = args.dst or _infer_out(dst)
+    if src.exists() and dst.exists() and src.resolve() == dst.resolve():
+        raise InputError(f"{dst}: OUT is the input itself; write to another path")
+    trace: RoutingTrace | TraceReader
+    if fmt_in == "npz":
+        trace = open_trace(src)
+        spec = model_spec(args.model)
+        resolve_num_experts(args.num_experts, spec, trace.num_experts, name=str(src))
+        if spec is not None and spec.top_k != trace.top_k:
+            raise InputError(
+                f"{src}: holds {trace.top_k} experts per token but model "
+                f"{spec.name} routes {spec.top_k}"
+            )
+    elif fmt_in == "parquet":
+        trace = load_parquet(src, num_experts=args.num_experts, model=args.model)
+    else:
+        trace = import_routed_experts(
+            src,
+            engine=fmt_in,
+            num_experts=args.num_experts,
+            model=args.model,
+            layers=args.layers,
+            top_k=args.top_k,
+        )
+    if fmt_out == "npz":
+        head = trace if isinstance(trace, RoutingTrace) else trace.load()
+        save_trace(head, dst)
+        tokens, docs = head.num_tokens, head.num_documents
+    else:
+        head, tokens, docs = write_parquet(trace, dst)
+    result = {
+        "input": str(src),
+        "from": fmt_in,
+        "output": str(dst),
+        "to": fmt_out,
+        "num_experts": head.num_experts,
+        "num_layers": head.num_layers,
+        "top_k": head.top_k,
+        "layers": head.layers,
+        "num_tokens": tokens,
+        "num_documents": docs,
+        "with_weights": head.weights is not None,
+    }
+    if "engine_layers" in head.meta:
+        result["dropped_layers"] = sorted(set(range(head.meta["engine_layers"])) - set(head.layers))
+    if args.json:
+        print(dumps_json(result))
+    else:
+        print(
+            f"{src} ({fmt_in}) -> {dst} ({fmt_out}): {tokens} tokens in {docs} "
+            f"document{'s' * (docs != 1)}, "
+            f"L={head.num_layers}, m={head.top_k}, N={head.num_experts}"
+        )
+    return 0

@@ -1,0 +1,103 @@
+"""``specmoe validate``: score a plan against measured runs (pre-registered rules)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from specmoe.validate.score import validate
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--plan",
+        required=True,
+        metavar="PLAN",
+        help="plan.json written by `specmoe plan` (or its folder)",
+    )
+    parser.add_argument(
+        "--runs",
+        required=True,
+        metavar="DIR",
+        help="folder of measured runs (verify.json, throughput.json)",
+    )
+    parser.add_argument(
+        "--rules",
+        default=None,
+        metavar="FILE",
+        help="rule set JSON (default: the pre-registered specmoe/validate/rules.json)",
+    )
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="PROFILE",
+        help="bandwidth profile (default: the plan's, or profile.json beside "
+        "the plan or in the runs folder)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the scores as JSON")
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="write validation.json and figures to DIR"
+    )
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summary_text(d: dict[str, Any]) -> str:
+    """A terminal table: one row per configuration, then each rule and whether it holds."""
+    lines = [
+        f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
+        f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
+        f"eps = {d['epsilon']:.3f}",
+        "",
+        f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
+        f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}",
+    ]
+    for c in d["configurations"]:
+        cp = _fmt(c["crossover_predicted"], "d")
+        cm = _fmt(c["crossover_measured"], "d")
+        ve = c["verify_error"]
+        lines.append(
+            f"{c['name'][:33]:<34}{cp + '/' + cm:>10}"
+            f"{c['kstar_within_one']:>4} of {len(c['acceptance_values']):<2}"
+            f"{_fmt(c['max_loss'], '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
+            f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
+            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}"
+        )
+    lines.append("")
+    for r in d["rules"]:
+        mark = {True: "holds", False: "FAILS", None: "not scored"}[r["holds"]]
+        tag = "" if r["required"] else " (reported)"
+        lines.append(
+            f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
+            f"{r['configurations']} configurations — {r['text']}"
+        )
+    lines.append("")
+    lines.append("all required rules hold" if d["all_hold"] else "NOT every required rule holds")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
+
+    d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
+    text = summary_text(d)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "validation.json", d)
+        atomic_write_text(out / "validation.txt", text + "\n")
+        from specmoe.report.validate_figures import write_validation_figures
+
+        figs = write_validation_figures(d, out)
+        _say(f"validate: wrote {out / 'validation.json'} and {len(figs)} figures")
+    if args.json:
+        print(dumps_json(d))
+    else:
+        print(text)
+    return 0
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
