@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install install-dev demo quick test lint slow-test
+.PHONY: install install-dev demo quick test lint slow-test chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,12 +26,26 @@ demo: install
 quick: install
 	PYTHON=$(BIN)/python bash scripts/quick_e2e.sh out/quick
 
-test: install-dev
-	$(BIN)/ruff check .
+# the lint steps first (ruff check, ruff format --check), then the suite
+test: lint
 	$(BIN)/python -m pytest -n 2
 
 slow-test: install-dev
 	$(BIN)/python -m pytest -m slow
 
 lint: install-dev
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# headless Chromium for the report's browser test (tests/test_report.py skips without it):
+# nothing when present; else Debian's package, which needs root (CI runs this, `make test` not)
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	    || command -v google-chrome >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (apt-get)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	        apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	else \
+	    echo "make chromium: not installed; as root: apt-get install chromium" >&2; exit 1; \
+	fi
