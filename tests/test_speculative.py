@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -114,8 +115,9 @@ def test_speculative_reproduces_greedy(target, draft, drafter, k, kernel):
         }[drafter]()
         gen = speculative_generate(eng, prompt, d, budget=k, max_new_tokens=NEW)
     assert gen.tokens == ref
-    assert sum(r["emitted"] for r in gen.rounds) == NEW
-    assert all(r["k"] <= r["budget"] == k for r in gen.rounds)  # the budget asked for
+    assert sum(r.emitted for r in gen.rounds) == NEW
+    assert all(r.k <= r.budget == k for r in gen.rounds)  # the budget asked for
+    assert [t for r in gen.rounds for t in r.tokens] == ref
     if drafter == "oracle":
         assert gen.mismatches == 0
 
@@ -175,8 +177,8 @@ def test_oracle_acceptance_is_geometric():
     assert chisquare(counts, rounds * _truncated_geometric(a, k)).pvalue > 1e-3
     # the test has power: the same counts reject a rate off by 0.05
     assert chisquare(counts, rounds * _truncated_geometric(a + 0.05, k)).pvalue < 1e-3
-    rows = [{"k": k, "accepted": int(j)} for j in range(k + 1) for _ in range(int(counts[j]))]
-    assert abs(realised_acceptance(rows) - a) < 0.02
+    accepted = np.repeat(np.arange(k + 1), counts.astype(int))
+    assert abs(realised_acceptance(np.full(len(accepted), k), accepted) - a) < 0.02
 
 
 def test_oracle_draws_are_seeded():
@@ -255,6 +257,65 @@ def test_round_log_rows(tmp_path, olmoe):
         u, e = _pass_stats_naive(routing, 8)
         assert log["u_mean"][r] == pytest.approx(u) and log["e_max"][r] == e
         assert log["t_verify_ms"][r] > 0 and log["t_draft_ms"][r] >= 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        gen.rounds[0].k = 9
+
+
+def _dict_row(rnd, base):
+    """A round as the loop wrote it when rounds were dicts: every column by name."""
+    row = {
+        **base,
+        "round": rnd.round,
+        "k": rnd.k,
+        "budget": rnd.budget,
+        "pass_size": rnd.k + 1,
+        "accepted": rnd.accepted,
+        "emitted": rnd.accepted + 1,
+        "t_verify_ms": rnd.t_verify_ms,
+        "t_draft_ms": rnd.t_draft_ms,
+        "context_len": rnd.context_len,
+        "u_mean": rnd.u_mean,
+        "e_max": rnd.e_max,
+        "kernel": rnd.kernel,
+        "drafter": rnd.drafter,
+        "num_layers": rnd.routing.shape[1],
+        "top_k": rnd.routing.shape[2],
+        "num_experts": rnd.num_experts,
+        "routing": rnd.routing,
+        "draft_tokens": list(rnd.draft_tokens),
+        "target_tokens": list(rnd.target_tokens),
+    }
+    if rnd.acceptance is not None:
+        row["acceptance"] = rnd.acceptance
+    if rnd.draft_confidence is not None:
+        row["draft_confidence"] = list(rnd.draft_confidence)
+    return row
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "draft-model"])
+def test_round_log_parts_are_those_of_dict_rows(tmp_path, olmoe, draft, drafter):
+    """Rounds as dataclasses write the same Parquet bytes as the column dicts they replace."""
+    net, prompt, _ = olmoe
+    base = {"run_id": "r1", "prompt_id": "p1"}
+    with Engine(net) as eng, RoundLogWriter(tmp_path / "new", flush_every=4) as w:
+        d = (
+            OracleDrafter(eng.greedy, acceptance=0.5, vocab_size=257, seed=0)
+            if drafter == "oracle"
+            else ModelDrafter(draft, target_vocab=257)
+        )
+        gen = speculative_generate(eng, prompt, d, budget=3, max_new_tokens=NEW, writer=w, row=base)
+    with RoundLogWriter(tmp_path / "old", flush_every=4) as w:
+        for rnd in gen.rounds:
+            w.append(**_dict_row(rnd, base))
+    new, old = sorted((tmp_path / "new").iterdir()), sorted((tmp_path / "old").iterdir())
+    assert [p.name for p in new] == [p.name for p in old] and len(new) > 1
+    for a, b in zip(new, old):
+        assert a.read_bytes() == b.read_bytes()
+    import pyarrow.parquet as pq
+
+    cols = set(pq.read_schema(new[0]).names)
+    assert ("draft_confidence" in cols) == (drafter == "draft-model")
+    assert ("acceptance" in cols) == (drafter == "oracle")
 
 
 class _Interrupting:
@@ -337,7 +398,7 @@ def test_policy_chooses_the_budget(olmoe, draft):
         pol = _Cycle()
         gen = speculative_generate(eng, prompt, NgramDrafter(), budget=pol, max_new_tokens=NEW)
         assert gen.tokens == ref
-        assert [s.context_len for s in pol.seen] == [r["context_len"] for r in gen.rounds]
+        assert [s.context_len for s in pol.seen] == [r.context_len for r in gen.rounds]
         assert all(len(s.history) == i for i, s in enumerate(pol.seen))
         conf = _Confident()
 
@@ -358,7 +419,7 @@ def test_policy_chooses_the_budget(olmoe, draft):
         )
         assert gen.tokens == ref
         assert all(
-            c is not None and len(c) == min(5, NEW - 1 - r["context_len"] + len(prompt) - 1)
+            c is not None and len(c) == min(5, NEW - 1 - r.context_len + len(prompt) - 1)
             for c, r in zip(conf.conf, gen.rounds)
         )
         gen = speculative_generate(
@@ -566,7 +627,7 @@ def test_a_confidence_policy_stops_the_draft_model_one_token_past_its_choice(olm
     for (cap, prop), rec in zip(proposals, gen.rounds, strict=True):
         conf = prop.confidence
         lead = next((i for i, c in enumerate(conf) if c < 0.045), len(conf))
-        assert rec["k"] == min(lead, cap)  # the policy's choice was verified
-        assert len(prop.tokens) == min(rec["k"] + 1, cap)  # and one more draft was looked at
+        assert rec.k == min(lead, cap)  # the policy's choice was verified
+        assert len(prop.tokens) == min(rec.k + 1, cap)  # and one more draft was looked at
     assert any(len(p.tokens) < cap for cap, p in proposals)  # it did stop early
-    assert any(r["k"] > 0 for r in gen.rounds)
+    assert any(r.k > 0 for r in gen.rounds)

@@ -180,12 +180,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError(f"--crossover must be a positive pass size, got {args.crossover}")
 
 
-# ------------------------------------------------------------------------------------------
-# model, prompts, forced routing
-
-
-# ------------------------------------------------------------------------------------------
-# the grid of runs
+def _flagged(exc: InputError, **flags: str) -> InputError:
+    """``exc`` naming the flag of its library argument, where the two names differ (the
+    dispatcher maps an argument named as a flag's dest by itself)."""
+    return exc.as_flag(flags[exc.argument]) if exc.argument in flags else exc
 
 
 # ------------------------------------------------------------------------------------------
@@ -216,7 +214,10 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter == "draft-model":
         from specmoe.engine.drafters import load_draft_model
 
-        draft = load_draft_model(args.draft_model, device=args.device)
+        try:
+            draft = load_draft_model(args.draft_model, device=args.device)
+        except InputError as exc:
+            raise _flagged(exc, path="--draft-model") from None
     model, tokenizer, label, dummy = load_target(
         args.model,
         device=args.device,
@@ -269,6 +270,8 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.quiet,
             depth=args.context,
         )
+    except InputError as exc:
+        raise _flagged(exc, max_new_tokens="--tokens", budget="--k", name="--drafter") from None
     finally:
         engine.close()
     summary = {

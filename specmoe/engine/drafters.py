@@ -87,9 +87,9 @@ class OracleDrafter:
         cache: dict[tuple[int, ...], list[int]] | None = None,
     ):
         if acceptance is not None and not 0.0 <= acceptance <= 1.0:
-            raise InputError(f"--acceptance {acceptance}: must be in [0, 1]")
+            raise InputError(f"{acceptance}: must be in [0, 1]", argument="acceptance")
         if vocab_size < 2:
-            raise InputError(f"vocab_size must be at least 2, got {vocab_size}")
+            raise InputError(f"must be at least 2, got {vocab_size}", argument="vocab_size")
         self.reference = reference
         self.acceptance = None if acceptance is None else float(acceptance)  # None: k = 0 only
         self.vocab_size = int(vocab_size)
@@ -195,11 +195,11 @@ def load_draft_model(
         path = corpus.bundled_draft_dir()
         if not (Path(path) / "config.json").is_file():
             raise InputError(
-                f"--drafter draft-model: no bundled draft model at {path} (pass --draft-model PATH)"
+                f"no bundled draft model at {path} (pass the folder of one)", argument="path"
             )
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise InputError(f"--draft-model {path}: no config.json (expected an HF model folder)")
+        raise InputError(f"{path}: no config.json (expected an HF model folder)", argument="path")
     from specmoe.engine.models import from_pretrained
 
     torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
@@ -303,8 +303,9 @@ def make_drafter(
     if name == "oracle":
         if reference is None or acceptance is None or vocab_size is None:
             raise InputError(
-                "--drafter oracle needs the target (reference decoding), an "
-                "--acceptance and the vocabulary size"
+                "oracle needs the target's reference decoding, an acceptance and the "
+                "vocabulary size (reference, acceptance, vocab_size)",
+                argument="name",
             )
         return OracleDrafter(reference, acceptance=acceptance, vocab_size=vocab_size, seed=seed)
     if name == "ngram":
@@ -314,4 +315,4 @@ def make_drafter(
             draft_model if draft_model is not None else load_draft_model(draft_path, device=device)
         )
         return ModelDrafter(net, target_vocab=vocab_size)
-    raise InputError(f"--drafter {name!r}: unknown (choose from {', '.join(DRAFTERS)})")
+    raise InputError(f"unknown {name!r} (choose from {', '.join(DRAFTERS)})", argument="name")

@@ -16,13 +16,14 @@ from specmoe.errors import InputError
 def load_target(
     spec: str, *, device: str = "cpu", layers: int | None = None, seed: int = 0, context: int = 4096
 ) -> tuple[Any, Any, str, bool]:
-    """``(model, tokenizer, label, dummy)`` for a --model value."""
+    """``(model, tokenizer, label, dummy)`` for a model ``spec``: a local HF directory,
+    ``bundled``, ``PRESET-dummy`` or ``random:TYPE``."""
     from specmoe.engine import models
     from specmoe.engine.switch import dummy_model, parse_dummy
 
     preset = parse_dummy(spec)
     if preset is None and layers is not None:
-        raise InputError("--layers applies to PRESET-dummy models only")
+        raise InputError("applies to PRESET-dummy models only", argument="layers")
     if preset is not None:
         net = dummy_model(preset, layers=layers, seed=seed, context=context)
         net.to(device)
@@ -64,9 +65,9 @@ def validation_prompts(
             break
     if len(out) < count:
         raise InputError(
-            f"--context {context}: only {len(out)} validation documents (after "
-            f"--prompt-offset {offset}) have that many tokens, "
-            f"{count} needed"
+            f"only {len(out)} validation documents have {context} tokens (after skipping "
+            f"{offset}), {count} needed",
+            argument="context",
         )
     return out
 
@@ -79,13 +80,14 @@ def file_prompts(path: str, tokenizer: Any, *, context: int) -> list[tuple[str, 
     for i, s in enumerate(items):
         ids = encode(tokenizer, s)[-context:]
         if not ids:
-            raise InputError(f"--prompts {path}: prompt {i + 1} encodes to no tokens")
+            raise InputError(f"{path}: prompt {i + 1} encodes to no tokens", argument="prompts")
         out.append((f"prompt-{i:03d}", ids))
     return out
 
 
 def forced_from(spec: str | None, model: Any) -> Any:
-    """A :class:`ForcedRouting` for ``--forced-trace`` (None: no forcing)."""
+    """A :class:`ForcedRouting` from a trace ``spec`` (a path, or ``bundled:NAME``; None: no
+    forcing)."""
     from specmoe.engine.switch import ForcedRouting
     from specmoe.formats.trace import load_trace
 
@@ -98,7 +100,7 @@ def forced_from(spec: str | None, model: Any) -> Any:
     else:
         path = Path(spec)
     if not Path(path).exists():
-        raise InputError(f"--forced-trace {spec}: no such trace ({path})")
+        raise InputError(f"{spec}: no such trace ({path})", argument="forced_trace")
     return ForcedRouting.from_trace(model, load_trace(path))
 
 
@@ -136,7 +138,7 @@ def run_grid(
     from tqdm.auto import tqdm
 
     from specmoe.engine.drafters import OracleDrafter, make_drafter
-    from specmoe.engine.speculative import realised_acceptance, speculative_generate
+    from specmoe.engine.speculative import speculative_generate
     from specmoe.formats.roundlog import RoundLogWriter
 
     combos: list[tuple[int, float | None]] = []
@@ -214,18 +216,7 @@ def run_grid(
                         if writer is not None:
                             writer.flush()
                         results.append(
-                            generation_summary(
-                                gen,
-                                rid,
-                                pid,
-                                k,
-                                a,
-                                drafter,
-                                kernel,
-                                rep,
-                                len(ids),
-                                realised_acceptance,
-                            )
+                            generation_summary(gen, rid, pid, k, a, drafter, kernel, rep, len(ids))
                         )
                         if progress:
                             bar.set_postfix_str(f"k={k} a={a}")
@@ -250,12 +241,12 @@ def generation_summary(
     kernel: str,
     rep: int,
     depth: int,
-    realised: Any,
 ) -> dict[str, Any]:
+    """One generation's record of the runs summary (``summary.json``'s ``generations``)."""
     import numpy as np
 
-    tv = [r["t_verify_ms"] for r in gen.rounds]
-    td = [r["t_draft_ms"] for r in gen.rounds]
+    tv = [r.t_verify_ms for r in gen.rounds]
+    td = [r.t_draft_ms for r in gen.rounds]
     return {
         "run_id": rid,
         "prompt_id": pid,
@@ -275,7 +266,7 @@ def generation_summary(
         "tokens_per_s": gen.tokens_per_s,
         "tokens_per_s_wall": 1e3 * len(gen.tokens) / gen.decode_wall_ms,
         "tokens_per_round": len(gen.tokens) / max(1, len(gen.rounds)),
-        "realised_acceptance": realised(gen.rounds),
+        "realised_acceptance": gen.realised_acceptance,
         "mismatches": gen.mismatches,
         "sum_t_verify_ms": float(np.sum(tv)),
         "sum_t_draft_ms": float(np.sum(td)),

@@ -47,6 +47,7 @@ from specmoe.errors import InputError
 __all__ = [
     "Engine",
     "Generation",
+    "Round",
     "Verified",
     "cache_kwarg",
     "crop_cache",
@@ -136,10 +137,11 @@ class Engine:
         self.model = model
         self.device = next(model.parameters()).device
         if clock not in ("wall", "cpu"):
-            raise InputError(f"--clock {clock!r}: choose wall or cpu")
+            raise InputError(f"unknown {clock!r} (choose wall or cpu)", argument="clock")
         if clock == "cpu" and self.device.type != "cpu":
             raise InputError(
-                f"--clock cpu: the model is on {self.device}, not the CPU (use the wall clock)"
+                f"cpu: the model is on {self.device}, not the CPU (use the wall clock)",
+                argument="clock",
             )
         self.clock = clock
         self.now = time.perf_counter if clock == "wall" else time.thread_time
@@ -224,12 +226,60 @@ class Engine:
 # ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One verification round of a speculative generation (step 1-4 of the module docstring).
+
+    Fields are named as the round-log columns they are written to
+    (:mod:`specmoe.formats.roundlog`); the derived columns are properties.
+    """
+
+    round: int  # index within the generation: 0, 1, ...
+    k: int  # drafts verified (<= budget)
+    budget: int  # the draft budget asked for
+    accepted: int  # leading drafts equal to the target's tokens, 0..k
+    t_verify_ms: float  # T_T: the target's verification pass
+    t_draft_ms: float  # T_D: drafting
+    context_len: int  # L: tokens in the KV cache before the pass
+    u_mean: float  # Ū: distinct experts of the pass, averaged over MoE layers
+    e_max: int  # the most tokens of the pass one expert receives, over layers
+    kernel: str  # the expert kernel of the pass
+    drafter: str | None
+    num_experts: int  # N
+    routing: np.ndarray  # [n, L, m] int16 expert ids of the pass
+    draft_tokens: tuple[int, ...]  # [k] d_1..d_k
+    target_tokens: tuple[int, ...]  # [n] t_0..t_k, the target's argmax of each row
+    acceptance: float | None = None  # the target acceptance of an oracle drafter
+    draft_confidence: tuple[float, ...] | None = None  # [k] the drafter's probabilities
+
+    @property
+    def pass_size(self) -> int:
+        return self.k + 1
+
+    @property
+    def emitted(self) -> int:
+        return self.accepted + 1
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The tokens the round emits: t_0..t_accepted."""
+        return self.target_tokens[: self.accepted + 1]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.routing.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.routing.shape[2])
+
+
 @dataclass
 class Generation:
     """The outcome of one speculative generation."""
 
     tokens: list[int]  # the emitted tokens, in order
-    rounds: list[dict[str, Any]] = field(default_factory=list)  # round-log rows
+    rounds: list[Round] = field(default_factory=list)
     decode_ms: float = 0.0  # drafting + verification + loop, no logging
     decode_wall_ms: float = 0.0  # the same on the wall clock
     prefill_ms: float = 0.0
@@ -241,21 +291,26 @@ class Generation:
 
     @property
     def drafted(self) -> int:
-        return int(sum(r["k"] for r in self.rounds))
+        return int(sum(r.k for r in self.rounds))
 
     @property
     def accepted(self) -> int:
-        return int(sum(r["accepted"] for r in self.rounds))
+        return int(sum(r.accepted for r in self.rounds))
+
+    @property
+    def realised_acceptance(self) -> float:
+        """:func:`realised_acceptance` of the rounds."""
+        return realised_acceptance([r.k for r in self.rounds], [r.accepted for r in self.rounds])
 
 
-def realised_acceptance(rounds: Sequence[dict[str, Any]]) -> float:
-    """The geometric rate's maximum-likelihood estimate from (k, accepted) rounds.
+def realised_acceptance(k: Sequence[int], accepted: Sequence[int]) -> float:
+    """The geometric rate's maximum-likelihood estimate from rounds' (k, accepted), [R] each.
 
     A round with k drafts accepts j < k with probability a^j (1 - a) and all k with a^k, so
     â = Σ accepted / (Σ accepted + #rounds with accepted < k); NaN without drafts.
     """
-    acc = sum(int(r["accepted"]) for r in rounds)
-    fails = sum(1 for r in rounds if int(r["accepted"]) < int(r["k"]))
+    k_, acc_ = np.asarray(k, dtype=np.int64), np.asarray(accepted, dtype=np.int64)
+    acc, fails = int(acc_.sum()), int((acc_ < k_).sum())
     return acc / (acc + fails) if acc + fails else float("nan")
 
 
@@ -299,9 +354,11 @@ def speculative_generate(
     if len(prompt) < 1:
         raise InputError("prompt: empty")
     if max_new_tokens < 1:
-        raise InputError(f"--tokens must be a positive integer, got {max_new_tokens}")
+        raise InputError(
+            f"must be a positive integer, got {max_new_tokens}", argument="max_new_tokens"
+        )
     if isinstance(budget, int | np.integer) and not 0 <= int(budget) <= max_k:
-        raise InputError(f"--k {budget}: must be in 0..{max_k}")
+        raise InputError(f"{budget}: must be in 0..{max_k}", argument="budget")
     base = dict(row or {})
     kv = new_cache(engine.model)
     now = engine.now
@@ -362,35 +419,30 @@ def speculative_generate(
         gen.decode_ms += (now() - start - excluded) * 1e3
         gen.decode_wall_ms += (time.perf_counter() - wall - excluded_wall) * 1e3
         u, e = pass_stats(ver.routing, engine.num_experts)
-        rec = {
-            **base,
-            "round": len(history) - 1,
-            "k": k,
-            "budget": chosen,
-            "pass_size": k + 1,
-            "accepted": acc,
-            "emitted": acc + 1,
-            "t_verify_ms": ver.t_ms,
-            "t_draft_ms": t_draft * 1e3,
-            "context_len": ctx_len,
-            "u_mean": float(u),
-            "e_max": int(e),
-            "kernel": ver.kernel,
-            "drafter": getattr(drafter, "name", None),
-            "num_layers": engine.num_layers,
-            "top_k": engine.top_k,
-            "num_experts": engine.num_experts,
-            "routing": ver.routing.astype(np.int16),
-            "draft_tokens": drafts,
-            "target_tokens": list(ver.tokens),
-        }
-        if getattr(drafter, "acceptance", None) is not None:
-            rec["acceptance"] = float(drafter.acceptance)
-        if conf is not None:
-            rec["draft_confidence"] = conf
-        gen.rounds.append(rec)
+        rnd = Round(
+            round=len(history) - 1,
+            k=k,
+            budget=chosen,
+            accepted=acc,
+            t_verify_ms=ver.t_ms,
+            t_draft_ms=t_draft * 1e3,
+            context_len=ctx_len,
+            u_mean=float(u),
+            e_max=int(e),
+            kernel=ver.kernel,
+            drafter=getattr(drafter, "name", None),
+            num_experts=engine.num_experts,
+            routing=ver.routing.astype(np.int16),
+            draft_tokens=tuple(drafts),
+            target_tokens=tuple(ver.tokens),
+            acceptance=(
+                None if getattr(drafter, "acceptance", None) is None else float(drafter.acceptance)
+            ),
+            draft_confidence=None if conf is None else tuple(conf),
+        )
+        gen.rounds.append(rnd)
         if writer is not None:
-            writer.append(**rec)
+            writer.append_round(rnd, **base)
         if progress is not None:
             progress.update(len(emitted))
     return gen

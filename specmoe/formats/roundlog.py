@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ __all__ = [
     "leading_match",
     "pass_stats",
     "read_round_log",
+    "round_columns",
     "validate",
     "write_round_log",
 ]
@@ -409,6 +410,22 @@ def write_round_log(log: RoundLog, path: str | os.PathLike) -> Path:
 # writing, round by round
 
 
+def round_columns(round_: Any) -> dict[str, Any]:
+    """The round-log columns of a round result: its dataclass fields that are not None
+    (tuples of tokens or confidences become list columns as they are)."""
+    if not is_dataclass(round_):
+        raise TypeError(f"round_columns: expected a dataclass, got {type(round_).__name__}")
+    out = {}
+    for f in fields(round_):
+        v = getattr(round_, f.name)
+        if v is not None:
+            out[f.name] = v
+    unknown = sorted(set(out) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"round_columns: fields that are no column: {', '.join(unknown)}")
+    return out
+
+
 class RoundLogWriter:
     """Append rounds; every ``flush_every`` rounds (and on :meth:`flush` / close) the buffered
     rounds become a new part file ``part-NNNNNN.parquet`` in ``directory``, written atomically.
@@ -462,6 +479,16 @@ class RoundLogWriter:
         self._rows.append(row)
         if len(self._rows) >= self.flush_every:
             self.flush()
+
+    def append_round(self, round_: Any, **columns: Any) -> None:
+        """Append a round result: a dataclass whose fields are named as columns
+        (:class:`specmoe.engine.speculative.Round`), plus ``columns`` (run_id, prompt_id, ...).
+
+        This is the one conversion of a round to a row: every field, except those left at
+        None, which stay out of the row (a column no round of a part has is absent from it, and
+        reads as null); the derived columns follow as in :meth:`append`.
+        """
+        self.append(**{**columns, **round_columns(round_)})
 
     def flush(self) -> Path | None:
         """Write the buffered rounds as a new part; return its path (None if nothing buffered)."""
