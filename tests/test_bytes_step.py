@@ -197,9 +197,11 @@ def test_saving_eq6_and_rule_eq7(E, bs, bd, share, D, bD, t0, phs, phd):
         t0=t0,
         fixed_work=phd,
     )
-    S = step.saving_from_shares(E, bs, share, bd / bs, fixed_work_slot=phs, fixed_work_dedup=phd)
+    # Eq. (6): S(n) = E_slot/beta_slot (1 - u_bar/r) - (phi_dedup - phi_slot), the closed form
+    # of tau_slot - tau_dedup when f_l = 1 (t0 and the dense reads cancel)
+    S = E / bs * (1 - share / (bd / bs)) - (phd - phs)
     assert S == pytest.approx(tau_s - tau_d, rel=1e-9, abs=1e-9)
-    S_eq = step.saving_from_shares(E, bs, share, bd / bs)
+    S_eq = E / bs * (1 - share / (bd / bs))  # equal fixed work: Eq. (7) decides the sign
     if abs(share - bd / bs) > 1e-9:
         assert bool(S_eq > 0) == bool(step.dedup_faster(share, bd / bs))
 
@@ -210,6 +212,24 @@ def test_crossover_brute_force(s):
     n = len(s)
     ref = next((k for k in range(2, n + 1) if all(x > 0 for x in s[k - 1 :])), None)
     assert step.crossover(s) == ref
+
+
+@SETTINGS
+@given(s=st.lists(st.floats(-3, 3), min_size=1, max_size=10), seed=st.integers(0, 99))
+def test_crossover_in_any_order_and_its_callers(s, seed):
+    """The one crossover: pass sizes in any order give the same answer, and the benchmark's and
+    the measured runs' crossovers are this one."""
+    from specmoe.bench.fit import crossover as bench_crossover
+    from specmoe.engine.measure import measured_crossover
+
+    n = np.arange(1, len(s) + 1)
+    perm = np.random.default_rng(seed).permutation(len(s))
+    ref = step.crossover(s)
+    assert step.crossover(np.asarray(s)[perm], n[perm]) == ref
+    assert bench_crossover(n[perm].tolist(), np.asarray(s)[perm].tolist()) == ref
+    assert (
+        measured_crossover({int(k): float(v) for k, v in zip(n[perm], np.asarray(s)[perm])}) == ref
+    )
 
 
 def test_crossover_examples():
@@ -291,11 +311,9 @@ def test_verify_model_policies():
     assert np.array_equal(vm.tau["best"], np.minimum(vm.tau["per_slot"], vm.tau["dedup"]))
     for p in step.POLICIES:
         assert np.allclose(vm.memory[p], vm.dense_time + vm.expert[p], rtol=1e-15)
-    assert np.allclose(
-        vm.saving[1:],
-        step.saving_from_shares(pb.slot[1:], bw["beta_slot"][1:], pb.u_bar[1:], vm.r[1:]),
-        rtol=1e-12,
-    )
+    eq6 = pb.slot / bw["beta_slot"] * (1 - pb.u_bar / vm.r)  # Eq. (6) with f_l = 1, phi = 0
+    assert np.allclose(vm.saving[1:], eq6[1:], rtol=1e-12)
     assert vm.crossover == step.crossover(vm.saving)
-    with pytest.raises(InputError, match="--k-max"):
+    with pytest.raises(InputError, match=r"covers pass sizes 1\.\.4") as exc:
         step.profile_bandwidths(_profile(), 5)
+    assert exc.value.argument == "n_max"

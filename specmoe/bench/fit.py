@@ -28,7 +28,9 @@ PARAMS = {"per_slot": ("t_op", "c_u", "c_re"), "dedup": ("t_op", "c_g", "c_t")}
 
 
 def design(kind: str, n: np.ndarray, u: np.ndarray, m: int, b: float) -> np.ndarray:
-    """Regressors [k, 3] of Eq. (4) (per_slot) or Eq. (E.1) (dedup)."""
+    """Eqs. (4) and (E.1) of paper 002: the regressors [k, 3] of the per-slot time
+    t_op + c_u U b + c_re (n m - U) b (``per_slot``) or the deduplicating time
+    t_op + c_g U b + c_t n (``dedup``)."""
     n = np.asarray(n, dtype=float)
     u = np.asarray(u, dtype=float)
     if kind == "per_slot":
@@ -40,7 +42,7 @@ def design(kind: str, n: np.ndarray, u: np.ndarray, m: int, b: float) -> np.ndar
 
 @dataclass(frozen=True)
 class TimeFit:
-    """A least-squares fit of Eq. (4) or (E.1)."""
+    """A least-squares fit by Eq. (4) or (E.1) (:func:`design`)."""
 
     kind: str
     coef: dict[str, float]  # t_op (s), c_u/c_re or c_g (s/byte), c_t (s/token)
@@ -63,7 +65,7 @@ class TimeFit:
 def fit_time(
     kind: str, n: np.ndarray, u: np.ndarray, t: np.ndarray, *, m: int, b: float
 ) -> TimeFit:
-    """Least squares of Eq. (4) (``kind="per_slot"``) or Eq. (E.1) (``"dedup"``).
+    """Least squares by Eq. (4) (``kind="per_slot"``) or Eq. (E.1) (``"dedup"``), :func:`design`.
 
     Columns are scaled to unit norm before solving, so seconds, bytes and tokens, which differ
     by ten orders of magnitude, do not spoil the conditioning.
@@ -128,17 +130,8 @@ def bandwidths(
 
 
 def crossover(n_values: list[int], saving: list[float]) -> int | None:
-    """First n >= 2 from which the saving T_slot(n) − T_dedup(n) stays positive, or None.
+    """First n >= 2 from which the saving T_slot(n) - T_dedup(n) stays positive, or None: the
+    crossover of :func:`specmoe.cost.step.crossover` at the benchmark's pass sizes."""
+    from specmoe.cost.step import crossover as _crossover
 
-    n = 1 is left out: a one-token pass names m distinct experts, so there is nothing to
-    deduplicate and both kernels do the same work (paper 002 runs one kernel there).
-    """
-    best = None
-    for k, s in sorted(zip(n_values, saving), reverse=True):
-        if k < 2:
-            break
-        if s > 0:
-            best = k
-        else:
-            break
-    return best
+    return _crossover(saving, n_values)

@@ -26,7 +26,6 @@ __all__ = [
     "dedup_faster",
     "linear_draft_time",
     "profile_bandwidths",
-    "saving_from_shares",
     "step_times",
     "verify_model",
     "verify_time",
@@ -61,7 +60,7 @@ def verify_time(
     t0: Any = 0.0,
     fixed_work: Any = 0.0,
 ) -> np.ndarray:
-    """tau_p(n) = t0 + D(n)/beta_D + E_p(n)/beta_p(n) + phi_p(n), Eq. (5) of paper 002.
+    """Eq. (5) of paper 002: tau_p(n) = t0 + D(n)/beta_D + E_p(n)/beta_p(n) + phi_p(n).
 
     ``t0`` >= 0 is time outside the memory reads, ``fixed_work`` = phi_p(n) >= 0 (launches)."""
     return (
@@ -72,41 +71,26 @@ def verify_time(
     )
 
 
-def saving_from_shares(
-    slot_bytes: Any,
-    beta_slot: Any,
-    u_bar: Any,
-    r: Any,
-    *,
-    fixed_work_slot: Any = 0.0,
-    fixed_work_dedup: Any = 0.0,
-) -> np.ndarray:
-    """S(n) = E_slot(n)/beta_slot(n) (1 - u_bar(n)/r(n)) - (phi_dedup(n) - phi_slot(n)), Eq. (6)
-    with f_l = 1: the time deduplication removes from a pass (t0 and dense reads cancel)."""
-    expert = _nonneg(slot_bytes, "slot_bytes") / _positive(beta_slot, "beta_slot")
-    return expert * (1 - _positive(u_bar, "u_bar") / _positive(r, "r")) - (
-        _nonneg(fixed_work_dedup, "fixed_work_dedup") - _nonneg(fixed_work_slot, "fixed_work_slot")
-    )
-
-
 def dedup_faster(u_bar: Any, r: Any) -> np.ndarray:
-    """Eq. (7): with f_l = 1 and equal fixed work the deduplicating kernel is faster exactly
-    when u_bar(n) < r(n)."""
+    """Eq. (7) of paper 002: with f_l = 1 and equal fixed work the deduplicating kernel is
+    faster exactly when u_bar(n) < r(n) (the sign of the saving S(n) of Eq. (6))."""
     return _positive(u_bar, "u_bar") < _positive(r, "r")
 
 
 def crossover(saving: Any, n: Any = None) -> int | None:
-    """The crossover: the smallest pass size from which the deduplicating kernel stays faster,
-    S(n') > 0 for every n' >= n up to n_max (paper 002 Section 2); None if S(n_max) <= 0.
+    """The crossover of paper 002 Section 2: the smallest pass size n >= 2 from which the
+    deduplicating kernel stays faster, S(n') > 0 for every measured or predicted n' >= n up to
+    the largest; None when S is not positive at the largest pass size.
 
-    ``saving`` [n_max] at pass sizes ``n`` (default 1..n_max); n = 1 never counts (the same
-    kernel runs a one-token pass)."""
-    s = np.asarray(saving, dtype=np.float64)
-    n = np.arange(1, s.size + 1) if n is None else np.asarray(n)
+    ``saving`` [k] at pass sizes ``n`` [k] (default 1..k, any order); n = 1 never counts (the
+    same kernel runs a one-token pass). The one definition: the plan, the benchmark profile, the
+    measured verify runs and the validation all call it."""
+    s = np.asarray(saving, dtype=np.float64).reshape(-1)
+    n = np.arange(1, s.size + 1) if n is None else np.asarray(n).reshape(-1)
     if n.shape != s.shape:
-        raise InputError(f"n: {n.size} pass sizes for {s.size} savings")
+        raise InputError(f"{n.size} pass sizes for {s.size} savings", argument="n")
     best = None
-    for i in range(s.size - 1, -1, -1):
+    for i in np.argsort(n, kind="stable")[::-1]:
         if n[i] < 2 or not s[i] > 0:
             break
         best = int(n[i])
@@ -138,7 +122,7 @@ def step_times(tau: Any, h: Any = None) -> np.ndarray:
 def verify_time_from_op_times(
     op_kernel: Any, op_one: Any, tau1: float, *, num_layers: int | None = None
 ) -> np.ndarray:
-    """Eq. (22): tau_hat_p(n) = tau_meas(1) + sum_l (t_p,l(n) - t_l(1)).
+    """Eq. (22) of paper 002: tau_hat_p(n) = tau_meas(1) + sum_l (t_p,l(n) - t_l(1)).
 
     ``op_kernel`` [L, n_max]: layer l's expert-operation time with kernel p at pass size n;
     ``op_one`` [L]: the same layer's one-token time t_l(1) (the per-slot kernel's, which runs a
@@ -167,7 +151,8 @@ def whole_model_verify_time(
     source: str = "predicted",
     num_layers: int | None = None,
 ) -> np.ndarray:
-    """Eq. (22) from a :class:`~specmoe.formats.profile.BandwidthProfile`: ``source`` "predicted"
+    """tau_hat_p(n) by Eq. (22) (:func:`verify_time_from_op_times`) from a
+    :class:`~specmoe.formats.profile.BandwidthProfile`: ``source`` "predicted"
     uses the fits at the union bytes of recorded windows (the prediction), "measured" the
     measured median operation times (the measured-time version). Returns tau_hat_p(n) [n_max] at
     the profile's pass sizes; ``tau1`` is tau_meas(1) in seconds. A one-token pass runs the
@@ -191,9 +176,9 @@ def profile_bandwidths(profile: Any, n_max: int) -> dict[str, Any]:
     missing = [n for n in range(1, n_max + 1) if n not in profile.n]
     if missing:
         raise InputError(
-            f"bandwidth profile: no pass size {missing[0]} (it covers n = "
-            f"{min(profile.n)}..{max(profile.n)}; lower --k-max to at most "
-            f"{max(profile.n) - 1})"
+            f"the bandwidth profile covers pass sizes {min(profile.n)}..{max(profile.n)}, "
+            f"not {missing[0]}",
+            argument="n_max",
         )
     idx = [profile.n.index(n) for n in range(1, n_max + 1)]
     return {
@@ -206,7 +191,7 @@ def profile_bandwidths(profile: Any, n_max: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class VerifyModel:
-    """Eq. (5) evaluated for both kernels at n = 1..n_max. Times in seconds, all [n_max].
+    """The verify times by Eq. (5) for both kernels at n = 1..n_max. Seconds, all [n_max].
 
     ``expert[p]`` is M^e_p(n) = E_p(n)/beta_p(n), ``memory[p]`` M_p(n) = D(n)/beta_D + M^e_p(n),
     ``tau[p]`` the verify time; ``p`` also takes ``best`` (the faster kernel at each n). At n = 1
@@ -237,22 +222,38 @@ def verify_model(
     phi_slot: Any = 0.0,
     phi_dedup: Any = 0.0,
 ) -> VerifyModel:
-    """tau_p(n) of Eq. (5) for both kernels and the ``best`` policy from the pass bytes and the
-    bandwidths (bytes/s, [n_max] each). With bandwidths measured on whole operation times (as in
-    a profile), the fixed work is inside beta and phi = 0."""
+    """tau_p(n) by Eq. (5) (:func:`verify_time`) for both kernels and the ``best`` policy from
+    the pass bytes and the bandwidths (bytes/s, [n_max] each), and the saving
+    S(n) = tau_slot(n) - tau_dedup(n). With f_l = 1 and equal fixed work S(n) is Eq. (6),
+    E_slot(n)/beta_slot(n) (1 - u_bar(n)/r(n)); computed here as the difference of the two
+    verify times, it holds for any byte factor. With bandwidths measured on whole operation
+    times (as in a profile), the fixed work is inside beta and phi = 0."""
     nn = pb.n.size
     bs, bd = _positive(beta_slot, "beta_slot"), _positive(beta_dedup, "beta_dedup")
     if bs.shape != (nn,) or bd.shape != (nn,):
         raise InputError(f"beta_slot, beta_dedup: need {nn} pass sizes, got {bs.shape}, {bd.shape}")
     phs = np.broadcast_to(_nonneg(phi_slot, "phi_slot"), (nn,)).copy()
     phd = np.broadcast_to(_nonneg(phi_dedup, "phi_dedup"), (nn,)).copy()
-    dense = pb.dense / _positive(beta_dense, "beta_dense")
+    beta_dense = _positive(beta_dense, "beta_dense")
+    dense = pb.dense / beta_dense
+    # a one-token pass runs the per-slot kernel: the dedup policy reads the per-slot bytes at
+    # the per-slot bandwidth with the per-slot fixed work there
+    dedup_bytes, bd_run = pb.dedup.copy(), bd.copy()
+    dedup_bytes[0], bd_run[0], phd[0] = pb.slot[0], bs[0], phs[0]
     exp_slot = pb.slot / bs
-    exp_dedup = pb.dedup / bd
-    exp_dedup[0], phd[0] = exp_slot[0], phs[0]  # a one-token pass runs the per-slot kernel
+    exp_dedup = dedup_bytes / bd_run
     t0 = float(_nonneg(t0, "t0"))
-    tau_slot = t0 + dense + exp_slot + phs
-    tau_dedup = t0 + dense + exp_dedup + phd
+    tau_slot, tau_dedup = (
+        verify_time(
+            dense_bytes=pb.dense,
+            dense_bandwidth=beta_dense,
+            expert_bytes=e,
+            expert_bandwidth=b,
+            t0=t0,
+            fixed_work=phi,
+        )
+        for e, b, phi in ((pb.slot, bs, phs), (dedup_bytes, bd_run, phd))
+    )
     use_dedup = tau_dedup < tau_slot
     expert = {
         "per_slot": exp_slot,

@@ -141,15 +141,11 @@ def _bootstrap_median_diff(
 
 
 def measured_crossover(saving: dict[int, float]) -> int | None:
-    """The smallest n (>= 2) from which S(n) > 0 for every larger n measured; None if none."""
-    ns = sorted(n for n in saving if n >= 2)
-    cross = None
-    for n in reversed(ns):
-        if saving[n] > 0:
-            cross = n
-        else:
-            break
-    return cross
+    """The smallest n (>= 2) from which S(n) > 0 for every larger n measured; None if none:
+    :func:`specmoe.cost.step.crossover` on the measured savings ``{n: S(n)}``."""
+    from specmoe.cost.step import crossover
+
+    return crossover(list(saving.values()), list(saving.keys()))
 
 
 def summarise_verify(records: Sequence[dict[str, Any]], *, seed: int = 0) -> dict[str, Any]:
