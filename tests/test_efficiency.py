@@ -23,12 +23,12 @@ from specmoe.cost.efficiency import (
     layer_map,
     speedup,
     summarise_efficiency,
-    uniform_batch_unique,
     window_rows,
 )
 from specmoe.errors import InputError
 from specmoe.formats.trace import RoutingTrace, save_trace
 from specmoe.routing.ipf import fit_moments, save_moments
+from specmoe.routing.overlap import uniform_union
 from specmoe.spec import get_preset
 
 # ------------------------------------------------------------------------------------------
@@ -65,8 +65,32 @@ def test_expected_tokens_and_speedup():
     assert speedup(10.0, 12.0, 5, acceptance=0.6, draft_cost=0.1) == pytest.approx(
         expected_tokens(0.6, 5) * 10 / 17
     )
-    with pytest.raises(InputError, match="acceptance"):
+    with pytest.raises(InputError, match="acceptance") as exc:
         expected_tokens(1.5, 3)
+    assert exc.value.argument == "acceptance"
+    with pytest.raises(InputError) as exc:
+        speedup(10.0, 12.0, 5, acceptance=0.6, draft_cost=-0.1)
+    assert exc.value.argument == "draft_cost"
+
+
+def test_g_and_speedup_are_the_theorys():
+    """G_a(K) and the speedup are paper 002's G_a(k) and Eq. (9) (specmoe.cost.theory), exact
+    Fractions rounded once, on the closed interval a in [0, 1]."""
+    from fractions import Fraction as F
+
+    from specmoe.cost import theory
+
+    for a in (0.0, 0.3, 0.7, 0.95, 1.0):
+        for k in range(6):
+            assert expected_tokens(a, k) == float(theory.expected_tokens(F(a), k))
+    assert expected_tokens(0.5, np.array([0, 1, 2])).tolist() == [1.0, 1.5, 1.75]
+    V = [10.0, 10.4, 11.0, 11.9]
+    for a in (0.2, 0.6, 0.9):
+        for k in range(4):
+            c = (V[k] - 10.0) / (k * 10.0) if k else 0.0  # V(k) = t_verify + k c t_step
+            s = speedup(10.0, 10.0, k, acceptance=a, draft_cost=c)
+            assert s == pytest.approx(float(theory.speedup(V, a, k)), rel=1e-15)
+    assert theory.step_speedup(F(1, 2), 2, plain=F(1), step=F(7, 4)) == F(1)
 
 
 # ------------------------------------------------------------------------------------------
@@ -111,7 +135,7 @@ def test_uniform_union_matches_its_expectation():
         counts = [
             batch_unique(tab.experts, rng.integers(0, 20000, size=r)).mean() for _ in range(300)
         ]
-        assert np.mean(counts) == pytest.approx(uniform_batch_unique(64, 8, r), rel=0.02)
+        assert np.mean(counts) == pytest.approx(uniform_union(64, 8, r)[-1], rel=0.02)
 
 
 def test_starts_stay_inside_documents_and_differ():

@@ -32,7 +32,12 @@ G_a(K) = (1 − a^(K+1)) / (1 − a) tokens (Leviathan et al., 2023); a draft to
 c of the target's one-token step at the same batch size, so
 
     speedup(B, K) = G_a(K) · t_step(B) / (t_verify(B, K) + K · c · t_step(B))
-                  = G_a(K) / (1 / E(B, K) + K · c).
+                  = G_a(K) / (1 / E(B, K) + K · c),
+
+Eq. (9) of paper 002 with V(0) = t_step and V(K) = t_verify + K c t_step: G_a(K) is
+:func:`specmoe.cost.theory.expected_tokens` and the ratio :func:`specmoe.cost.theory.step_speedup`
+(exact arithmetic, rounded once). The uniform-routing union N(1 − (1 − m/N)^r) is
+:func:`specmoe.routing.overlap.uniform_union`.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specmoe.cost import theory
 from specmoe.errors import InputError
 
 __all__ = [
@@ -51,7 +57,6 @@ __all__ = [
     "layer_map",
     "speedup",
     "summarise_efficiency",
-    "uniform_batch_unique",
     "window_rows",
 ]
 
@@ -92,12 +97,6 @@ def batch_unique(table: np.ndarray, rows: np.ndarray) -> np.ndarray:
     layer = np.broadcast_to(np.arange(L)[None, :, None], ids.shape)
     seen[layer.reshape(-1), ids.reshape(-1)] = True
     return seen.sum(axis=1)
-
-
-def uniform_batch_unique(num_experts: int, top_k: int, tokens: int) -> float:
-    """E[distinct experts] of ``tokens`` independent uniformly routed tokens:
-    N · (1 − (1 − m/N)^r) (paper 003 Section 6's uniform baseline)."""
-    return float(num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens))
 
 
 def choose_starts(
@@ -148,28 +147,43 @@ def activated_bytes_efficiency(
 
 
 def expected_tokens(acceptance: float, k: int | np.ndarray) -> float | np.ndarray:
-    """G_a(K) = (1 − a^(K+1)) / (1 − a): tokens a round of K drafts emits on average when each
-    draft is accepted with probability a independently (K + 1 at a = 1)."""
-    a = float(acceptance)
-    if not 0.0 <= a <= 1.0:
-        raise InputError(f"--acceptance must lie in [0, 1], got {acceptance}")
-    kk = np.asarray(k, dtype=np.float64)
-    if np.any(kk < 0):
-        raise InputError(f"K must be >= 0, got {k}")
-    g = kk + 1.0 if a == 1.0 else (1.0 - a ** (kk + 1.0)) / (1.0 - a)
-    return float(g) if np.ndim(g) == 0 else g
+    """G_a(K) = (1 − a^(K+1)) / (1 − a) as a float (K + 1 at a = 1), for a draft length or an
+    array of them: :func:`specmoe.cost.theory.expected_tokens`, the one definition."""
+    kk = np.asarray(k)
+    if np.any(kk < 0) or np.any(kk != np.floor(kk)):
+        raise InputError(f"must be whole numbers >= 0, got {k}", argument="k")
+    a = _acceptance(acceptance)
+    g = [float(theory.expected_tokens(a, int(x))) for x in kk.reshape(-1)]
+    return g[0] if kk.ndim == 0 else np.asarray(g, dtype=np.float64).reshape(kk.shape)
+
+
+def _acceptance(a: float) -> float:
+    """``a`` checked for the closed interval [0, 1], the error naming ``acceptance``."""
+    try:
+        theory.expected_tokens(a, 0)
+    except InputError as exc:
+        raise InputError(exc.message, argument="acceptance") from None
+    return a
 
 
 def speedup(
     t_step: float, t_verify: float, k: int, *, acceptance: float, draft_cost: float
 ) -> float:
-    """G_a(K) · t_step / (t_verify + K · draft_cost · t_step): time per token of plain decoding
-    over time per token of speculation, a draft token costing ``draft_cost`` target steps."""
+    """G_a(K) · t_step / (t_verify + K · draft_cost · t_step): Eq. (9) of paper 002
+    (:func:`specmoe.cost.theory.step_speedup`) with the plain step V(0) = t_step and the step
+    V(K) = t_verify + K · draft_cost · t_step, a draft token costing ``draft_cost`` target steps
+    (the affine draft cost of paper 003 Section 8)."""
     if t_step <= 0 or t_verify <= 0:
-        raise InputError(f"times must be positive, got t_step={t_step}, t_verify={t_verify}")
+        raise InputError(
+            f"times must be positive, got t_step={t_step}, t_verify={t_verify}",
+            argument="t_verify" if t_step > 0 else "t_step",
+        )
     if draft_cost < 0:
-        raise InputError(f"--draft-cost must be >= 0, got {draft_cost}")
-    return float(expected_tokens(acceptance, k) * t_step / (t_verify + k * draft_cost * t_step))
+        raise InputError(f"must be >= 0, got {draft_cost}", argument="draft_cost")
+    step = t_verify + k * draft_cost * t_step
+    return float(
+        theory.step_speedup(_acceptance(acceptance), int(k), plain=float(t_step), step=step)
+    )
 
 
 def summarise_efficiency(

@@ -48,6 +48,7 @@ __all__ = [
     "staircase",
     "step_points",
     "step_points_convex",
+    "step_speedup",
     "throughput",
 ]
 
@@ -72,10 +73,34 @@ def _G(a: Fraction, k: int) -> Fraction:
 
 def expected_tokens(a: Number, k: int) -> Number:
     """G_a(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): tokens emitted per step on average
-    under geometric acceptance (paper 002 Section 1; Leviathan et al., 2023)."""
-    a = check_acceptance(a)
+    under geometric acceptance (paper 002 Section 1; Leviathan et al., 2023).
+
+    The one definition of G_a(k) (paper 003's speedup model calls it too). Defined on the
+    closed interval a in [0, 1]: G_1(k) = k + 1 (every draft accepted)."""
+    a = _closed_acceptance(a)
     k = check_draft_length(k, 1 << 30)
     return out(_G(to_fraction(a), k), is_exact(a))
+
+
+def _closed_acceptance(a: Number) -> Number:
+    a = check_number(a, "a")
+    if not 0 <= a <= 1:
+        raise InputError(f"acceptance must lie in [0, 1], got {a!r}", argument="a")
+    return a
+
+
+def step_speedup(a: Number, k: int, *, plain: Number, step: Number) -> Number:
+    """Eq. (9) of paper 002: T_a(k)/T_a(0) = G_a(k) V(0)/V(k), the speedup of drafting k tokens
+    from the plain step time ``plain`` = V(0) > 0 and the step time ``step`` = V(k) > 0.
+
+    Exact on Fractions, a float otherwise; a in [0, 1] as for :func:`expected_tokens`."""
+    a = _closed_acceptance(a)
+    k = check_draft_length(k, 1 << 30)
+    v0, vk = check_number(plain, "plain"), check_number(step, "step")
+    if not (v0 > 0 and vk > 0):
+        raise InputError(f"step times must be positive, got {v0!r}, {vk!r}", argument="step")
+    g = _G(to_fraction(a), k)  # exact: one rounding at the end
+    return out(g * to_fraction(v0) / to_fraction(vk), _exact_inputs(a, v0, vk))
 
 
 def throughput(V: Sequence[Number], a: Number) -> list[Number]:
@@ -120,12 +145,11 @@ def best_draft_length(V: Sequence[Number], a: Number) -> int:
 
 
 def speedup(V: Sequence[Number], a: Number, k: int) -> Number:
-    """T_a(k) / T_a(0) = G_a(k) V(0) / V(k), Eq. (9) of paper 002."""
+    """T_a(k) / T_a(0) = G_a(k) V(0) / V(k) by Eq. (9) (:func:`step_speedup`)."""
     V = check_step_times(V)
     a = check_acceptance(a)
     k = check_draft_length(k, len(V) - 1)
-    exact = _exact_inputs(V, a)
-    return out(_G(to_fraction(a), k) * to_fraction(V[0]) / to_fraction(V[k]), exact)
+    return step_speedup(a, k, plain=V[0], step=V[k])
 
 
 def best_speedup(V: Sequence[Number], a: Number) -> Number:
@@ -134,9 +158,9 @@ def best_speedup(V: Sequence[Number], a: Number) -> Number:
 
 
 def speeds_up(V: Sequence[Number], a: Number, k: int) -> bool:
-    """Eq. (8) of paper 002 (Eq. (B.2)): T_a(k) > T_a(0) iff V(k) - V(0) < (a + ... + a^k) V(0).
+    """Eq. (8) of paper 002: T_a(k) > T_a(0) iff V(k) - V(0) < (a + ... + a^k) V(0).
 
-    Decided exactly."""
+    Decided exactly (Eq. (B.2))."""
     V = check_step_times(V)
     a = check_acceptance(a)
     k = check_draft_length(k, len(V) - 1)
@@ -145,7 +169,8 @@ def speeds_up(V: Sequence[Number], a: Number, k: int) -> bool:
 
 
 def first_threshold(V: Sequence[Number]) -> Number:
-    """a0 = V(1)/V(0) - 1, Eq. (B.4): one draft is faster than none exactly when a > a0.
+    """Eq. (B.4) of paper 002: a0 = V(1)/V(0) - 1; one draft is faster than none exactly when
+    a > a0.
 
     May lie outside [0, 1): below 0 one draft always pays, at 1 or above it never does."""
     V = check_step_times(V)
@@ -188,8 +213,8 @@ def crossing_acceptance(V: Sequence[Number], k: int, i: int) -> float:
 
 
 def step_points(V: Sequence[Number]) -> list[float]:
-    """[a_1, ..., a_kmax]: a_j is the infimum of the acceptances at which k*(a) >= j, 1.0 where
-    draft length j is never reached (paper 002 Section 1).
+    """Eq. (B.31) of paper 002: [a_1, ..., a_kmax], a_j the infimum of the acceptances at which
+    k*(a) >= j, 1.0 where draft length j is never reached (Section 1).
 
     The max-min formula Eq. (B.31), a_j = max_{i<j} min_{k>=j} alpha_{k,i}, valid for every
     positive V (jumps of more than one length included: then a_j = a_{j+1}). k*(a) >= j for every
@@ -211,7 +236,8 @@ def _increments(Vf: list[Fraction]) -> list[Fraction]:
 
 
 def step_points_convex(V: Sequence[Number]) -> list[float]:
-    """Step points in the convex-increment form, Eqs. (10) and (B.36) of paper 002.
+    """Eq. (B.36) of paper 002: the step points in the convex-increment form (the roots behind
+    Eq. (10), :func:`convex_reaches`).
 
     Requires 0 <= c_1 <= c_2 <= ... with c_i = V(i) - V(i-1) (V convex and non-decreasing).
     Then a_1 = min(c_1/V(0), 1) and a_j = inf{a : h_j(a) > c_j/V(j-1)} with
@@ -278,7 +304,7 @@ class Staircase:
 
 
 def staircase(V: Sequence[Number]) -> Staircase:
-    """The staircase a -> k*(a) from the step points of Eq. (B.31)."""
+    """The staircase a -> k*(a) from the step points by Eq. (B.31) (:func:`step_points`)."""
     pts = step_points(V)
     bounds = [0.0, *pts, 1.0]
     levels = [
@@ -304,7 +330,7 @@ def reuse_threshold(
     dense_bandwidth: Number | None = None,
     fixed_work_growth: Number = 0,
 ) -> Number:
-    """rho*_k(a), Eq. (14) of paper 002: the least byte-weighted mean reuse rho_bar_k at which
+    """Eq. (14) of paper 002: rho*_k(a), the least byte-weighted mean reuse rho_bar_k at which
     draft length k is faster than plain decoding on a deduplicating engine (f_l = 1),
 
         rho*_k(a) = 1 - B_k/(m W k) [ (G_a(k) - 1) tau(1) - dD_k/beta_D - dphi_k ]
@@ -354,7 +380,7 @@ def reuse_threshold(
 def reuse_threshold_bytes(
     a: Number, k: int, *, m: Number, W: Number, D: Number = 0, kv: Sequence[Number] | None = None
 ) -> Number:
-    """rho*_k(a) in bytes, Eq. (16) of paper 002 (Eq. (B.16)): one bandwidth for every byte and
+    """Eq. (16) of paper 002: rho*_k(a) in bytes (Eq. (B.16)), one bandwidth for every byte and
     no fixed time,
 
         rho*_k(a) = 1 - [ (G_a(k) - 1) V_dedup(0) - (kv(k) - kv(0)) ] / (m W k),
@@ -397,7 +423,7 @@ def dedup_speedup(
     dense_bandwidth: Number | None = None,
     fixed_work_growth: Number = 0,
 ) -> Number:
-    """T_a(k)/T_a(0) on a deduplicating engine, Eq. (15) of paper 002:
+    """Eq. (15) of paper 002: T_a(k)/T_a(0) on a deduplicating engine,
 
         G_a(k) V(0) / ( V(0) + dD_k/beta_D + dphi_k + E_dedup(k+1)/B_k - m W/beta(1) ),
 
