@@ -140,6 +140,10 @@ def test_input_checks():
         bounds.verify_time_bound(-1.0, 0.1)
     assert bounds.kernel_decision_margin(0.0) == 0.0
     assert bounds.throughput_loss_bound(F(1, 9)) == F(1, 5)
+    # Eq. (20) at delta >= 1 is vacuous but true: the bound reaches 1, a loss never exceeds 1
+    assert bounds.throughput_loss_bound(1) == 1 and bounds.throughput_loss_bound(F(3)) == F(3, 2)
+    with pytest.raises(InputError, match="delta"):
+        bounds.throughput_loss_bound(-0.1)
     assert bounds.speedup_interval(F(2), F(1, 9)) == (F(8, 5), F(5, 2))
 
 

@@ -39,22 +39,24 @@ def _eps(eps: Number, name: str = "eps", upper: Number = 1) -> Number:
     return eps
 
 
-def _delta(delta: Number) -> Number:
+def _delta(delta: Number, *, upper: bool = True) -> Number:
     delta = check_number(delta, "delta")
-    if not 0 <= delta < 1:
-        raise InputError(f"delta: step-time error must lie in [0, 1), got {delta!r}")
+    if not (0 <= delta < 1 if upper else 0 <= delta):
+        interval = "[0, 1)" if upper else "[0, inf)"
+        raise InputError(f"step-time error must lie in {interval}, got {delta!r}", argument="delta")
     return delta
 
 
 def relative_error_factor(eps: Number) -> Number:
-    """eps / (1 - eps): the largest relative move of one memory term M/beta when beta is off by
-    a factor (1 + e), |e| <= eps < 1 (Eq. (C.1))."""
+    """Eq. (C.1) of paper 002: eps / (1 - eps), the largest relative move of one memory term
+    M/beta when beta is off by a factor (1 + e), |e| <= eps < 1."""
     eps = _eps(eps)
     return out(to_fraction(eps) / (1 - to_fraction(eps)), is_exact(eps))
 
 
 def delta_from_epsilon(eps: Number) -> Number:
-    """delta = eps / (1 - eps), Eq. (C.7): the step-time error that bandwidth errors alone cause.
+    """Eq. (C.7) of paper 002: delta = eps / (1 - eps), the step-time error that bandwidth errors
+    alone cause.
 
     Needs eps < 1/2 so that delta < 1 (the bounds (20) and (21) need 1 - delta > 0)."""
     eps = _eps(eps, upper=Fraction(1, 2))
@@ -62,14 +64,14 @@ def delta_from_epsilon(eps: Number) -> Number:
 
 
 def verify_time_bound(memory_time: Number | np.ndarray, eps: Number):
-    """Eq. (17): |tau_hat_p(n) - tau_p(n)| <= eps/(1 - eps) M_p(n) <= eps/(1 - eps) tau_p(n),
+    """Eq. (17) of paper 002: |tau_hat_p(n) - tau_p(n)| <= eps/(1 - eps) M_p(n) <= eps/(1 - eps) tau_p(n),
     with M_p(n) = D(n)/beta_D + E_p(n)/beta_p(n) the memory part of the verify time."""
     f = relative_error_factor(eps)
     return _scale(memory_time, f, "memory_time")
 
 
 def saving_bound(expert_slot: Number | np.ndarray, expert_dedup: Number | np.ndarray, eps: Number):
-    """Eq. (18): |S_hat(n) - S(n)| <= eps/(1 - eps) (M^e_slot(n) + M^e_dedup(n)), with
+    """Eq. (18) of paper 002: |S_hat(n) - S(n)| <= eps/(1 - eps) (M^e_slot(n) + M^e_dedup(n)), with
     M^e_p(n) = E_p(n)/beta_p(n) the expert part of each kernel's verify time."""
     f = relative_error_factor(eps)
     if isinstance(expert_slot, np.ndarray) or isinstance(expert_dedup, np.ndarray):
@@ -102,7 +104,7 @@ def kernel_decision_margin(eps: Number) -> float:
 
 
 def kernel_decision_robust(u_bar: Number, r: Number, eps: Number) -> bool:
-    """Eq. (19): with f_l = 1 and equal fixed work, the predicted and the true times order the
+    """Eq. (19) of paper 002: with f_l = 1 and equal fixed work, the predicted and the true times order the
     two kernels alike (both sides of Eq. (7) agree) when |ln r(n) - ln u_bar(n)| exceeds
     ln((1 + eps)/(1 - eps)). Decided exactly on Fractions: (1 - eps) max > (1 + eps) min
     for the ratio r/u_bar, i.e. r/u_bar > (1+eps)/(1-eps) or u_bar/r > (1+eps)/(1-eps)."""
@@ -117,9 +119,12 @@ def kernel_decision_robust(u_bar: Number, r: Number, eps: Number) -> bool:
 
 
 def throughput_loss_bound(delta: Number) -> Number:
-    """Eq. (20): drafting the predicted best length loses at most 2 delta/(1 + delta) of the
-    best throughput, T_a(k_hat*) >= (1 - delta)/(1 + delta) T_a(k*)."""
-    d = _delta(delta)
+    """Eq. (20) of paper 002: drafting the predicted best length loses at most
+    2 delta/(1 + delta) of the best throughput, T_a(k_hat*) >= (1 - delta)/(1 + delta) T_a(k*).
+
+    Any delta >= 0 is accepted: at delta >= 1 the bound is at least 1, true and vacuous (a loss
+    is a share of the best throughput), so a scorer can report it for any step-time error."""
+    d = _delta(delta, upper=False)
     df = to_fraction(d)
     return out(2 * df / (1 + df), is_exact(d))
 
@@ -144,7 +149,7 @@ def speedup_factor(delta: Number) -> Number:
 
 
 def speedup_interval(predicted: Number, delta: Number) -> tuple[Number, Number]:
-    """Eq. (21): (1 - delta)/(1 + delta) <= [T_hat(k_hat*)/T_hat(0)] / [T(k*)/T(0)]
+    """Eq. (21) of paper 002: (1 - delta)/(1 + delta) <= [T_hat(k_hat*)/T_hat(0)] / [T(k*)/T(0)]
     <= (1 + delta)/(1 - delta). Returns the interval that holds the true best speedup given the
     predicted one: [predicted (1 - delta)/(1 + delta), predicted (1 + delta)/(1 - delta)]."""
     p = check_number(predicted, "predicted")

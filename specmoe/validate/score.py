@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from specmoe.cost import bounds
 from specmoe.errors import InputError
 from specmoe.formats.runs import Measured, load_runs
 from specmoe.validate.rules import (
@@ -179,7 +180,7 @@ def score_configuration(
             resamples=rules.sign_resamples,
             seed=rules.sign_seed,
         )
-        loss_bound = 2 * delta / (1 + delta)
+        loss_bound = float(bounds.throughput_loss_bound(delta))  # bound (20)
         scores[version] = {
             "kstar_within_one": ks["kstar_within_one"],
             "kstar_within_one_of": ks["kstar_within_one_of"],
