@@ -130,16 +130,22 @@ def test_build_plan_against_theory():
 
 
 def test_build_plan_errors():
+    """Library errors name build_plan's own arguments (the command maps them to its flags)."""
     spec = toy_spec()
     prof = toy_profile(spec)
-    with pytest.raises(InputError, match="--k-max"):
-        build_plan(spec, sticky_union(), prof, k_max=0)
-    with pytest.raises(InputError, match="--k-max"):
-        build_plan(spec, sticky_union(NMAX + 2), prof, k_max=NMAX + 1)
-    with pytest.raises(InputError, match="--acceptance"):
-        build_plan(spec, sticky_union(), prof, k_max=3, acceptance=[F(1)])
-    with pytest.raises(InputError, match="--draft-time"):
-        build_plan(spec, sticky_union(), prof, k_max=3, draft_ms=[0, -1, 0, 0])
+    cases = [
+        ("k_max", dict(k_max=0)),
+        ("k_max", dict(k_max=NMAX + 1, union=sticky_union(NMAX + 2))),
+        ("acceptance", dict(k_max=3, acceptance=[F(1)])),
+        ("draft_ms", dict(k_max=3, draft_ms=[0, -1, 0, 0])),
+        ("expected_acceptance", dict(k_max=3, expected_acceptance=1.5)),
+    ]
+    for argument, kw in cases:
+        union = kw.pop("union", sticky_union())
+        with pytest.raises(InputError) as exc:
+            build_plan(spec, union, prof, **kw)
+        assert exc.value.argument == argument
+        assert str(exc.value).startswith(f"{argument}: ") and "--" not in str(exc.value)
 
 
 def test_parse_acceptance_and_draft_time(tmp_path):
@@ -369,7 +375,9 @@ def test_cli_k_max_beyond_profile(inputs, capsys):
         ]
     )
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and "--k-max" in err[-1]
+    # build_plan's k_max error, shown with the flag that fed it
+    assert rc == 2 and err[-1].startswith("specmoe plan: error: --k-max: ")
+    assert "k_max <= 5" in err[-1]
 
 
 @stats_available

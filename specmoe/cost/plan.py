@@ -35,6 +35,7 @@ from specmoe.cost.bytes import pass_bytes
 from specmoe.cost.step import (
     POLICIES,
     VerifyModel,
+    dedup_faster,
     profile_bandwidths,
     verify_model,
     whole_model_verify_time,
@@ -56,6 +57,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return self.data
+
+
+def _acceptance(a: Any, argument: str) -> Fraction | float:
+    """An acceptance value in [0, 1); the error names ``argument``."""
+    try:
+        return check_acceptance(a, argument)
+    except InputError as exc:
+        raise InputError(str(exc).removeprefix(f"{argument}: "), argument=argument) from None
 
 
 def _policy_eps(eps: dict[str, float]) -> float:
@@ -120,26 +129,36 @@ def build_plan(
     ``draft_ms``: h(0..k_max) in ms (zeros when omitted); ``context``: depth d for kv(k).
     """
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
-        raise InputError(f"--k-max: must be an integer >= 1, got {k_max!r}")
+        raise InputError(f"must be an integer >= 1, got {k_max!r}", argument="k_max")
     U = np.asarray(union, dtype=np.float64)
     if U.ndim != 2 or U.shape[1] < k_max + 1:
-        raise InputError(f"union: needs pass sizes up to {k_max + 1}, got shape {U.shape}")
+        raise InputError(
+            f"needs pass sizes up to {k_max + 1}, got shape {U.shape}", argument="union"
+        )
     U = U[:, : k_max + 1]
-    acc = [check_acceptance(a, "--acceptance") for a in acceptance]
+    acc = [_acceptance(a, "acceptance") for a in acceptance]
     h = np.zeros(k_max + 1) if draft_ms is None else np.asarray(draft_ms, dtype=np.float64)
     if h.shape != (k_max + 1,):
-        raise InputError(f"--draft-time: needs h(k) for k = 0..{k_max}, got {h.size} values")
+        raise InputError(f"needs h(k) for k = 0..{k_max}, got {h.size} values", argument="draft_ms")
     if not np.all(np.isfinite(h)) or np.any(h < 0):
-        raise InputError("--draft-time: draft times must be non-negative")
+        raise InputError("draft times must be non-negative", argument="draft_ms")
     h_s = h / MS
 
-    bw = profile_bandwidths(profile, k_max + 1)
+    try:
+        bw = profile_bandwidths(profile, k_max + 1)
+    except InputError as exc:
+        if exc.argument != "n_max":
+            raise
+        top = max(profile.n)
+        raise InputError(
+            f"{exc.message}: a pass of k_max + 1 tokens needs k_max <= {top - 1}, got {k_max}",
+            argument="k_max",
+        ) from None
     pb = pass_bytes(spec, U, context=context)
     vm = verify_model(
         pb, beta_slot=bw["beta_slot"], beta_dedup=bw["beta_dedup"], beta_dense=bw["beta_dense"]
     )
     eps = _policy_eps(bw["epsilon"])
-    f_time = float(bounds.relative_error_factor(eps))
     delta = float(bounds.delta_from_epsilon(eps)) if eps < 0.5 else None
     cross = vm.crossover
     n = vm.n
@@ -180,7 +199,8 @@ def build_plan(
         "r": vm.r.tolist(),
         "saving_ms": (vm.saving * MS).tolist(),
         "saving_band_ms": band.tolist(),
-        "dedup_faster": [bool(x) for x in (vm.saving > 0)],
+        # Eq. (7) (f_l = 1, equal fixed work phi = 0); one kernel runs a one-token pass
+        "dedup_faster": [bool(x) and i > 0 for i, x in enumerate(dedup_faster(vm.u_bar, vm.r))],
         "kernel_decision_robust": [
             bool(bounds.kernel_decision_robust(float(u), float(r), eps)) if i else None
             for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))
@@ -203,7 +223,7 @@ def build_plan(
         Vl = (tau_ms + h).tolist()  # every theory call uses the step times plan.json holds
         st = theory.staircase(Vl)
         data["verify_ms"][p] = tau_ms.tolist()
-        data["verify_band_ms"][p] = (vm.memory[p] * f_time * MS).tolist()
+        data["verify_band_ms"][p] = (bounds.verify_time_bound(vm.memory[p], eps) * MS).tolist()
         data["step_ms"][p] = Vl
         data["a0"][p] = float(theory.first_threshold(Vl))
         data["step_points"][p] = st.step_points
@@ -254,7 +274,7 @@ def build_plan(
     data["reuse_threshold"] = {"dedup": thr}
 
     if expected_acceptance is not None:
-        a = check_acceptance(expected_acceptance, "--expected-acceptance")
+        a = _acceptance(expected_acceptance, "expected_acceptance")
         out = {"expected_acceptance": float(a)}
         for p in POLICIES:
             Vl = data["step_ms"][p]
