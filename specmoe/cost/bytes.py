@@ -82,13 +82,15 @@ def _weights(w: Any, L: int) -> np.ndarray:
 
 
 def union_from_reuse(rho: Any, m: int) -> np.ndarray:
-    """U_l(n) = m sum_{j=1..n} (1 - rho_l(j)), Eq. (2) (linearity of expectation, Eq. (B.6))."""
+    """Eq. (2) of paper 002: U_l(n) = m sum_{j=1..n} (1 - rho_l(j)) (linearity of expectation,
+    Eq. (B.6))."""
     r = _array(rho, "rho", 2)
     return m * np.cumsum(1 - r, axis=1)
 
 
 def reuse_from_union(union: Any, m: int) -> np.ndarray:
-    """rho_l(n) = 1 - (U_l(n) - U_l(n-1))/m with U_l(0) = 0: the inverse of Eq. (2) (Eq. (B.6))."""
+    """rho_l(n) = 1 - (U_l(n) - U_l(n-1))/m with U_l(0) = 0: the inverse of Eq. (2)
+    (:func:`union_from_reuse`, Eq. (B.6))."""
     U = _array(union, "union", 2)
     prev = np.concatenate([U[:, :1] * 0, U[:, :-1]], axis=1)
     return 1 - (U - prev) / m
@@ -106,7 +108,7 @@ def union_bytes(w: Any, union: Any) -> np.ndarray:
 
 
 def dedup_request_bytes(w: Any, union: Any, byte_factor: Any = 1) -> np.ndarray:
-    """E_p(n) of the deduplicating kernel in Eq. (5): sum_l f_l w_l U_l(n), with f_l >= 1 the
+    """E_p(n) of the deduplicating kernel in the verify time by Eq. (5): sum_l f_l w_l U_l(n), with f_l >= 1 the
     byte factor (a number or one per layer; Table 6, :data:`BYTE_FACTORS`)."""
     U = _array(union, "union", 2)
     f = np.broadcast_to(np.asarray(byte_factor, dtype=object), (U.shape[0],))
@@ -118,8 +120,8 @@ def dedup_request_bytes(w: Any, union: Any, byte_factor: Any = 1) -> np.ndarray:
 
 
 def reuse_gap(w: Any, rho: Any, m: int) -> np.ndarray:
-    """E_slot(n) - E_dedup(n) = m sum_l w_l sum_{j<=n} rho_l(j) >= 0, Eq. (3): the bytes reuse
-    would save [n_max]."""
+    """Eq. (3) of paper 002: E_slot(n) - E_dedup(n) = m sum_l w_l sum_{j<=n} rho_l(j) >= 0, the
+    bytes reuse would save [n_max]."""
     r = _array(rho, "rho", 2)
     return m * (_weights(w, r.shape[0])[:, None] * np.cumsum(r, axis=1)).sum(axis=0)
 
@@ -134,8 +136,8 @@ def byte_share(w: Any, union: Any, m: int) -> np.ndarray:
 
 
 def mean_reuse(w: Any, rho: Any, k: int) -> Any:
-    """rho_bar_k = (1/(k W)) sum_{j=2..k+1} sum_l w_l rho_l(j), Eq. (11): the byte-weighted mean
-    reuse of the k drafted tokens of a pass of k + 1 tokens."""
+    """Eq. (11) of paper 002: rho_bar_k = (1/(k W)) sum_{j=2..k+1} sum_l w_l rho_l(j), the
+    byte-weighted mean reuse of the k drafted tokens of a pass of k + 1 tokens."""
     r = _array(rho, "rho", 2)
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k < r.shape[1]:
         raise InputError(
@@ -147,12 +149,14 @@ def mean_reuse(w: Any, rho: Any, k: int) -> Any:
 
 
 def dedup_bytes_from_mean_reuse(m: int, W: Any, k: int, rho_bar: Any) -> Any:
-    """E_dedup(k+1) = m W + m W k (1 - rho_bar_k), Eq. (12): a count from routing alone."""
+    """Eq. (12) of paper 002: E_dedup(k+1) = m W + m W k (1 - rho_bar_k), a count from routing
+    alone."""
     return m * W + m * W * k * (1 - rho_bar)
 
 
 def dense_pass_bytes(D: Any, kv_per_token: Any, n: Any, *, context: int = 0) -> np.ndarray:
-    """D(n) = D + kv(n - 1), Eq. (5), the bytes read once per pass of n tokens.
+    """D(n) = D + kv(n - 1), the bytes read once per pass of n tokens (the dense term of the
+    verify time by Eq. (5)).
 
     kv(k) = kv_per_token (context + k): a step verifying k + 1 tokens at context depth
     ``context`` reads the key-value cache of the context and of the k drafted positions (a
@@ -195,7 +199,7 @@ class PassBytes:
 
 
 def pass_bytes(spec: Any, union: Any, *, context: int = 0, byte_factor: Any = 1) -> PassBytes:
-    """Every byte count of Eq. (5) for a :class:`~specmoe.spec.ModelSpec` and ``union``
+    """Every byte count of the verify time by Eq. (5) for a :class:`~specmoe.spec.ModelSpec` and ``union``
     [L, n_max] (already mapped onto the spec's L MoE layers; see :func:`layer_mean`)."""
     U = _array(union, "union", 2)
     if U.shape[0] != spec.num_moe_layers:
