@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from fractions import Fraction as F
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -416,3 +419,69 @@ def test_default_profile_is_benchmarked_once_then_cached(inputs, capsys, monkeyp
     assert main([*args, "--rebench"]) == 0
     capsys.readouterr()
     assert len(calls) == 2
+
+
+# ------------------------------------------------------------------------------------------
+# the Plan dataclass and plan.json
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = [
+    ROOT / "results/cpu/plan/plan.json",
+    ROOT / "results/cpu/plan-olmoe-dummy-4L/plan.json",
+]
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
+def test_plan_json_round_trips_through_the_dataclass(path):
+    """Plan.from_dict(plan.json).to_dict() is the file, keys in the same order."""
+    from specmoe.cost.plan import Plan, load_plan
+
+    d = json.loads(path.read_text())
+    plan = Plan.from_dict(d)
+    assert json.dumps(plan.to_dict()) == json.dumps(d)
+    assert load_plan(path.parent) == plan
+    assert plan.crossover == d["crossover"]
+    assert plan.policies["best"].speedup == tuple(d["speedup"]["best"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.crossover = 3
+
+
+@stats_available
+def test_committed_plan_is_rebuilt_exactly():
+    """build_plan on the committed profile and the bundled trace gives results/cpu/plan's
+    plan.json field for field (sources aside: they name the paths of the run)."""
+    import argparse
+
+    from specmoe._io import dumps_json
+    from specmoe.commands.plan import add_arguments, make_plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--model", "specmoe/data/tiny_olmoe", "--bandwidth", "results/cpu/bench/profile.json"]
+    )
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        plan, d = make_plan(args)
+        d = json.loads(dumps_json(d))  # as plan.json holds it
+    finally:
+        os.chdir(cwd)
+    want = json.loads(COMMITTED[0].read_text())
+    assert list(d) == list(want)
+    assert {k: v for k, v in d.items() if k != "sources"} == {
+        k: v for k, v in want.items() if k != "sources"
+    }
+    assert summary(plan) == summary(want)
+
+
+def test_plan_file_errors_name_the_plan_argument(tmp_path):
+    from specmoe.cost.plan import load_plan, read_plan
+
+    (tmp_path / "plan.json").write_text('{"schema": "specmoe.plan/1"}')
+    with pytest.raises(InputError) as exc:
+        load_plan(tmp_path)
+    assert exc.value.argument == "plan" and "--" not in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        read_plan(tmp_path / "missing.json")
+    assert exc.value.argument == "plan" and "missing.json" in str(exc.value)

@@ -367,33 +367,38 @@ def make_plan(args) -> tuple[Any, dict]:
     for note in notes:
         _err(f"plan: {note}")
     prof_info.update(device=prof.device, device_name=prof.device_name, dtype=prof.dtype)
-    plan = build_plan(
-        spec,
-        union,
-        prof,
-        k_max=args.k_max,
-        acceptance=acceptance,
-        draft_ms=draft_ms,
-        context=args.context,
-        expected_acceptance=expected[0],
-        notes=notes,
-        sources={"trace": trace_info, "bandwidth": prof_info},
-    )
+    try:
+        plan = build_plan(
+            spec,
+            union,
+            prof,
+            k_max=args.k_max,
+            acceptance=acceptance,
+            draft_ms=draft_ms,
+            context=args.context,
+            expected_acceptance=expected[0],
+            notes=notes,
+            sources={"trace": trace_info, "bandwidth": prof_info},
+        )
+    except InputError as exc:
+        if exc.argument == "draft_ms":  # build_plan's h(k), fed by --draft-time
+            raise exc.as_flag("--draft-time") from None
+        raise
     return plan, plan.to_dict()
 
 
 def run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
-    _, data = make_plan(args)
-    text = summary(data)
+    plan, data = make_plan(args)
+    text = summary(plan)
     if args.out:
         out = Path(args.out)
         atomic_write_json(out / "plan.json", data)
         atomic_write_text(out / "summary.txt", text + "\n")
         from specmoe.report.plan_figures import write_plan_figures
 
-        figs = write_plan_figures(data, out)
+        figs = write_plan_figures(plan, out)
         _err(
             f"plan: wrote {out / 'plan.json'}, {out / 'summary.txt'} and "
             f"{', '.join(p.name for p in figs)}"
@@ -420,43 +425,48 @@ def _row(label: str, values, fmt: str | None = None, width: int = 24) -> str:
     return f"{label:<{width}}" + " ".join(cells)
 
 
-def summary(d: dict[str, Any]) -> str:
-    """A short readable summary of a plan dict."""
-    src = d.get("sources", {})
+def summary(plan: Any) -> str:
+    """A short readable summary of a :class:`~specmoe.cost.plan.Plan` (or its plan.json dict)."""
+    from specmoe.cost.plan import Plan
+
+    pl = plan if isinstance(plan, Plan) else Plan.from_dict(plan)
+    src = pl.sources
     bw = src.get("bandwidth", {})
     tr = src.get("trace", {})
-    eps = d["epsilon"]
+    eps = pl.epsilon
+    pol = pl.policies
     lines = [
-        f"specmoe plan: {d['model']['name']} ({bw.get('dtype', '?')}), bandwidths measured on "
+        f"specmoe plan: {pl.model['name']} ({bw.get('dtype', '?')}), bandwidths measured on "
         f"{bw.get('device', '?')} {bw.get('device_name', '')}".rstrip(),
         f"  routing: {Path(tr.get('path', '?')).name} ({tr.get('num_layers', '?')} MoE layers, "
-        f"{tr.get('tokens', '?')} tokens); context {d['context']}; k_max {d['k_max']}",
-        f"  bandwidth error eps = {eps['used']:.3f} (per-slot {eps['per_slot']:.3f}, dedup "
-        f"{eps['dedup']:.3f})"
-        + ("" if d["delta"] is None else f"; step-time error delta = {d['delta']:.3f}"),
+        f"{tr.get('tokens', '?')} tokens); context {pl.context}; k_max {pl.k_max}",
+        f"  bandwidth error eps = {eps.used:.3f} (per-slot {eps.per_slot:.3f}, dedup "
+        f"{eps.dedup:.3f})"
+        + ("" if pl.delta is None else f"; step-time error delta = {pl.delta:.3f}"),
     ]
-    lines += [f"  note: {n}" for n in d.get("notes", [])]
-    n = d["n"]
+    lines += [f"  note: {n}" for n in pl.notes]
+    n = pl.n
+    eq22 = pl.verify_ms_eq22
     lines += [
         "",
         _row("tokens per pass n", n, "{:8d}"),
-        _row("verify ms, per-slot", d["verify_ms"]["per_slot"]),
-        _row("verify ms, dedup", d["verify_ms"]["dedup"]),
+        _row("verify ms, per-slot", pol["per_slot"].verify_ms),
+        _row("verify ms, dedup", pol["dedup"].verify_ms),
         *(
             [
-                _row("  Eq. (22), per-slot", d["verify_ms_eq22"]["per_slot"]),
-                _row("  Eq. (22), dedup", d["verify_ms_eq22"]["dedup"]),
+                _row("  Eq. (22), per-slot", eq22["per_slot"]),
+                _row("  Eq. (22), dedup", eq22["dedup"]),
             ]
-            if d.get("verify_ms_eq22")
+            if eq22
             else []
         ),
-        _row("saving ms S(n)", d["saving_ms"]),
-        _row("  bound (18) +/-", d["saving_band_ms"]),
-        _row("byte share u_bar(n)", d["bytes"]["u_bar"], "{:8.3f}"),
-        _row("bandwidth ratio r(n)", d["r"], "{:8.3f}"),
+        _row("saving ms S(n)", pl.saving.ms),
+        _row("  bound (18) +/-", pl.saving.band_ms),
+        _row("byte share u_bar(n)", pl.bytes.u_bar, "{:8.3f}"),
+        _row("bandwidth ratio r(n)", pl.r, "{:8.3f}"),
     ]
-    cross = d["crossover"]
-    robust = [nn for nn, ok in zip(n, d["kernel_decision_robust"]) if ok]
+    cross = pl.crossover
+    robust = [nn for nn, ok in zip(n, pl.saving.kernel_decision_robust) if ok]
     if cross is None:
         lines.append(
             f"crossover: none up to n = {n[-1]}: the per-slot kernel is as fast or "
@@ -472,22 +482,23 @@ def summary(d: dict[str, Any]) -> str:
             )
         )
     lines += ["", "staircase: best draft length k*(a) (policy: the faster kernel per pass)"]
-    for lvl in d["staircase"]["best"]:
-        lines.append(f"  a in ({lvl['from']:.4f}, {lvl['to']:.4f})  k* = {lvl['k']}")
-    K = d["k_max"]
+    for lvl in pol["best"].staircase:
+        lines.append(f"  a in ({lvl.a_from:.4f}, {lvl.a_to:.4f})  k* = {lvl.k}")
+    K = pl.k_max
+    names = ("per_slot", "dedup", "best")
     lines += [
         _row("step points a_j", range(1, K + 1), "{:8d}"),
-        *(_row(f"  {p}", d["step_points"][p], "{:8.4f}") for p in ("per_slot", "dedup", "best")),
-        _row("a0 = V(1)/V(0) - 1", [d["a0"][p] for p in ("per_slot", "dedup", "best")], "{:8.4f}")
+        *(_row(f"  {p}", pol[p].step_points, "{:8.4f}") for p in names),
+        _row("a0 = V(1)/V(0) - 1", [pol[p].a0 for p in names], "{:8.4f}")
         + "   (per-slot, dedup, best)",
     ]
-    acc = d["acceptance"]
+    acc = pl.acceptance
     lines.append("")
-    for p in ("per_slot", "dedup", "best"):
-        a1 = d["step_points"][p][0]
-        sp = d["speedup"][p]
+    for p in names:
+        a1 = pol[p].step_points[0]
+        sp = pol[p].speedup
         i = int(np.argmax(sp))
-        bound = d["speedup_bound"][p][i]
+        bound = pol[p].speedup_bound[i]
         head = (
             f"{p:<9} speculation never pays (a_1 = 1)"
             if a1 >= 1.0
@@ -500,14 +511,13 @@ def summary(d: dict[str, Any]) -> str:
             + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})")
         )
         lines.append(head + tail)
-    eng = d.get("engine")
+    eng = pl.engine
     if eng:
-        s = eng["settings"]
-        k = eng["best"]["draft_length"]
+        k = eng.draft_length["best"]
         lines += [
             "",
-            f"engine settings at expected acceptance {eng['expected_acceptance']:g} "
-            f"(k* = {k}, predicted speedup {eng['best']['speedup']:.3f}):",
+            f"engine settings at expected acceptance {eng.expected_acceptance:g} "
+            f"(k* = {k}, predicted speedup {eng.speedup['best']:.3f}):",
         ]
         if k == 0:
             lines.append("  speculation off: plain decoding is fastest (run without a draft)")
@@ -518,7 +528,7 @@ def summary(d: dict[str, Any]) -> str:
                 f"--speculative-num-draft-tokens {k + 1}",
                 f"  llama.cpp  --draft-max {k} --draft-min {k}",
             ]
-        dd = s["dedup_from_pass_size"]
+        dd = eng.settings["dedup_from_pass_size"]
         lines.append(
             "  deduplicating kernel: "
             + (

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,19 @@ import numpy as np
 from specmoe.cost import bounds, theory
 from specmoe.cost._exact import check_acceptance
 from specmoe.cost.bytes import pass_bytes
+from specmoe.cost.plan_result import (
+    SCHEMA,
+    Bandwidths,
+    EnginePlan,
+    Epsilon,
+    Level,
+    Plan,
+    PlanBytes,
+    PolicyPlan,
+    Saving,
+)
 from specmoe.cost.step import (
     POLICIES,
-    VerifyModel,
     dedup_faster,
     profile_bandwidths,
     verify_model,
@@ -42,21 +51,9 @@ from specmoe.cost.step import (
 )
 from specmoe.errors import InputError
 
-__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings", "read_plan"]
+__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings", "load_plan", "read_plan"]
 
-SCHEMA = "specmoe.plan/1"
 MS = 1e3
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A plan as JSON-ready data (times in ms). ``data`` holds every field of plan.json."""
-
-    data: dict[str, Any]
-    verify: VerifyModel = field(repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.data
 
 
 def _acceptance(a: Any, argument: str) -> Fraction | float:
@@ -165,69 +162,11 @@ def build_plan(
     band = bounds.saving_bound(vm.expert["per_slot"], vm.expert["dedup"], eps) * MS
     band[0] = 0.0  # one kernel runs a one-token pass: S(1) = 0 exactly
 
-    data: dict[str, Any] = {
-        "schema": SCHEMA,
-        "model": spec.to_dict(),
-        "sources": dict(sources or {}),
-        "notes": list(notes),
-        "k_max": k_max,
-        "context": context,
-        "n": n.tolist(),
-        "acceptance": [float(a) for a in acc],
-        "draft_ms": h.tolist(),
-        "epsilon": {
-            "per_slot": bw["epsilon"].get("per_slot"),
-            "dedup": bw["epsilon"].get("dedup"),
-            "used": eps,
-        },
-        "delta": delta,
-        "loss_bound": (float(bounds.throughput_loss_bound(delta)) if delta is not None else None),
-        "bandwidth_gbps": {
-            "per_slot": (bw["beta_slot"] / 1e9).tolist(),
-            "dedup": (bw["beta_dedup"] / 1e9).tolist(),
-            "dense": bw["beta_dense"] / 1e9,
-        },
-        "bytes": {
-            "dense": pb.dense.tolist(),
-            "slot": pb.slot.tolist(),
-            "union": pb.union.tolist(),
-            "u_bar": pb.u_bar.tolist(),
-            "mean_reuse": pb.mean_reuse.tolist(),
-            "W": pb.W,
-            "m": pb.m,
-        },
-        "r": vm.r.tolist(),
-        "saving_ms": (vm.saving * MS).tolist(),
-        "saving_band_ms": band.tolist(),
-        # Eq. (7) (f_l = 1, equal fixed work phi = 0); one kernel runs a one-token pass
-        "dedup_faster": [bool(x) and i > 0 for i, x in enumerate(dedup_faster(vm.u_bar, vm.r))],
-        "kernel_decision_robust": [
-            bool(bounds.kernel_decision_robust(float(u), float(r), eps)) if i else None
-            for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))
-        ],
-        "crossover": cross,
-        "crossover_measured_in_profile": getattr(profile, "crossover", None),
-        "verify_ms": {},
-        "verify_band_ms": {},
-        "step_ms": {},
-        "a0": {},
-        "step_points": {},
-        "staircase": {},
-        "best_k": {},
-        "speedup": {},
-        "speedup_bound": {},
-        "best_k_certain": {},
-    }
+    policies = {}
     for p in POLICIES:
         tau_ms = vm.tau[p] * MS
         Vl = (tau_ms + h).tolist()  # every theory call uses the step times plan.json holds
         st = theory.staircase(Vl)
-        data["verify_ms"][p] = tau_ms.tolist()
-        data["verify_band_ms"][p] = (bounds.verify_time_bound(vm.memory[p], eps) * MS).tolist()
-        data["step_ms"][p] = Vl
-        data["a0"][p] = float(theory.first_threshold(Vl))
-        data["step_points"][p] = st.step_points
-        data["staircase"][p] = [{"from": lo, "to": hi, "k": k} for lo, hi, k in st.levels]
         ks, sps, sbs, certain = [], [], [], []
         for a in acc:
             k = theory.best_draft_length(Vl, a)
@@ -238,68 +177,132 @@ def build_plan(
                 sbs.append(None)
                 certain.append(None)
             else:
-                sbs.append([float(x) for x in bounds.speedup_interval(s, delta)])
+                sbs.append(tuple(float(x) for x in bounds.speedup_interval(s, delta)))
                 certain.append(bounds.best_length_separated(theory.throughput(Vl, a), delta))
-        data["best_k"][p], data["speedup"][p] = ks, sps
-        data["speedup_bound"][p], data["best_k_certain"][p] = sbs, certain
-
-    data["verify_ms_eq22"] = _eq22(
-        profile, float(vm.tau["per_slot"][0]), k_max, spec.num_moe_layers
-    )
+        policies[p] = PolicyPlan(
+            verify_ms=tuple(tau_ms.tolist()),
+            verify_band_ms=tuple((bounds.verify_time_bound(vm.memory[p], eps) * MS).tolist()),
+            step_ms=tuple(Vl),
+            a0=float(theory.first_threshold(Vl)),
+            step_points=tuple(st.step_points),
+            staircase=tuple(Level(lo, hi, k) for lo, hi, k in st.levels),
+            best_k=tuple(ks),
+            speedup=tuple(sps),
+            speedup_bound=tuple(sbs),
+            best_k_certain=tuple(certain),
+        )
 
     # Reuse thresholds of a deduplicating engine, Eq. (14); h enters as fixed work (App. B.2).
     m, W = pb.m, pb.W
     V0 = float(vm.tau["dedup"][0] + h_s[0])
-    thr = []
-    for a in acc:
-        row = []
-        for k in range(1, k_max + 1):
-            row.append(
-                float(
-                    theory.reuse_threshold(
-                        a,
-                        k,
-                        m=m,
-                        W=W,
-                        tau1=V0,
-                        bandwidth_k=float(bw["beta_dedup"][k]),
-                        bandwidth_1=float(bw["beta_slot"][0]),
-                        dense_growth_bytes=float(pb.dense[k] - pb.dense[0]),
-                        dense_bandwidth=bw["beta_dense"],
-                        fixed_work_growth=float(h_s[k] - h_s[0]),
-                    )
+    thr = tuple(
+        tuple(
+            float(
+                theory.reuse_threshold(
+                    a,
+                    k,
+                    m=m,
+                    W=W,
+                    tau1=V0,
+                    bandwidth_k=float(bw["beta_dedup"][k]),
+                    bandwidth_1=float(bw["beta_slot"][0]),
+                    dense_growth_bytes=float(pb.dense[k] - pb.dense[0]),
+                    dense_bandwidth=bw["beta_dense"],
+                    fixed_work_growth=float(h_s[k] - h_s[0]),
                 )
             )
-        thr.append(row)
-    data["reuse_threshold"] = {"dedup": thr}
+            for k in range(1, k_max + 1)
+        )
+        for a in acc
+    )
 
+    engine = None
     if expected_acceptance is not None:
         a = _acceptance(expected_acceptance, "expected_acceptance")
-        out = {"expected_acceptance": float(a)}
-        for p in POLICIES:
-            Vl = data["step_ms"][p]
-            k = theory.best_draft_length(Vl, a)
-            out[p] = {"draft_length": k, "speedup": float(theory.speedup(Vl, a, k))}
-        out["settings"] = engine_settings(out["best"]["draft_length"], cross)
-        data["engine"] = out
-    return Plan(data=data, verify=vm)
+        kk = {p: theory.best_draft_length(policies[p].step_ms, a) for p in POLICIES}
+        engine = EnginePlan(
+            expected_acceptance=float(a),
+            draft_length=kk,
+            speedup={p: float(theory.speedup(policies[p].step_ms, a, kk[p])) for p in POLICIES},
+            settings=engine_settings(kk["best"], cross),
+        )
+    eq22 = _eq22(profile, float(vm.tau["per_slot"][0]), k_max, spec.num_moe_layers)
+    return Plan(
+        model=spec.to_dict(),
+        sources=dict(sources or {}),
+        notes=tuple(notes),
+        k_max=k_max,
+        context=context,
+        n=tuple(n.tolist()),
+        acceptance=tuple(float(a) for a in acc),
+        draft_ms=tuple(h.tolist()),
+        epsilon=Epsilon(bw["epsilon"].get("per_slot"), bw["epsilon"].get("dedup"), eps),
+        delta=delta,
+        loss_bound=float(bounds.throughput_loss_bound(delta)) if delta is not None else None,
+        bandwidth_gbps=Bandwidths(
+            per_slot=tuple((bw["beta_slot"] / 1e9).tolist()),
+            dedup=tuple((bw["beta_dedup"] / 1e9).tolist()),
+            dense=bw["beta_dense"] / 1e9,
+        ),
+        bytes=PlanBytes(
+            dense=tuple(pb.dense.tolist()),
+            slot=tuple(pb.slot.tolist()),
+            union=tuple(pb.union.tolist()),
+            u_bar=tuple(pb.u_bar.tolist()),
+            mean_reuse=tuple(pb.mean_reuse.tolist()),
+            W=pb.W,
+            m=pb.m,
+        ),
+        r=tuple(vm.r.tolist()),
+        saving=Saving(
+            ms=tuple((vm.saving * MS).tolist()),
+            band_ms=tuple(band.tolist()),
+            # Eq. (7) (f_l = 1, equal fixed work phi = 0); one kernel runs a one-token pass
+            dedup_faster=tuple(
+                bool(x) and i > 0 for i, x in enumerate(dedup_faster(vm.u_bar, vm.r))
+            ),
+            kernel_decision_robust=tuple(
+                bool(bounds.kernel_decision_robust(float(u), float(r), eps)) if i else None
+                for i, (u, r) in enumerate(zip(vm.u_bar, vm.r))
+            ),
+        ),
+        crossover=cross,
+        crossover_measured_in_profile=getattr(profile, "crossover", None),
+        policies=policies,
+        verify_ms_eq22=None if eq22 is None else {p: tuple(v) for p, v in eq22.items()},
+        reuse_threshold={"dedup": thr},
+        engine=engine,
+        verify=vm,
+    )
 
 
-def read_plan(path: str | os.PathLike, *, fields: Sequence[str] = ()) -> dict[str, Any]:
+def read_plan(plan: str | os.PathLike, *, fields: Sequence[str] = ()) -> dict[str, Any]:
     """A plan.json written by ``specmoe plan`` (the file, or the folder holding it), as a dict.
 
     A missing or unreadable file, or one that is not a JSON object with each of ``fields``,
-    raises ``InputError`` naming ``--plan`` and the file.
+    raises ``InputError`` naming the file, with ``argument="plan"``.
     """
-    p = Path(path)
-    if p.is_dir():
-        p = p / "plan.json"
     from specmoe._io import read_json
 
-    d = read_json(p, "plan file", label=f"--plan {p}")
+    p = Path(plan)
+    if p.is_dir():
+        p = p / "plan.json"
+    try:
+        d = read_json(p, "plan file")
+    except InputError as exc:
+        raise InputError(str(exc), argument="plan") from None
     if not isinstance(d, dict):
-        raise InputError(f"--plan {p}: not a JSON object (is it a specmoe plan.json?)")
+        raise InputError(f"{p}: not a JSON object (is it a specmoe plan.json?)", argument="plan")
     for f in fields:
         if f not in d:
-            raise InputError(f"--plan {p}: no {f!r} field (is it a specmoe plan.json?)")
+            raise InputError(f"{p}: no {f!r} field (is it a specmoe plan.json?)", argument="plan")
     return d
+
+
+def load_plan(plan: str | os.PathLike) -> Plan:
+    """A plan.json (the file or its folder) as a :class:`Plan`; errors as :func:`read_plan`."""
+    d = read_plan(plan)
+    try:
+        return Plan.from_dict(d)
+    except InputError as exc:
+        raise InputError(f"{plan}: {exc.message}", argument="plan") from None

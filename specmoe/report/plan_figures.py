@@ -1,8 +1,9 @@
 """Figures of a plan (``specmoe plan --out``): the staircase, the saving with its band (like
 Figure 4 of paper 002) and the best speedup against acceptance with its bound (Eq. (21)).
 
-Each function takes the plan as its JSON dict (plan.json) and writes one PNG atomically; the
-matplotlib Agg canvas is used directly (no pyplot state).
+Each function takes a :class:`~specmoe.cost.plan.Plan` (or its plan.json dict) and writes one
+PNG atomically; the matplotlib Agg canvas is used directly (no pyplot state). Every value drawn
+is read from the plan, none recomputed.
 """
 
 from __future__ import annotations
@@ -21,20 +22,27 @@ COLORS = {"per_slot": "tab:blue", "dedup": "tab:red", "best": "black"}
 LABELS = {"per_slot": "per-slot", "dedup": "deduplicating", "best": "faster kernel per pass"}
 
 
-def _title(plan: dict[str, Any]) -> str:
-    return str(plan.get("model", {}).get("name", ""))
+def _plan(plan: Any) -> Any:
+    from specmoe.cost.plan import Plan
+
+    return plan if isinstance(plan, Plan) else Plan.from_dict(plan)
 
 
-def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
-    """k*(a) against a for each policy, drawn from the exact step points (Eq. (B.31))."""
+def _title(plan: Any) -> str:
+    return str(plan.model.get("name", ""))
+
+
+def plot_staircase(plan: Any, path: str | os.PathLike) -> Path:
+    """k*(a) against a for each policy, drawn from the exact step points (by Eq. (B.31))."""
+    plan = _plan(plan)
     fig, axes = agg_subplots()
     ax = axes[0, 0]
     offsets = {"per_slot": -0.08, "dedup": 0.08, "best": 0.0}
-    for p, levels in plan["staircase"].items():
+    for p, pp in plan.policies.items():
         xs, ys = [], []
-        for lvl in levels:
-            xs += [lvl["from"], lvl["to"]]
-            ys += [lvl["k"] + offsets.get(p, 0.0)] * 2
+        for lvl in pp.staircase:
+            xs += [lvl.a_from, lvl.a_to]
+            ys += [lvl.k + offsets.get(p, 0.0)] * 2
         ax.plot(
             xs,
             ys,
@@ -43,7 +51,7 @@ def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
             ls="-" if p == "best" else "--",
             label=LABELS.get(p, p),
         )
-        pts = [a for a in plan["step_points"][p] if a < 1.0]
+        pts = [a for a in pp.step_points if a < 1.0]
         ax.plot(pts, [offsets.get(p, 0.0)] * len(pts), "|", color=COLORS.get(p), ms=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel("acceptance rate a")
@@ -53,24 +61,25 @@ def plot_staircase(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     return save_agg(fig, path)
 
 
-def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
-    """S(n) = tau_slot(n) - tau_dedup(n) with the band of Eq. (18); positive: dedup faster."""
+def plot_saving(plan: Any, path: str | os.PathLike) -> Path:
+    """S(n) = tau_slot(n) - tau_dedup(n) with the band by Eq. (18); positive: dedup faster."""
+    plan = _plan(plan)
     fig, axes = agg_subplots()
     ax = axes[0, 0]
-    n = np.asarray(plan["n"])
-    s = np.asarray(plan["saving_ms"], dtype=float)
-    band = np.asarray(plan["saving_band_ms"], dtype=float)
+    n = np.asarray(plan.n)
+    s = np.asarray(plan.saving.ms, dtype=float)
+    band = np.asarray(plan.saving.band_ms, dtype=float)
     ax.fill_between(
         n,
         s - band,
         s + band,
         color="tab:red",
         alpha=0.2,
-        label=f"saving bound (18), eps = {plan['epsilon']['used']:.3f}",
+        label=f"saving bound (18), eps = {plan.epsilon.used:.3f}",
     )
     ax.plot(n, s, "o-", color="tab:red", label="predicted saving S(n)")
     ax.axhline(0.0, color="grey", lw=0.8)
-    cross = plan.get("crossover")
+    cross = plan.crossover
     if cross is not None:
         ax.axvline(cross, color="black", ls=":", lw=1, label=f"crossover n = {cross}")
     ax.set_xlabel("tokens per pass n")
@@ -80,30 +89,25 @@ def plot_saving(plan: dict[str, Any], path: str | os.PathLike) -> Path:
     return save_agg(fig, path)
 
 
-def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int = 240) -> Path:
-    """The best speedup T_a(k*)/T_a(0) against a for each policy; the ``best`` policy is shaded
-    by its bound, Eq. (21)."""
-    from specmoe.cost import bounds, theory
-
+def plot_speedup(plan: Any, path: str | os.PathLike) -> Path:
+    """The best speedup T_a(k*)/T_a(0) of each policy at the plan's acceptance values; the
+    ``best`` policy is shaded by its interval of bound (21), as the plan holds them."""
+    plan = _plan(plan)
     fig, axes = agg_subplots()
     ax = axes[0, 0]
-    grid = np.linspace(0.0, 0.995, points)
-    delta = plan.get("delta")
-    for p, V in plan["step_ms"].items():
-        sp = np.array([float(theory.best_speedup(V, float(a))) for a in grid])
-        if delta is not None and p == "best":
-            f = float(bounds.speedup_factor(delta))
+    acc = np.asarray(plan.acceptance, dtype=float)
+    delta = plan.delta
+    for p, pp in plan.policies.items():
+        sp = np.asarray(pp.speedup, dtype=float)
+        if p == "best" and all(b is not None for b in pp.speedup_bound) and acc.size:
+            lo, hi = np.asarray(pp.speedup_bound, dtype=float).T
             ax.fill_between(
-                grid,
-                sp / f,
-                sp * f,
-                color="grey",
-                alpha=0.2,
-                label="bound (21) of the faster-kernel policy",
+                acc, lo, hi, color="grey", alpha=0.2, label="bound (21) of the faster-kernel policy"
             )
         ax.plot(
-            grid,
+            acc,
             sp,
+            marker=".",
             color=COLORS.get(p),
             lw=2 if p == "best" else 1.2,
             ls="-" if p == "best" else "--",
@@ -119,8 +123,9 @@ def plot_speedup(plan: dict[str, Any], path: str | os.PathLike, *, points: int =
     return save_agg(fig, path)
 
 
-def write_plan_figures(plan: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """staircase.png, saving.png and speedup.png in ``out_dir``."""
+def write_plan_figures(plan: Any, out_dir: str | os.PathLike) -> list[Path]:
+    """staircase.png, saving.png and speedup.png in ``out_dir``, from a Plan or plan.json dict."""
+    plan = _plan(plan)
     out = Path(out_dir)
     return [
         plot_staircase(plan, out / "staircase.png"),
