@@ -150,6 +150,9 @@ for f in sorted(Path(sys.argv[1]).glob("*/summary.json")):
     for k, v in d.get("kernels", {}).items():
         print(f"  {k:>14} beta GB/s " + " ".join(f"{x:.0f}" for x in v["beta_gbps"])
               + "  roofline " + " ".join(f"{x:.2f}" for x in v["roofline_ratio"]))
+    for k, v in d.get("implementations", {}).items():  # what each kernel name really ran
+        fb = v.get("fallback")
+        print(f"  {k:>14} ran {v['ran']}" + (f" (FELL BACK from {v['requested']}: {fb})" if fb else ""))
 EOF
     # >>> efficiency: target efficiency and speedup against batch size (paper 003) >>>>>>>>>>>
     # Full-shape OLMoE-1B-7B (16 layers, dummy weights, bf16), B 1..32, K 3/5/7, dedup kernel,

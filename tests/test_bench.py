@@ -204,7 +204,7 @@ def test_ceiling_and_peak_are_measured():
     assert c.gbps > 0 and np.isfinite(c.gbps) and c.threads == 1
     assert c.iqr_gbps[0] <= c.iqr_gbps[1]
     assert machine.measure_peak_flops("cpu", size=128, reps=1) > 0
-    with pytest.raises(InputError, match="--device"):
+    with pytest.raises(InputError, match=r"^device: unknown 'tpu'"):
         machine.check_device("tpu")
 
 
@@ -377,17 +377,19 @@ def test_bad_inputs_are_one_line_errors(modelled, tmp_path):
         )
     with pytest.raises(InputError, match="per-slot and one dedup"):
         run.benchmark(SPEC, trace=tr, progress=False, kernels=["dedup"], settings=_settings())
-    with pytest.raises(InputError, match="--kernels: unknown"):
+    with pytest.raises(InputError, match=r"^kernels: unknown"):
         run.benchmark(SPEC, trace=tr, progress=False, kernels=["fast"], settings=_settings())
     with pytest.raises(InputError, match="no document has 10 tokens"):
         short = _sticky_trace(T=18, offsets=(0, 9, 18))
         run.benchmark(SPEC, trace=short, progress=False, settings=_settings(n_max=10))
-    with pytest.raises(InputError, match="--clock cpu"):
+    with pytest.raises(InputError, match=r"^clock: cpu: thread CPU time"):
         run.benchmark(SPEC, trace=tr, progress=False, threads=2, clock="cpu", settings=_settings())
     with pytest.raises(InputError, match="dtype"):
         run.benchmark(SPEC, trace=tr, progress=False, dtype="int3", settings=_settings())
-    with pytest.raises(InputError, match="--reps"):
+    with pytest.raises(InputError, match=r"^reps: must be a positive integer"):
         run.Settings.for_run(quick=True, device="cpu", reps=0)
+    with pytest.raises(InputError, match=r"^trace: "):
+        run.benchmark(SPEC, trace=short, progress=False, settings=_settings(n_max=10))
 
 
 # --------------------------------------------------------------------------------------- CLI
@@ -503,11 +505,27 @@ def test_cli_bad_profiles_and_traces_exit_2(
     assert "--kernels: unknown 'warp'" in capsys.readouterr().err
 
 
+def test_cli_shows_library_errors_with_the_flag_that_fed_them(capsys, trace_file, spec_file):
+    """benchmark and Settings name their arguments; ``specmoe bench`` shows the flags."""
+    from specmoe.cli import main
+
+    base = ["bench", "--model", str(spec_file), "--trace", str(trace_file)]
+    for flags, shown in (
+        (["--layers", "0"], "--layers: must be a positive integer, got 0"),  # max_layers
+        (["--threads", "0"], "--threads: must be a positive integer, got 0"),
+        (["--clock", "cpu", "--threads", "2"], "--clock: cpu: thread CPU time"),
+    ):
+        assert main([*base, *flags]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and cap.err.count("\n") == 1
+        assert cap.err.startswith(f"specmoe bench: error: {shown}")
+
+
 def test_missing_bundled_trace_asks_for_trace(monkeypatch, tmp_path):
     import specmoe.data.corpus as corpus
 
     monkeypatch.setattr(corpus, "bundled_trace_path", lambda split: tmp_path / "fit.npz")
-    with pytest.raises(InputError, match="pass --trace"):
+    with pytest.raises(InputError, match=r"^trace: the bundled fit trace .* pass a trace"):
         run.resolve_trace(None, SPEC)
 
 
@@ -536,7 +554,83 @@ def test_real_kernels_small_run(monkeypatch):
     for v in (*p.beta_slot, *p.beta_dedup, p.ceiling_gbps, p.peak_gflops):
         assert v > 0 and np.isfinite(v)
     assert set(p.extra["kernels"]) == {"per_slot", "dedup", "per_slot_torch", "dedup_torch"}
-    profile_from_dict(json.loads(json.dumps(p.to_dict())))
+    back = profile_from_dict(json.loads(json.dumps(p.to_dict())))
+    assert back.implementations == p.implementations
+    impl = p.implementations
+    assert set(impl) == set(p.extra["kernels"])
+    assert impl["dedup_torch"]["ran"] == "torch" and impl["dedup_torch"]["fallback"] is None
+    from specmoe.kernels import cpu
+
+    if cpu.c_available():  # a normal run times the C kernels, and says so
+        for k in ("per_slot", "dedup"):
+            assert (impl[k]["requested"], impl[k]["ran"], impl[k]["kernel"]) == ("c", "c", k)
+            assert impl[k]["fallback"] is None and impl[k]["compiler"]["status"] == "ok"
+        assert p.fallbacks == {}
+
+
+def test_a_fallback_during_bench_is_a_warning_and_a_field(
+    monkeypatch, capsys, tmp_path, trace_file, spec_file
+):
+    """Without a C compiler, per_slot and dedup time the torch kernels: the profile says so and
+    the command warns on stderr."""
+    from specmoe.cli import main
+    from specmoe.kernels import KernelFallbackWarning, _cbuild, _fallback
+
+    monkeypatch.setattr(_fallback, "_warned", set())
+    monkeypatch.setattr(_cbuild, "find_compiler", lambda: None)
+    monkeypatch.setattr(
+        run,
+        "measure_ceiling",
+        lambda device, **k: machine.measure_ceiling(
+            device, reps=2, buffer_bytes=16 << 20, threads=[1]
+        ),
+    )
+    small = _settings(n_max=3, reps=2, windows=2, u_points=3)
+    monkeypatch.setattr(run.Settings, "for_run", classmethod(lambda cls, **kw: small))
+    _cbuild.build.cache_clear()
+    try:
+        with pytest.warns(KernelFallbackWarning, match="no C compiler found"):  # the library
+            res = run.benchmark(SPEC, trace=trace_file, progress=False, settings=small)
+        out = tmp_path / "out"
+        rc = main(
+            [
+                *["bench", "--model", str(spec_file), "--trace", str(trace_file)],
+                *["--out", str(out), "--no-figures", "--json", "--threads", "1"],
+            ]
+        )
+    finally:
+        _cbuild.build.cache_clear()
+    cap = capsys.readouterr()
+    assert rc == 0
+    for prof in (res.profile, load_profile(out / "profile.json")):
+        impl = prof.implementations
+        for k in ("per_slot", "dedup"):
+            assert (impl[k]["requested"], impl[k]["ran"]) == ("c", "torch")
+            assert impl[k]["kernel"] == f"{k}_torch"
+            assert impl[k]["fallback"] == "no C compiler found (set CC)"
+            assert impl[k]["compiler"]["status"] == "unavailable"
+        assert set(prof.fallbacks) == {"per_slot", "dedup"}
+    assert json.loads(cap.out)["implementations"]["dedup"]["ran"] == "torch"
+    lines = [ln for ln in cap.err.splitlines() if ln.startswith("specmoe bench: warning:")]
+    assert len(lines) == 2 and all("no C compiler found" in ln for ln in lines)
+    assert "kernel 'dedup' ran dedup_torch (torch), not its c code" in "\n".join(lines)
+
+
+def test_profiles_without_implementations_still_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    paths = sorted(root.rglob("profile.json"))
+    assert paths, "no committed profiles"
+    for path in paths:
+        prof = load_profile(path)
+        assert isinstance(prof.implementations, dict)
+    d = load_profile(paths[0]).to_dict()
+    d.pop("implementations")
+    assert profile_from_dict(d).implementations == {}
+    d["implementations"] = {"dedup": {"requested": "c", "ran": 3}}
+    with pytest.raises(InputError, match=r"implementations.dedup.ran must be a string"):
+        profile_from_dict(d)
 
 
 def test_a_failing_kernel_is_left_out_and_said(modelled, monkeypatch):

@@ -10,6 +10,7 @@ activation to the weight dtype between the two products, as transformers' do).
 
 from __future__ import annotations
 
+import warnings
 from typing import ClassVar
 
 import pytest
@@ -346,35 +347,124 @@ def test_c_kernels_odd_widths(h, inter):
         assert rel_err(f(x, wgu, wd, ids, w), ref) < 1e-5
 
 
-def test_falls_back_to_torch_without_compiler(monkeypatch):
-    from specmoe.kernels import _cbuild, cpu
+@pytest.fixture
+def fresh_fallbacks(monkeypatch):
+    """Fallback warnings as in a fresh process (each is said once per process)."""
+    from specmoe.kernels import _fallback
 
-    monkeypatch.setattr(_cbuild, "load", lambda: None)
-    monkeypatch.setattr(cpu, "_warned", False)
+    monkeypatch.setattr(_fallback, "_warned", set())
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, fresh_fallbacks):
+    """A machine without a C compiler: the C kernels are rebuilt (and fail) on first use."""
+    from specmoe.kernels import _cbuild
+
+    monkeypatch.setattr(_cbuild, "find_compiler", lambda: None)
+    _cbuild.build.cache_clear()
+    yield
+    _cbuild.build.cache_clear()
+
+
+def _fallback_warnings(record):
+    from specmoe.kernels import KernelFallbackWarning
+
+    return [str(w.message) for w in record if issubclass(w.category, KernelFallbackWarning)]
+
+
+def test_falls_back_to_torch_without_compiler(no_compiler):
+    from specmoe.kernels import KernelFallbackWarning, cpu, implementation, watch_fallbacks
+
     x, wgu, wd, ids, w, _ = make_case(4, 3, 8, "random", torch.float32)
-    with pytest.warns(RuntimeWarning, match="pure-torch"):
-        y = cpu.dedup(x, wgu, wd, ids, w)
+    with watch_fallbacks() as fell:
+        with pytest.warns(KernelFallbackWarning, match="dedup_torch .*no C compiler found"):
+            y = cpu.dedup(x, wgu, wd, ids, w)
+        with warnings.catch_warnings(record=True) as again:
+            warnings.simplefilter("always")
+            cpu.dedup(x, wgu, wd, ids, w)  # the same kernel and reason: said once
+    assert _fallback_warnings(again) == []
     assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < 1e-5
+    impl = implementation("dedup", "cpu")
+    assert fell == {"dedup": impl}
+    assert (impl.requested, impl.ran, impl.kernel) == ("c", "torch", "dedup_torch")
+    assert impl.fallback == "no C compiler found (set CC)"
+    assert impl.compiler["status"] == "unavailable" and impl.compiler["cc"] is None
+    with pytest.warns(KernelFallbackWarning, match="per_slot_torch"):  # another kernel: said
+        cpu.per_slot(x, wgu, wd, ids, w)
 
 
-def test_build_goes_to_the_cache_dir_and_a_bad_compiler_warns(monkeypatch, tmp_path):
+@pytest.mark.parametrize("what", ["float64", "strided"])
+def test_an_input_the_c_kernel_cannot_take_falls_back_with_a_warning(what, fresh_fallbacks):
+    from specmoe.kernels import KernelFallbackWarning, cpu, implementation, watch_fallbacks
+
+    if not cpu.c_available():
+        pytest.skip("no C compiler")
+    dtype = torch.float64 if what == "float64" else torch.float32
+    x, wgu, wd, ids, w, _ = make_case(5, 3, 9, "duplicates", dtype)
+    if what == "strided":  # the same values, the last dimension strided
+        wgu = wgu.transpose(1, 2).contiguous().transpose(1, 2)
+    need = "float64" if what == "float64" else "strided"
+    with watch_fallbacks() as fell, pytest.warns(KernelFallbackWarning, match=need):
+        y = cpu.per_slot(x, wgu, wd, ids, w)
+    assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.float32]
+    impl = implementation("per_slot", "cpu", dtype=dtype, strided=what == "strided")
+    assert fell["per_slot"] == impl and impl.kernel == "per_slot_torch" and need in impl.fallback
+    assert impl.compiler["status"] == "ok"
+
+
+def test_usable_inputs_run_the_c_kernel_and_say_nothing(fresh_fallbacks):
+    from specmoe.kernels import cpu, implementation, watch_fallbacks
+
+    if not cpu.c_available():
+        pytest.skip("no C compiler")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x, wgu, wd, ids, w, _ = make_case(5, 3, 9, "random", dtype)
+        with watch_fallbacks() as fell, warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            cpu.dedup(x, wgu, wd, ids, w)
+            cpu.per_slot(x, wgu, wd, ids, w)
+        assert fell == {} and _fallback_warnings(rec) == []
+        impl = implementation("dedup", "cpu", dtype=dtype)
+        assert (impl.ran, impl.kernel, impl.fallback) == ("c", "dedup", None)
+        assert impl.compiler["status"] == "ok" and impl.compiler["flags"].startswith("-O3")
+    # the torch kernels and the peers run their own code wherever they are asked to
+    assert implementation("dedup_torch", "cpu", dtype=torch.float64).fallback is None
+    assert implementation("hf_eager", "cpu").ran == "transformers"
+
+
+def test_cuda_kernels_without_triton_or_a_gpu_say_what_ran(fresh_fallbacks):
+    from specmoe.kernels import KernelFallbackWarning, cuda, implementation
+
+    x, wgu, wd, ids, w, _ = make_case(4, 3, 8, "random", torch.float32)  # CPU tensors
+    with pytest.warns(KernelFallbackWarning, match="dedup_torch .*runs on CUDA"):
+        y = cuda.dedup(x, wgu, wd, ids, w)
+    assert rel_err(y, reference.expert_op(x, wgu, wd, ids, w)) < 1e-5
+    impl = implementation("dedup", "cuda")
+    assert impl.requested == "triton" and impl.triton["status"] in ("ok", "unavailable")
+    if cuda.triton_module() is None:
+        assert impl.ran == "torch" and impl.fallback.startswith("Triton unavailable")
+
+
+def test_build_goes_to_the_cache_dir_and_a_bad_compiler_is_said(monkeypatch, tmp_path):
     from specmoe.kernels import _cbuild
 
     monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path))
-    _cbuild.load.cache_clear()
+    _cbuild.build.cache_clear()
     try:
         if _cbuild.find_compiler() is None:
             pytest.skip("no C compiler")
         lib = _cbuild.load()
         assert lib is not None and lib.path.parent == tmp_path / "kernels"
-        assert lib.path.exists()
-        _cbuild.load.cache_clear()
+        assert lib.path.exists() and _cbuild.build().status()["status"] == "ok"
+        _cbuild.build.cache_clear()
         monkeypatch.setenv("CC", "false")  # a 'compiler' that always fails
         monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path / "other"))
-        with pytest.warns(RuntimeWarning, match="did not compile"):
-            assert _cbuild.load() is None
+        assert _cbuild.load() is None
+        status = _cbuild.build().status()
+        assert status["status"] == "unavailable" and status["cc"] == "false"
+        assert "did not compile with false" in status["error"]
     finally:
-        _cbuild.load.cache_clear()
+        _cbuild.build.cache_clear()
 
 
 # ---------------------------------------------------------------------------------- registry

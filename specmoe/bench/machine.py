@@ -88,9 +88,9 @@ def device_name(device: str = "cpu") -> str:
 
 def check_device(device: str) -> str:
     if device not in ("cpu", "cuda"):
-        raise InputError(f"--device: unknown {device!r} (choose cpu or cuda)")
+        raise InputError(f"unknown {device!r} (choose cpu or cuda)", argument="device")
     if device == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is available")
+        raise InputError("cuda: no CUDA device is available", argument="device")
     return device
 
 
@@ -121,7 +121,7 @@ def _clock(clock: str):
         return time.perf_counter
     if clock == "cpu":
         return time.thread_time
-    raise InputError(f"--clock: unknown {clock!r} (choose wall or cpu)")
+    raise InputError(f"unknown {clock!r} (choose wall or cpu)", argument="clock")
 
 
 def measure_ceiling(
@@ -220,7 +220,7 @@ def measure_peak_flops(
     check_device(device)
     now = _clock(clock)
     if clock == "cpu" and device != "cpu":
-        raise InputError("--clock cpu: thread CPU time does not measure CUDA kernels")
+        raise InputError("cpu: thread CPU time does not measure CUDA kernels", argument="clock")
     size = size or (1024 if device == "cpu" else 8192)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)

@@ -22,7 +22,9 @@ layer's windows of n consecutive tokens within documents). Then:
 
 The result is a :class:`specmoe.formats.profile.BandwidthProfile` (kernels ``per_slot`` and
 ``dedup`` are the first per-slot and the first dedup kernel timed); every other kernel, the
-chosen-id table behind the fits and the machine facts go under ``extra``.
+chosen-id table behind the fits and the machine facts go under ``extra``. Its
+``implementations`` say what each kernel name really ran while it was timed
+(:func:`specmoe.kernels.implementation`, and every fallback the calls reported).
 """
 
 from __future__ import annotations
@@ -54,7 +56,14 @@ from specmoe.bench.timing import CLOCKS, Timed, make_pool, time_pass
 from specmoe.errors import InputError
 from specmoe.formats.profile import BandwidthProfile
 from specmoe.formats.trace import RoutingTrace, load_trace
-from specmoe.kernels import get_kernel, kernel_kind, kernel_names, torch_dtype
+from specmoe.kernels import (
+    get_kernel,
+    implementation,
+    kernel_kind,
+    kernel_names,
+    torch_dtype,
+    watch_fallbacks,
+)
 from specmoe.spec import ModelSpec
 
 __all__ = [
@@ -91,7 +100,7 @@ class Settings:
         kw = {k: v for k, v in overrides.items() if v is not None}
         for k, v in kw.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"--{k.replace('_', '-')}: must be a positive integer, got {v!r}")
+                raise InputError(f"must be a positive integer, got {v!r}", argument=k)
         return cls(**{**base.__dict__, **kw})
 
 
@@ -139,16 +148,18 @@ def resolve_trace(
         path = bundled_trace_path("fit")
         if not path.exists():
             raise InputError(
-                f"--trace: the bundled fit trace ({path.name}) is not installed; "
-                f"pass --trace with routing recorded from {spec.name}"
+                f"the bundled fit trace ({path.name}) is not installed; "
+                f"pass a trace of routing recorded from {spec.name}",
+                argument="trace",
             )
         trace = path
     label = str(trace) if not isinstance(trace, RoutingTrace) else trace.name
     tr = trace if isinstance(trace, RoutingTrace) else load_trace(trace)
     if (tr.num_experts, tr.top_k) != (spec.num_experts, spec.top_k):
         raise InputError(
-            f"--trace {label}: routing has N={tr.num_experts}, m={tr.top_k} but "
-            f"model {spec.name} has N={spec.num_experts}, m={spec.top_k}"
+            f"{label}: routing has N={tr.num_experts}, m={tr.top_k} but "
+            f"model {spec.name} has N={spec.num_experts}, m={spec.top_k}",
+            argument="trace",
         )
     return tr, label
 
@@ -164,14 +175,15 @@ def _check_kernels(kernels: list[str], device: str) -> tuple[str, str]:
     for k in kernels:
         if k not in valid:
             raise InputError(
-                f"--kernels: unknown or unavailable {k!r} on {device} (choose "
-                f"from {', '.join(valid)})"
+                f"unknown or unavailable {k!r} on {device} (choose from {', '.join(valid)})",
+                argument="kernels",
             )
     slot = next((k for k in kernels if kernel_kind(k) == "per_slot"), None)
     dedup = next((k for k in kernels if kernel_kind(k) == "dedup"), None)
     if slot is None or dedup is None:
         raise InputError(
-            f"--kernels: need at least one per-slot and one dedup kernel (got {', '.join(kernels)})"
+            f"need at least one per-slot and one dedup kernel (got {', '.join(kernels)})",
+            argument="kernels",
         )
     return slot, dedup
 
@@ -265,7 +277,7 @@ def benchmark(
     check_device(device)
     tdtype = torch_dtype(dtype)
     if clock not in CLOCKS:
-        raise InputError(f"--clock: unknown {clock!r} (choose from {', '.join(CLOCKS)})")
+        raise InputError(f"unknown {clock!r} (choose from {', '.join(CLOCKS)})", argument="clock")
     kernels = list(kernels or ["per_slot", "dedup"])
     slot_k, dedup_k = _check_kernels(kernels, device)
     cfg = settings or Settings.for_run(quick=quick, device=device)
@@ -280,12 +292,13 @@ def benchmark(
 
     # 1. The machine's ceiling, first of all.
     if threads is not None and (isinstance(threads, bool) or threads < 1):
-        raise InputError(f"--threads: must be a positive integer, got {threads!r}")
+        raise InputError(f"must be a positive integer, got {threads!r}", argument="threads")
     if clock == "cpu":
         if device != "cpu" or (threads or 1) != 1:
             raise InputError(
-                "--clock cpu: thread CPU time measures single-threaded CPU "
-                "kernels only (use --threads 1 on --device cpu)"
+                "cpu: thread CPU time measures single-threaded CPU kernels only "
+                "(one thread, on the cpu device)",
+                argument="clock",
             )
         threads = 1
     ceiling = measure_ceiling(device, threads=[threads] if threads else None, clock=clock)
@@ -342,59 +355,63 @@ def benchmark(
         ]
         if missing:
             raise InputError(
-                f"--trace {trace_label}: no document has {missing[0]} tokens; "
-                f"recorded windows are needed at every n up to {cfg.n_max}"
+                f"{trace_label}: no document has {missing[0]} tokens; "
+                f"recorded windows are needed at every n up to {cfg.n_max}",
+                argument="trace",
             )
 
-        # 4. Warm-up (compilation, thread pools, caches of the allocator), then time. A kernel
-        #    that fails here (a peer on an unsupported dtype or device) is left out and said.
-        failed: dict[str, str] = {}
-        for name, fn in list(fns):
+        impls = {k: implementation(k, device, dtype=tdtype) for k in kernels}
+        with watch_fallbacks() as fell:  # what really ran, when it is not what a name asks for
+            # 4. Warm-up (compilation, thread pools, caches of the allocator), then time. A kernel
+            #    that fails here (a peer on an unsupported dtype or device) is left out and said.
+            failed: dict[str, str] = {}
+            for name, fn in list(fns):
+                try:
+                    for rec in [records[0], records[len(records) // 2], records[-1]]:
+                        time_pass(
+                            pool,
+                            [(name, fn)],
+                            rec.ids,
+                            reps=cfg.warmup,
+                            device=device,
+                            clock=clock,
+                            rng=rng,
+                        )
+                except InputError:
+                    raise
+                except Exception as exc:
+                    failed[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                    prog.say(f"[bold]left out[/bold] {name}: {failed[name]}")
+            if failed:
+                kernels = [k for k in kernels if k not in failed]
+                fns = [(k, f) for k, f in fns if k not in failed]
+                if slot_k in failed or dedup_k in failed:
+                    try:
+                        slot_k, dedup_k = _check_kernels(kernels, device)
+                    except InputError:
+                        raise RuntimeError(
+                            "no per-slot or no dedup kernel ran: "
+                            + "; ".join(f"{k}: {v}" for k, v in failed.items())
+                        ) from None
+            order = rng.permutation(len(records))
+            prog.start(len(records), "timing passes")
             try:
-                for rec in [records[0], records[len(records) // 2], records[-1]]:
-                    time_pass(
+                for i, idx in enumerate(order):
+                    rec = records[idx]
+                    rec.timed = time_pass(
                         pool,
-                        [(name, fn)],
+                        fns,
                         rec.ids,
-                        reps=cfg.warmup,
+                        reps=cfg.reps,
                         device=device,
                         clock=clock,
                         rng=rng,
+                        rotate_from=i,
                     )
-            except InputError:
-                raise
-            except Exception as exc:
-                failed[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-                prog.say(f"[bold]left out[/bold] {name}: {failed[name]}")
-        if failed:
-            kernels = [k for k in kernels if k not in failed]
-            fns = [(k, f) for k, f in fns if k not in failed]
-            if slot_k in failed or dedup_k in failed:
-                try:
-                    slot_k, dedup_k = _check_kernels(kernels, device)
-                except InputError:
-                    raise RuntimeError(
-                        "no per-slot or no dedup kernel ran: "
-                        + "; ".join(f"{k}: {v}" for k, v in failed.items())
-                    ) from None
-        order = rng.permutation(len(records))
-        prog.start(len(records), "timing passes")
-        try:
-            for i, idx in enumerate(order):
-                rec = records[idx]
-                rec.timed = time_pass(
-                    pool,
-                    fns,
-                    rec.ids,
-                    reps=cfg.reps,
-                    device=device,
-                    clock=clock,
-                    rng=rng,
-                    rotate_from=i,
-                )
-                prog.advance()
-        finally:
-            prog.stop()
+                    prog.advance()
+            finally:
+                prog.stop()
+        ran = {k: fell.get(k, impls[k]).to_dict() for k in kernels}
         del pool
     wall = time.perf_counter() - t_start
     prof = summarize(
@@ -419,6 +436,7 @@ def benchmark(
         trace_label=trace_label,
         seed=seed,
         quick=quick,
+        implementations=ran,
     )
     prof.extra["failed_kernels"] = failed
     return BenchResult(profile=prof, records=records, ceiling=ceiling)
@@ -476,8 +494,10 @@ def summarize(
     trace_label: str,
     seed: int,
     quick: bool,
+    implementations: dict[str, dict[str, Any]] | None = None,
 ) -> BandwidthProfile:
-    """Fits, scores, bandwidths and op times from timed records (pure numpy)."""
+    """Fits, scores, bandwidths and op times from timed records (pure numpy).
+    ``implementations``: what each kernel name ran (:meth:`specmoe.kernels.KernelImpl.to_dict`)."""
     m, b = spec.top_k, spec.expert_bytes
     flops_per_slot = 6.0 * spec.hidden_size * spec.expert_intermediate
     ceil_bps = ceiling.gbps * 1e9
@@ -625,6 +645,7 @@ def summarize(
         layers=[trace.layers[i] for i in layers],
         device_name=device_name(device),
         peak_gflops=None if peak is None else peak / 1e9,
+        implementations=dict(implementations or {}),
         source={
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "trace": trace_label,

@@ -95,10 +95,10 @@ class Timed:
 
 def _timer(device: str, clock: str) -> Callable[[Callable[[], object]], float]:
     if clock not in CLOCKS:
-        raise InputError(f"--clock: unknown {clock!r} (choose from {', '.join(CLOCKS)})")
+        raise InputError(f"unknown {clock!r} (choose from {', '.join(CLOCKS)})", argument="clock")
     if device == "cuda":
         if clock == "cpu":
-            raise InputError("--clock cpu: thread CPU time does not measure CUDA kernels")
+            raise InputError("cpu: thread CPU time does not measure CUDA kernels", argument="clock")
 
         def cuda_time(call: Callable[[], object]) -> float:
             start = torch.cuda.Event(enable_timing=True)

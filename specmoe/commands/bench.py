@@ -5,12 +5,17 @@ Measures (:func:`specmoe.bench.run.benchmark`) and writes, in ``--out``: ``profi
 timed pass: ids, kernel times) and two figures. ``--from PROFILE`` re-reads a saved profile
 instead of measuring (validated, and checked against ``--model``). ``--json`` prints the summary
 on stdout and nothing else; progress goes to stderr.
+
+The profile's ``implementations`` say what each kernel name really ran (the C or Triton code it
+stands for, or the torch kernel it fell back to, and why); a fallback is also a warning line on
+stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +132,20 @@ def summary(prof: BandwidthProfile) -> dict[str, Any]:
         "wall_s": prof.extra.get("wall_s"),
         "llc_bytes": prof.extra.get("llc_bytes"),
         "layers": prof.layers,
+        "implementations": prof.implementations,
     }
+
+
+def warn_fallbacks(prof: BandwidthProfile) -> None:
+    """One stderr line per kernel that did not run its own implementation."""
+    for name, why in prof.fallbacks.items():
+        rec = prof.implementations[name]
+        print(
+            f"specmoe bench: warning: kernel {name!r} ran {rec.get('kernel', rec['ran'])} "
+            f"({rec['ran']}), not its {rec['requested']} code: {why}; the profile's "
+            f"numbers for {name!r} are those of {rec.get('kernel', rec['ran'])}",
+            file=sys.stderr,
+        )
 
 
 def _print_table(prof: BandwidthProfile) -> None:
@@ -154,6 +172,12 @@ def _print_table(prof: BandwidthProfile) -> None:
         f"re-read cost c_re/c_u {rc}; ε: {eps}; crossover "
         f"{prof.crossover if prof.crossover is not None else 'none'}"
     )
+    if prof.implementations:
+        ran = ", ".join(
+            f"{k} {v['ran']}" + (f" (fell back from {v['requested']})" if v.get("fallback") else "")
+            for k, v in prof.implementations.items()
+        )
+        print(f"implementations: {ran}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,30 +189,37 @@ def run(args: argparse.Namespace) -> int:
         records = None
     else:
         from specmoe.bench.run import Settings, benchmark
+        from specmoe.kernels import KernelFallbackWarning
 
         dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
-        settings = Settings.for_run(
-            quick=args.quick,
-            device=args.device,
-            reps=args.reps,
-            windows=args.windows,
-            max_layers=args.layers,
-            n_max=args.n_max,
-        )
-        res = benchmark(
-            spec,
-            trace=args.trace,
-            device=args.device,
-            dtype=dtype,
-            quick=args.quick,
-            seed=args.seed,
-            progress=True,
-            kernels=_kernel_list(args.kernels, args.device),
-            threads=args.threads,
-            clock=args.clock,
-            settings=settings,
-        )
+        try:
+            settings = Settings.for_run(
+                quick=args.quick,
+                device=args.device,
+                reps=args.reps,
+                windows=args.windows,
+                max_layers=args.layers,
+                n_max=args.n_max,
+            )
+        except InputError as exc:
+            raise exc.as_flag("--layers") if exc.argument == "max_layers" else exc from None
+        with warnings.catch_warnings():  # said once, below, from the profile's record
+            warnings.simplefilter("ignore", KernelFallbackWarning)
+            res = benchmark(
+                spec,
+                trace=args.trace,
+                device=args.device,
+                dtype=dtype,
+                quick=args.quick,
+                seed=args.seed,
+                progress=True,
+                kernels=_kernel_list(args.kernels, args.device),
+                threads=args.threads,
+                clock=args.clock,
+                settings=settings,
+            )
         prof, records = res.profile, res.records
+    warn_fallbacks(prof)
     files = []
     if args.out:
         out = Path(args.out)

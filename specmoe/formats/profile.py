@@ -30,6 +30,13 @@ Fields (paper 002 Section 2, Appendix E):
                     of recorded windows of layer l (mean over windows), and the measured median
                     time over the same windows (the "measured-time version" of Eq. (22))
 ``layers``          [L] the trace's MoE layer indices behind ``op_time``
+``implementations`` {kernel name: {"device", "requested", "ran", "kernel", "fallback",
+                    "compiler", "triton"}} for every timed kernel: the implementation the name
+                    stands for (``c``, ``triton``, ``torch``, ``transformers``), the one that
+                    really ran and the registered kernel whose code that is (``dedup_torch``
+                    when ``dedup`` fell back), why it fell back (null: it did not), and the C
+                    compiler (cpu) or Triton (cuda) status; ``{}`` in profiles written before
+                    the field existed (nothing is known then)
 ``source``          what produced it (command, trace path, date)
 """
 
@@ -67,12 +74,22 @@ class BandwidthProfile:
     layers: list[int]
     device_name: str = ""
     peak_gflops: float | None = None
+    implementations: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
         return str(self.model.get("name", ""))
+
+    @property
+    def fallbacks(self) -> dict[str, str]:
+        """Kernel name -> why it ran another implementation than its own, for those that did."""
+        return {
+            k: str(v["fallback"])
+            for k, v in self.implementations.items()
+            if v.get("fallback") is not None
+        }
 
     def to_dict(self) -> dict[str, Any]:
         d = to_jsonable(self)
@@ -101,6 +118,23 @@ def _finite_list(name: str, path: str, values: Any, length: int | None = None) -
         out.append(float(v))
     if length is not None and len(out) != length:
         raise InputError(f"{path}: {name} has {len(out)} entries, expected {length}")
+    return out
+
+
+def _implementations(value: Any, path: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(value, dict):
+        raise InputError(f"{path}: implementations must be an object, got {type(value).__name__}")
+    out = {}
+    for name, rec in value.items():
+        if not isinstance(rec, dict):
+            raise InputError(f"{path}: implementations.{name} must be an object")
+        for key in ("requested", "ran"):
+            if not isinstance(rec.get(key), str):
+                raise InputError(f"{path}: implementations.{name}.{key} must be a string")
+        fb = rec.get("fallback")
+        if fb is not None and not isinstance(fb, str):
+            raise InputError(f"{path}: implementations.{name}.fallback must be a string or null")
+        out[str(name)] = dict(rec)
     return out
 
 
@@ -196,6 +230,7 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
         layers=list(layers),
         device_name=str(d.get("device_name", "")),
         peak_gflops=d.get("peak_gflops"),
+        implementations=_implementations(d.get("implementations", {}), path),
         source=dict(d.get("source", {})),
         extra=dict(d.get("extra", {})),
     )

@@ -16,6 +16,11 @@ Kernels by name (an unknown name lists the valid ones)::
     hf_batched_mm   transformers' batched_mm (per-slot peer)                n·m·b
     hf_grouped_mm   transformers' grouped_mm (dedup peer)                   U·b
     hf_eager        transformers' eager loop (dedup peer)                   U·b
+
+Where ``per_slot`` or ``dedup`` cannot run its C (cpu) or Triton (cuda) code for a call, it runs
+``per_slot_torch`` or ``dedup_torch`` instead and says so: a :class:`KernelFallbackWarning`
+(once per kernel, device and reason) and an entry in every active :func:`watch_fallbacks`.
+:func:`implementation` tells beforehand which implementation a name runs for given inputs.
 """
 
 from __future__ import annotations
@@ -24,18 +29,26 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from specmoe.errors import InputError
 from specmoe.kernels._contract import ACTIVATIONS, check_inputs, torch_dtype
+from specmoe.kernels._fallback import KernelFallbackWarning, KernelImpl
+from specmoe.kernels._fallback import watch as watch_fallbacks
 
 __all__ = [
     "ACTIVATIONS",
     "KERNELS",
+    "KernelFallbackWarning",
+    "KernelImpl",
     "KernelInfo",
     "check_inputs",
     "get_kernel",
+    "implementation",
     "kernel_kind",
     "kernel_names",
     "torch_dtype",
+    "watch_fallbacks",
 ]
 
 
@@ -143,3 +156,24 @@ def get_kernel(name: str, device: str = "cpu") -> Callable:
         )
     module, attr = info.impl[device].split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def implementation(
+    name: str,
+    device: str = "cpu",
+    *,
+    dtype: str | torch.dtype = torch.float32,
+    strided: bool = False,
+) -> KernelImpl:
+    """The implementation kernel ``name`` runs on ``device`` for weights of ``dtype``
+    (``strided``: a weight tensor's last dimension is not contiguous), and why, when it is not
+    the one the name stands for. With the C compiler status (cpu) or Triton's (cuda) for the
+    kernels that need them."""
+    info = _info(name)
+    get_kernel(name, device)  # the same error for a device without an implementation
+    module, attr = info.impl[device].split(":")
+    mod = importlib.import_module(module)
+    if attr in getattr(mod, "FALLBACK", {}):
+        return mod.implementation_of(attr, device=device, dtype=torch_dtype(dtype), strided=strided)
+    code = "transformers" if info.peer else "torch"
+    return KernelImpl(name, device, requested=code, ran=code, kernel=name)

@@ -8,8 +8,9 @@ the compiler, its flags and the processor, so a changed source or machine gets a
 The file is written under a temporary name and renamed, so concurrent first uses are safe.
 
 Flags are tried from the fastest down: ``-O3 -march=native -fopenmp``, then without OpenMP,
-then without ``-march=native``. If nothing compiles, :func:`load` returns ``None`` and the
-callers fall back to their pure-torch path with a warning.
+then without ``-march=native``. If nothing compiles, :func:`load` returns ``None``,
+:func:`build` says why, and the kernels fall back to their pure-torch path with a
+:class:`~specmoe.kernels.KernelFallbackWarning` that names the reason.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import warnings
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from specmoe.kernels._csrc import SOURCE
 
@@ -125,21 +127,38 @@ def _try_load(path: Path, flags: tuple[str, ...]) -> CLib | None:
         return None
 
 
+@dataclass(frozen=True)
+class Build:
+    """The outcome of building the C kernels: the library, or why there is none."""
+
+    lib: CLib | None
+    compiler: str | None = None
+    version: str = ""
+    error: str | None = None  # why there is no library (None when there is one)
+
+    def status(self) -> dict[str, Any]:
+        """The compiler status a bandwidth profile records."""
+        lib = self.lib
+        return {
+            "status": "ok" if lib is not None else "unavailable",
+            "cc": self.compiler,
+            "version": self.version,
+            "flags": None if lib is None else " ".join(lib.flags),
+            "openmp": None if lib is None else lib.openmp,
+            "avx2": None if lib is None else lib.avx2,
+            "error": self.error,
+        }
+
+
 @cache
-def load() -> CLib | None:
-    """Build (once per source, compiler and machine) and load the kernels; None if impossible."""
+def build() -> Build:
+    """Build (once per source, compiler and machine) and load the kernels, or say why not."""
     with _LOCK:
         if os.environ.get("SPECMOE_NO_CKERNELS"):
-            return None
+            return Build(None, error="the C kernels are disabled by SPECMOE_NO_CKERNELS")
         cc = find_compiler()
         if cc is None:
-            warnings.warn(
-                "specmoe: no C compiler found (set CC); the CPU kernels fall back to "
-                "pure torch, which is slower on small passes",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return None
+            return Build(None, error="no C compiler found (set CC)")
         version = _compiler_version(cc)
         errors = []
         for flags in _FLAG_SETS:
@@ -152,7 +171,7 @@ def load() -> CLib | None:
             if target.exists():
                 lib = _try_load(target, flags)
                 if lib is not None:
-                    return lib
+                    return Build(lib, cc, version)
             try:
                 err = _compile(cc, flags, target)
             except OSError as exc:  # unwritable cache directory
@@ -160,14 +179,14 @@ def load() -> CLib | None:
             if err is None:
                 lib = _try_load(target, flags)
                 if lib is not None:
-                    return lib
+                    return Build(lib, cc, version)
                 err = "built but could not be loaded"
             errors.append(f"{' '.join(flags)}: {err.splitlines()[0] if err else ''}")
-        warnings.warn(
-            "specmoe: the C kernels did not compile ("
-            + "; ".join(errors)
-            + "); the CPU kernels fall back to pure torch",
-            RuntimeWarning,
-            stacklevel=2,
+        return Build(
+            None, cc, version, f"the C kernels did not compile with {cc} ({'; '.join(errors)})"
         )
-        return None
+
+
+def load() -> CLib | None:
+    """The C kernels (built on first use), or None: then :func:`build` says why."""
+    return build().lib

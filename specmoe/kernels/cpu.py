@@ -5,8 +5,11 @@ Legend: ``n`` tokens, ``m`` slots, ``N`` experts, ``h`` hidden, ``I`` expert wid
 ``per_slot`` and ``dedup`` run the C routine of :mod:`specmoe.kernels._csrc` on the tensors'
 data pointers (no copy of the weights). Per-slot streams one expert per slot (n·m·b requested
 bytes, paper 002 Section 1); dedup streams each distinct expert once and applies every weight
-row to all of its tokens while the row is in registers (U·b bytes). Without a C compiler both
-fall back, with a warning, to the pure-torch kernels below.
+row to all of its tokens while the row is in registers (U·b bytes). Where the C kernel cannot
+take a call (no C compiler, weights of another dtype than float32/bfloat16/float16, a strided
+last dimension, tensors off the CPU: :func:`c_reason`) the call runs the pure-torch kernel
+below instead, with a :class:`~specmoe.kernels.KernelFallbackWarning` naming the reason
+(:mod:`specmoe.kernels._fallback`).
 
 ``per_slot_torch`` multiplies each (token, slot) by a view of its expert (``F.linear`` on one
 row: a GEMV). ``dedup_torch`` groups the pass by expert and runs ``F.linear`` on each group's
@@ -22,7 +25,6 @@ summed in one fixed order, so the result is bitwise the same for any thread coun
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from specmoe.errors import InputError
 from specmoe.kernels import _cbuild
 from specmoe.kernels._contract import OAI_ALPHA, OAI_LIMIT, activate, check_inputs
+from specmoe.kernels._fallback import KernelImpl, fell_back
 
 _WT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _threads: int | None = None
@@ -55,6 +58,47 @@ def set_num_threads(k: int | None) -> None:
 
 def c_available() -> bool:
     return _cbuild.load() is not None
+
+
+def c_status() -> dict:
+    """The C compiler and build status (:meth:`specmoe.kernels._cbuild.Build.status`)."""
+    return _cbuild.build().status()
+
+
+FALLBACK = {"per_slot": "per_slot_torch", "dedup": "dedup_torch"}  # C kernel -> torch kernel
+
+
+def c_reason(*, device: str, dtype: torch.dtype, strided: bool) -> str | None:
+    """Why the C kernels cannot take a call on ``device`` with weights of ``dtype`` (``strided``:
+    a weight tensor's last dimension is not contiguous); None when they can."""
+    if _cbuild.load() is None:
+        return _cbuild.build().error or "the C kernels are not loaded"
+    if device != "cpu":
+        return f"the tensors are on {device}; the C kernel runs on the CPU"
+    if dtype not in _WT_CODE:
+        return (
+            f"weights are {str(dtype).removeprefix('torch.')}; the C kernel takes "
+            "float32, bfloat16 and float16"
+        )
+    if strided:
+        return "a weight tensor's last dimension is strided; the C kernel reads it contiguously"
+    return None
+
+
+def implementation_of(
+    name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, strided: bool = False
+) -> KernelImpl:
+    """The implementation the C kernel ``name`` (per_slot or dedup) runs for such inputs."""
+    reason = c_reason(device=device, dtype=dtype, strided=strided)
+    return KernelImpl(
+        name,
+        device,
+        requested="c",
+        ran="c" if reason is None else "torch",
+        kernel=name if reason is None else FALLBACK[name],
+        fallback=reason,
+        compiler=c_status(),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,15 +128,11 @@ def _c_expert_op(
         b_down=b_down,
         check_ids=False,
     )
-    lib = _cbuild.load()
-    usable = (
-        lib is not None
-        and x.device.type == "cpu"
-        and w_gate_up.dtype in _WT_CODE
-        and w_gate_up.stride(2) == 1
-        and w_down.stride(2) == 1
-    )
-    if not usable:
+    name = "per_slot" if mode == 0 else "dedup"
+    strided = w_gate_up.stride(2) != 1 or w_down.stride(2) != 1
+    if c_reason(device=x.device.type, dtype=w_gate_up.dtype, strided=strided) is not None:
+        impl = implementation_of(name, device=x.device.type, dtype=w_gate_up.dtype, strided=strided)
+        fell_back(impl, stacklevel=4)  # warn at the caller of per_slot / dedup
         fallback = per_slot_torch if mode == 0 else dedup_torch
         return fallback(
             x,
@@ -105,6 +145,7 @@ def _c_expert_op(
             b_down=b_down,
             check=check,
         )
+    lib = _cbuild.load()
     xf = x.detach().to(torch.float32).contiguous()  # [n, h]
     idc = ids.detach().to(torch.int64).contiguous()  # [n, m]
     wf = weights.detach().to(torch.float32).contiguous()  # [n, m]
@@ -179,19 +220,6 @@ def dedup(
 # --------------------------------------------------------------------------------------------
 # Pure-torch kernels (fallbacks and measured alternatives)
 
-_warned = False
-
-
-def _warn_fallback() -> None:
-    global _warned
-    if not _warned and not c_available():
-        warnings.warn(
-            "specmoe: C kernels unavailable, using the pure-torch CPU kernels",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        _warned = True
-
 
 def per_slot_torch(
     x,
@@ -217,7 +245,6 @@ def per_slot_torch(
         b_down=b_down,
         check_ids=check,
     )
-    _warn_fallback()
     acc = torch.float32 if x.dtype != torch.float64 else torch.float64
     y = torch.zeros(n, h, dtype=acc, device=x.device)
     idl = ids.tolist()
@@ -267,7 +294,6 @@ def dedup_torch(
         b_down=b_down,
         check_ids=check,
     )
-    _warn_fallback()
     acc = torch.float32 if x.dtype != torch.float64 else torch.float64
     order, tok, experts, counts = group_by_expert(ids)
     wflat = weights.reshape(-1)[order].to(acc)

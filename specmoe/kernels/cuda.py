@@ -8,39 +8,92 @@ Legend: ``n`` tokens, ``m`` slots, ``N`` experts, ``h`` hidden, ``I`` expert wid
   ``torch._grouped_mm``) with per-expert offsets, the dedup baseline of PyTorch on Hopper bf16
   (it also runs on CPUs with torch >= 2.9).
 
-Without Triton (it is imported only when a Triton kernel first runs) or when a Triton kernel
-fails to compile, ``per_slot`` and ``dedup`` fall back, with one warning, to the torch kernels
-of :mod:`specmoe.kernels.cpu` (``per_slot_torch``, ``dedup_torch``), which run on any device.
+Without Triton (it is imported only when a Triton kernel first runs), for a strided weight
+tensor, or once a Triton kernel has failed to compile, ``per_slot`` and ``dedup`` run the torch
+kernels of :mod:`specmoe.kernels.cpu` (``per_slot_torch``, ``dedup_torch``, which run on any
+device) instead, with a :class:`~specmoe.kernels.KernelFallbackWarning` naming the reason
+(:func:`triton_reason`; :mod:`specmoe.kernels._fallback`).
 """
 
 from __future__ import annotations
 
-import warnings
 from functools import cache
 
 import torch
 
 from specmoe.kernels import cpu
 from specmoe.kernels._contract import activate, check_inputs
+from specmoe.kernels._fallback import KernelImpl, fell_back
+
+FALLBACK = cpu.FALLBACK  # Triton kernel -> the torch kernel it falls back to
+_triton_error: str | None = None  # why the Triton kernels could not be imported
+_failed: dict[str, str] = {}  # Triton kernel -> why its first call failed
 
 
 @cache
 def triton_module():
     """The Triton kernels module, or None when Triton is missing or unusable."""
+    global _triton_error
     try:
         from specmoe.kernels import triton_kernels
     except Exception as exc:  # ImportError, or a Triton that fails on import
-        warnings.warn(
-            f"specmoe: Triton unavailable ({type(exc).__name__}: {exc}); the CUDA "
-            "kernels fall back to torch",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _triton_error = f"Triton unavailable ({type(exc).__name__}: {_first_line(exc)})"
         return None
     return triton_kernels
 
 
-_failed: set[str] = set()
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0]
+
+
+def triton_status() -> dict:
+    """Triton on this machine: imported (with its version) or why not, and the Triton kernels
+    whose first call failed."""
+    mod = triton_module()
+    version = None
+    if mod is not None:
+        import triton
+
+        version = getattr(triton, "__version__", None)
+    return {
+        "status": "ok" if mod is not None else "unavailable",
+        "version": version,
+        "error": _triton_error,
+        "failed": dict(_failed),
+    }
+
+
+def triton_reason(name: str, *, device: str, strided: bool) -> str | None:
+    """Why the Triton kernel ``name`` cannot take a call on ``device`` (``strided``: a weight
+    tensor's last dimension is not contiguous); None when it can."""
+    if device != "cuda":
+        return f"the tensors are on {device}; the Triton kernel runs on CUDA"
+    if triton_module() is None:
+        return _triton_error or "Triton unavailable"
+    if name in _failed:
+        return _failed[name]
+    if strided:
+        return (
+            "a weight tensor's last dimension is strided; the Triton kernel reads it contiguously"
+        )
+    return None
+
+
+def implementation_of(
+    name: str, *, device: str = "cuda", dtype: torch.dtype | None = None, strided: bool = False
+) -> KernelImpl:
+    """The implementation the Triton kernel ``name`` (per_slot or dedup) runs for such inputs
+    (``dtype`` does not change it)."""
+    reason = triton_reason(name, device=device, strided=strided)
+    return KernelImpl(
+        name,
+        device,
+        requested="triton",
+        ran="triton" if reason is None else "torch",
+        kernel=name if reason is None else FALLBACK[name],
+        fallback=reason,
+        triton=triton_status(),
+    )
 
 
 def _run_triton(
@@ -57,40 +110,28 @@ def _run_triton(
         b_down=b_down,
         check_ids=check,
     )
-    mod = triton_module() if x.device.type == "cuda" else None
-    if mod is None or name in _failed or w_gate_up.stride(2) != 1 or w_down.stride(2) != 1:
-        return fallback(
-            x,
-            w_gate_up,
-            w_down,
-            ids,
-            weights,
-            activation=activation,
-            b_gate_up=b_gate_up,
-            b_down=b_down,
-            check=False,
-        )
-    try:
-        return getattr(mod, name)(x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down)
-    except Exception as exc:  # a Triton compile error on an untested GPU or version
-        _failed.add(name)
-        warnings.warn(
-            f"specmoe: Triton {name} kernel failed ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}); using torch",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return fallback(
-            x,
-            w_gate_up,
-            w_down,
-            ids,
-            weights,
-            activation=activation,
-            b_gate_up=b_gate_up,
-            b_down=b_down,
-            check=False,
-        )
+    device, strided = x.device.type, w_gate_up.stride(2) != 1 or w_down.stride(2) != 1
+    if triton_reason(name, device=device, strided=strided) is None:
+        try:
+            return getattr(triton_module(), name)(
+                x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down
+            )
+        except Exception as exc:  # a Triton compile error on an untested GPU or version
+            _failed[name] = (
+                f"the Triton {name} kernel failed ({type(exc).__name__}: {_first_line(exc)})"
+            )
+    fell_back(implementation_of(name, device=device, strided=strided), stacklevel=4)
+    return fallback(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check=False,
+    )
 
 
 def per_slot(
