@@ -338,7 +338,10 @@ def _bad(capsys, argv):
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     plan, runs = world(tmp_path)
     rc, msg = _bad(capsys, ["validate", "--plan", str(tmp_path / "nope.json"), "--runs", str(runs)])
-    assert rc == 2 and "--plan" in msg and "no such plan" in msg
+    assert rc == 2 and msg.startswith("specmoe validate: error: --plan: ") and "no such plan" in msg
+    with pytest.raises(InputError) as exc:  # the library names its own argument
+        validate(tmp_path / "nope.json", runs)
+    assert exc.value.argument == "plan_path" and "--" not in str(exc.value)
     empty = tmp_path / "empty"
     empty.mkdir()
     rc, msg = _bad(capsys, ["validate", "--plan", str(plan), "--runs", str(empty)])
@@ -357,6 +360,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     )
     rc, msg = _bad(capsys, ["validate", "--plan", str(other), "--runs", str(runs)])
     assert rc == 2 and "other-moe" in msg and "tiny-moe" in msg
+    assert msg.startswith("specmoe validate: error: --plan: ")
     (tmp_path / "rules.json").write_text('{"schema": "nope"}')
     rc, msg = _bad(
         capsys,
@@ -370,7 +374,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
             str(tmp_path / "rules.json"),
         ],
     )
-    assert rc == 2 and "--rules" in msg
+    assert rc == 2 and msg.startswith("specmoe validate: error: --rules: ")
+    assert "not a rule set" in msg
+    with pytest.raises(InputError) as exc:
+        load_rules(tmp_path / "rules.json")
+    assert exc.value.argument == "path" and "--" not in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        validate(plan, runs, rules_path=str(tmp_path / "rules.json"))
+    assert exc.value.argument == "rules_path"
 
 
 def test_runs_shape_errors_name_the_file(tmp_path):

@@ -6,7 +6,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specmoe.errors import InputError
 from specmoe.validate.score import validate
+
+# validate()'s argument -> the flag that feeds it
+FLAGS = {"plan_path": "--plan", "rules_path": "--rules", "profile_path": "--profile"}
 
 
 def add_arguments(parser) -> None:
@@ -82,7 +86,12 @@ def summary_text(d: dict[str, Any]) -> str:
 def run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
-    d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
+    try:
+        d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
+    except InputError as exc:
+        if exc.argument in FLAGS:  # validate()'s arguments, fed by these flags
+            raise exc.as_flag(FLAGS[exc.argument]) from None
+        raise
     text = summary_text(d)
     if args.out:
         out = Path(args.out)

@@ -2,7 +2,7 @@
 
 The rules and their tolerances live in ``specmoe/validate/rules.json`` (package data), written
 before the runs they score (paper 002 Section 4.4 and Table 8 do the same for DeepSeek-V2-Lite).
-:func:`load_rules` reads and checks that file (or another one given with ``--rules``), and
+:func:`load_rules` reads and checks that file (or another rule set the caller names), and
 :func:`decide` compares a configuration's scores against each rule, unchanged.
 
 The score functions are pure functions of arrays, one per quantity of Tables 3, 4, 7 and 8 of
@@ -141,6 +141,11 @@ def _get(d: dict, key: str, path: str, kind: type | tuple[type, ...], where: str
     return v
 
 
+def _bad(name: str, message: str) -> InputError:
+    """An error in the rule set ``name``, naming load_rules's ``path`` argument."""
+    return InputError(f"{name}: {message}", argument="path")
+
+
 def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     """Read and check a rule set (default: the pre-registered one). Any problem is a one-line
     ``InputError`` naming the file."""
@@ -149,69 +154,59 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"--rules {name}: no such rules file") from None
+        raise _bad(name, "no such rules file") from None
     except OSError as exc:
-        raise InputError(f"--rules {name}: cannot read ({exc})") from None
+        raise _bad(name, f"cannot read ({exc})") from None
     try:
         d = json.loads(raw)
     except ValueError as exc:
-        raise InputError(f"--rules {name}: not JSON ({exc})".splitlines()[0]) from None
+        raise _bad(name, f"not JSON ({exc})".splitlines()[0]) from None
     if not isinstance(d, dict) or d.get("schema") != RULES_SCHEMA:
-        raise InputError(f"--rules {name}: not a rule set (schema must be {RULES_SCHEMA!r})")
+        raise _bad(name, f"not a rule set (schema must be {RULES_SCHEMA!r})")
     defs = _get(d, "definitions", name, dict)
     ps = _get(defs, "pass_sizes", name, dict, "definitions.")
     n_min = _get(ps, "min", name, int, "definitions.pass_sizes.")
     n_max = _get(ps, "max", name, int, "definitions.pass_sizes.")
     if not 2 <= n_min <= n_max:
-        raise InputError(
-            f"--rules {name}: pass_sizes must have 2 <= min <= max, got {n_min}..{n_max}"
-        )
+        raise _bad(name, f"pass_sizes must have 2 <= min <= max, got {n_min}..{n_max}")
     if defs.get("crossover_none_as", "n_max + 1") != "n_max + 1":
-        raise InputError(f"--rules {name}: crossover_none_as must be 'n_max + 1'")
+        raise _bad(name, "crossover_none_as must be 'n_max + 1'")
     kernels = tuple(_get(defs, "verify_error_kernels", name, list, "definitions."))
     if not kernels or any(k not in ("per_slot", "dedup") for k in kernels):
-        raise InputError(f"--rules {name}: verify_error_kernels must name per_slot and/or dedup")
+        raise _bad(name, "verify_error_kernels must name per_slot and/or dedup")
     ref = defs.get("speedup_reference", "step_times")
     if ref not in ("step_times", "throughput_runs"):
-        raise InputError(
-            f"--rules {name}: speedup_reference must be step_times or throughput_runs, got {ref!r}"
-        )
+        raise _bad(name, f"speedup_reference must be step_times or throughput_runs, got {ref!r}")
     sign = defs.get("sign_interval", {})
     sign = sign if isinstance(sign, dict) else {}
     level = float(sign.get("level", 0.95))
     if not 0 < level < 1:
-        raise InputError(f"--rules {name}: sign_interval.level must lie in (0, 1)")
+        raise _bad(name, "sign_interval.level must lie in (0, 1)")
     rules = []
     seen = set()
     for i, r in enumerate(_get(d, "rules", name, list)):
         where = f"rules[{i}]."
         if not isinstance(r, dict):
-            raise InputError(f"--rules {name}: rules[{i}] must be an object")
+            raise _bad(name, f"rules[{i}] must be an object")
         rid = _get(r, "id", name, str, where)
         if rid in seen:
-            raise InputError(f"--rules {name}: rule id {rid!r} appears twice")
+            raise _bad(name, f"rule id {rid!r} appears twice")
         seen.add(rid)
         version = _get(r, "version", name, str, where)
         if version not in VERSIONS:
-            raise InputError(
-                f"--rules {name}: rule {rid!r}: version {version!r} is not one of "
-                f"{', '.join(VERSIONS)}"
+            raise _bad(
+                name, f"rule {rid!r}: version {version!r} is not one of {', '.join(VERSIONS)}"
             )
         metric = _get(r, "metric", name, str, where)
         if metric not in METRICS:
-            raise InputError(
-                f"--rules {name}: rule {rid!r}: metric {metric!r} is not one of "
-                f"{', '.join(METRICS)}"
-            )
+            raise _bad(name, f"rule {rid!r}: metric {metric!r} is not one of {', '.join(METRICS)}")
         op = _get(r, "op", name, str, where)
         if op not in _OPS:
-            raise InputError(
-                f"--rules {name}: rule {rid!r}: op {op!r} is not one of {', '.join(_OPS)}"
-            )
+            raise _bad(name, f"rule {rid!r}: op {op!r} is not one of {', '.join(_OPS)}")
         value = _get(r, "value", name, int | float, where)
         of = r.get("of")
         if of is not None and (isinstance(of, bool) or not isinstance(of, int) or of < 1):
-            raise InputError(f"--rules {name}: rule {rid!r}: of must be a positive integer")
+            raise _bad(name, f"rule {rid!r}: of must be a positive integer")
         rules.append(
             Rule(
                 id=rid,
@@ -225,7 +220,7 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
             )
         )
     if not rules:
-        raise InputError(f"--rules {name}: holds no rules")
+        raise _bad(name, "holds no rules")
     return RuleSet(
         rules=tuple(rules),
         path=name,

@@ -273,9 +273,12 @@ def score_configuration(
 def _load_plan(path: str | Path) -> dict[str, Any]:
     from specmoe.cost.plan import read_plan
 
-    d = read_plan(path)
+    try:
+        d = read_plan(path)
+    except InputError as exc:
+        raise InputError(exc.message, argument="plan_path") from None
     if d.get("schema") != "specmoe.plan/1" or "model" not in d:
-        raise InputError(f"--plan {path}: not a plan written by specmoe plan")
+        raise InputError(f"{path}: not a plan written by specmoe plan", argument="plan_path")
     return d
 
 
@@ -295,8 +298,9 @@ def _find_profile(
         if c.is_file():
             return c
     raise InputError(
-        f"--plan {plan_path}: its bandwidth profile is not found (looked for "
-        f"{', '.join(str(c) for c in cands)}); pass --profile"
+        f"{plan_path}: its bandwidth profile is not found (looked for "
+        f"{', '.join(str(c) for c in cands)}); name one with profile_path",
+        argument="plan_path",
     )
 
 
@@ -340,19 +344,24 @@ def validate(
     from specmoe.formats.profile import check_profile_matches, load_profile
     from specmoe.spec import ModelSpec
 
-    rules = load_rules(rules_path)
+    try:
+        rules = load_rules(rules_path)
+    except InputError as exc:
+        raise InputError(exc.message, argument="rules_path") from None
     plan = _load_plan(plan_path)
     try:
         spec = ModelSpec.from_dict(plan["model"])
     except (TypeError, ValueError, KeyError) as exc:
-        raise InputError(f"--plan {plan_path}: its model is not a model spec ({exc})") from None
+        raise InputError(
+            f"{plan_path}: its model is not a model spec ({exc})", argument="plan_path"
+        ) from None
     every = load_runs(runs)
     configs = [m for m in every if _same_model(plan["model"], m.model)]
     if not configs:
         models = ", ".join(sorted({repr(m.model) for m in every}))
         raise InputError(
-            f"--plan {plan_path}: is for model {spec.name!r} but the runs in "
-            f"{runs} are for {models}"
+            f"{plan_path}: is for model {spec.name!r} but the runs in {runs} are for {models}",
+            argument="plan_path",
         )
     skipped = sorted({m.model for m in every if not _same_model(plan["model"], m.model)})
     if skipped:
