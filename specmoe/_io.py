@@ -97,9 +97,17 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, dumps_json(obj) + "\n")
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file", *, label: str | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike,
+    what: str = "JSON file",
+    *,
+    label: str | None = None,
+    argument: str | None = None,
+) -> Any:
     """The JSON value in ``path``; a missing file or bad JSON is one ``InputError`` line:
-    "LABEL: no such WHAT" or "LABEL: not a readable JSON WHAT (reason)" (LABEL: the path)."""
+    "LABEL: no such WHAT" or "LABEL: not a readable JSON WHAT (reason)" (LABEL: the path).
+    ``argument``: the caller's argument that gave ``path``, carried by the error
+    (``InputError.argument``) so that a command can name its flag."""
     from specmoe.errors import InputError
 
     p = Path(path)
@@ -107,6 +115,8 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *, label: str | 
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{label}: no such {what}") from None
+        raise InputError(f"{label}: no such {what}", argument=argument) from None
     except (OSError, ValueError) as exc:
-        raise InputError(f"{label}: not a readable JSON {what} ({exc})".splitlines()[0]) from None
+        raise InputError(
+            f"{label}: not a readable JSON {what} ({exc})".splitlines()[0], argument=argument
+        ) from None

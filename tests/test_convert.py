@@ -49,12 +49,17 @@ def b64_raw(arr, dtype="int32"):
     return base64.b64encode(np.ascontiguousarray(arr, dtype=dtype).tobytes()).decode()
 
 
-def one_line(exc_info, path, *needles):
+def one_line(exc_info, path, *needles, argument=None):
+    """One line naming ``path``; with ``argument``, the error names that function argument and
+    no command-line flag."""
     msg = str(exc_info.value)
     assert type(exc_info.value) is InputError and "\n" not in msg, msg
     assert str(path) in msg, msg
     for needle in needles:
         assert needle in msg, (needle, msg)
+    if argument is not None:
+        assert exc_info.value.argument == argument, (exc_info.value.argument, msg)
+        assert msg.startswith(f"{argument}: ") and " --" not in msg, msg
 
 
 def assert_same_trace(a: RoutingTrace, b: RoutingTrace):
@@ -186,10 +191,10 @@ def test_sglang_generate_responses_base64_flattened(tmp_path, rng):
     np.testing.assert_array_equal(tr.experts, np.concatenate(recs))
     with pytest.raises(InputError) as ei:  # a flattened record needs its shape
         import_routed_experts(path, engine="sglang", num_experts=16, top_k=2)
-    one_line(ei, path, "--layers and --top-k")
+    one_line(ei, path, "need layers and top_k", argument="layers")
     with pytest.raises(InputError) as ei:  # a wrong shape does not split evenly
         import_routed_experts(path, engine="sglang", num_experts=16, layers=5, top_k=2)
-    one_line(ei, path, "whole number")
+    one_line(ei, path, "whole number", "layers=5, top_k=2", argument="layers")
 
 
 def test_sglang_openai_choices_sgl_ext(tmp_path, rng):
@@ -237,7 +242,9 @@ def test_model_spec_keeps_moe_layers_of_a_full_record(tmp_path, rng, tiny_spec):
     one_line(ei, tmp_path / "m3.npy", "routes 2")
     with pytest.raises(InputError) as ei:
         import_routed_experts(tmp_path / "moe.npy", engine="vllm", model=tiny_spec, num_experts=9)
-    one_line(ei, tmp_path / "moe.npy", "disagrees")
+    one_line(
+        ei, tmp_path / "moe.npy", "disagrees: given 9, the model spec 8", argument="num_experts"
+    )
 
 
 def test_placeholder_layers_dropped_without_a_spec(tmp_path, rng):
@@ -266,7 +273,7 @@ def test_num_experts_is_required_and_checked(tmp_path, rng):
     np.save(tmp_path / "r.npy", rec)
     with pytest.raises(InputError) as ei:
         import_routed_experts(tmp_path / "r.npy", engine="vllm")
-    one_line(ei, tmp_path / "r.npy", "--num-experts")
+    one_line(ei, tmp_path / "r.npy", "number of experts is unknown", argument="num_experts")
     with pytest.raises(InputError) as ei:
         import_routed_experts(tmp_path / "r.npy", engine="vllm", num_experts=int(rec.max()))
     one_line(ei, tmp_path / "r.npy", "outside")
@@ -439,7 +446,7 @@ def test_parquet_written_elsewhere_needs_n(tmp_path, rng):
     pq.write_table(table, tmp_path / "o.parquet")
     with pytest.raises(InputError) as ei:
         load_parquet(tmp_path / "o.parquet")
-    one_line(ei, tmp_path / "o.parquet", "--num-experts")
+    one_line(ei, tmp_path / "o.parquet", "number of experts is unknown", argument="num_experts")
     tr = load_parquet(tmp_path / "o.parquet", num_experts=12)
     np.testing.assert_array_equal(tr.experts, e)
     np.testing.assert_array_equal(tr.doc_offsets, [0, 2, 5])
@@ -614,6 +621,45 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, rng, capsys, argv, needle):
     assert not (tmp_path / "OUT.npz").exists()
 
 
+@pytest.mark.parametrize(
+    "extra,flag,needle",
+    [
+        ([], "--num-experts", "number of experts is unknown"),
+        (["--num-experts", "9", "--model", "OLMoE-1B-7B-0125"], "--num-experts", "disagrees"),
+        (["--num-experts", "64"], "--layers", "need layers and top_k"),
+        (["--num-experts", "64", "--layers", "16"], "--top-k", "need layers and top_k"),
+        (["--num-experts", "64", "--layers", "16", "--top-k", "8"], "--layers", "whole number"),
+        (["--model", "OLMoE-1B-7B-0125"], "--model", "(from the model spec)"),
+    ],
+)
+def test_cli_names_the_flag_of_the_bad_argument(tmp_path, rng, capsys, extra, flag, needle):
+    """The importer names its argument (num_experts, layers, top_k, model); the command shows
+    the flag that fed it, on one line."""
+    flat = ids(rng, 3, 16, 8, 64).reshape(-1)
+    flat = np.concatenate([flat, flat[:5]])  # 389 ids: no whole number of [16, 8] tokens
+    path = tmp_path / "gen.json"
+    path.write_text(json.dumps({"meta_info": {"id": "g", "routed_experts": b64_raw(flat)}}))
+    out = tmp_path / "o.npz"
+    assert main(["convert", str(path), str(out), "--from", "sglang", *extra]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert cap.out == "" and len(lines) == 1, cap.err
+    assert lines[0].startswith(f"specmoe convert: error: {flag}: {path}"), lines[0]
+    assert needle in lines[0] and not out.exists()
+    argument = flag[2:].replace("-", "_")
+    with pytest.raises(InputError) as ei:  # the library names the argument
+        kw = dict(zip(extra[::2], extra[1::2]))
+        import_routed_experts(
+            path,
+            engine="sglang",
+            num_experts=int(kw["--num-experts"]) if "--num-experts" in kw else None,
+            model=kw.get("--model"),
+            layers=int(kw["--layers"]) if "--layers" in kw else None,
+            top_k=int(kw["--top-k"]) if "--top-k" in kw else None,
+        )
+    one_line(ei, path, needle, argument=argument)
+
+
 def test_module_registers_the_verb():
     from specmoe.cli import COMMANDS, command_module
 
@@ -723,6 +769,6 @@ def test_flattened_record_shape_from_an_unambiguous_model(tmp_path, rng):
     path.write_text(json.dumps({"meta_info": {"id": "g", "routed_experts": b64_raw(rec)}}))
     tr = import_routed_experts(path, engine="sglang", model="OLMoE-1B-7B-0125")
     np.testing.assert_array_equal(tr.experts, rec)
-    with pytest.raises(InputError) as ei:  # 27 decoder layers, 26 MoE: the flags must say
+    with pytest.raises(InputError) as ei:  # 27 decoder layers, 26 MoE: the arguments must say
         import_routed_experts(path, engine="sglang", model="DeepSeek-V2-Lite")
-    one_line(ei, path, "--layers and --top-k")
+    one_line(ei, path, "need layers and top_k", argument="layers")

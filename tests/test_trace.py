@@ -144,6 +144,16 @@ def test_shard_directory_reads_as_one_trace(tmp_path):
     assert [p.name for p in reader.files] == ["part-000.npz", "part-001.npz", "part-002.npz"]
 
 
+def test_longest_document_reads_the_offsets_of_every_shard(tmp_path):
+    rng = np.random.default_rng(6)
+    d, shards = save_shards(tmp_path, rng)
+    want = max(int(np.diff(s.doc_offsets).max()) for s in shards)
+    assert open_trace(d).longest_document() == want
+    reader = open_trace(d)
+    reader.files[-1].write_bytes(b"not an npz")  # a corrupt shard: unknown, not an exception
+    assert reader.longest_document() is None
+
+
 def test_iter_shards_is_lazy(tmp_path):
     rng = np.random.default_rng(5)
     d, shards = save_shards(tmp_path, rng)

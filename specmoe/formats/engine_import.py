@@ -148,9 +148,16 @@ def _int_depth(value: Any) -> int:
 
 
 def _decode(
-    payload: Any, dtype_hint: str | None, *, layers: int | None, top_k: int | None, name: str
+    payload: Any,
+    dtype_hint: str | None,
+    *,
+    layers: int | None,
+    top_k: int | None,
+    name: str,
+    from_spec: bool = False,
 ) -> np.ndarray:
-    """One payload as [T, R, m] integers."""
+    """One payload as [T, R, m] integers. A shape error names the argument ``layers`` or
+    ``top_k`` (``model`` when ``from_spec``: the importer took both from the model spec)."""
     if isinstance(payload, str):
         try:
             raw = base64.b64decode(payload, validate=True)
@@ -196,14 +203,20 @@ def _decode(
         if arr.max() > np.iinfo(np.int64).max:
             raise InputError(f"{name}: expert id {int(arr.max())} is out of any range")
         arr = arr.astype(np.int64)
+
+    # the argument to blame: the model spec when the shape came from it, else the one given
+    def blame(arg: str) -> str:
+        return "model" if from_spec else arg
+
+    told = f"layers={layers}, top_k={top_k}" + (" (from the model spec)" if from_spec else "")
     if arr.ndim == 3:
         if (layers, top_k) != (None, None) and arr.shape[1:] != (
             layers or arr.shape[1],
             top_k or arr.shape[2],
         ):
+            wrong = "layers" if layers and arr.shape[1] != layers else "top_k"
             raise InputError(
-                f"{name}: shape {arr.shape} disagrees with layers={layers}, "
-                f"top_k={top_k} (from --layers/--top-k or --model)"
+                f"{name}: shape {arr.shape} disagrees with {told}", argument=blame(wrong)
             )
         return arr
     if arr.ndim == 2 and (layers or top_k):
@@ -211,18 +224,22 @@ def _decode(
         r, k = (layers, width // layers) if layers else (width // top_k, top_k)
         if (top_k and layers and layers * top_k != width) or r * k != width or not r * k:
             raise InputError(
-                f"{name}: rows of {width} ids do not split into --layers {layers} x --top-k {top_k}"
+                f"{name}: rows of {width} ids do not split into {told}",
+                argument=blame("layers" if layers else "top_k"),
             )
         return arr.reshape(arr.shape[0], r, k)
     if arr.ndim == 1 and layers and top_k:
         if arr.size % (layers * top_k):
             raise InputError(
-                f"{name}: {arr.size} ids are not a whole number of tokens of "
-                f"--layers {layers} x --top-k {top_k}"
+                f"{name}: {arr.size} ids are not a whole number of tokens of {told}",
+                argument=blame("layers"),
             )
         return arr.reshape(-1, layers, top_k)
-    need = "--layers and --top-k" if arr.ndim <= 1 else "--layers or --top-k"
-    raise InputError(f"{name}: ids of shape {arr.shape} need {need} to become [len, layers, top_k]")
+    need = "layers and top_k" if arr.ndim <= 1 else "layers or top_k"
+    raise InputError(
+        f"{name}: ids of shape {arr.shape} need {need} to become [len, layers, top_k]",
+        argument="top_k" if layers else "layers",
+    )
 
 
 def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarray, list[int]]:
@@ -266,23 +283,31 @@ def import_routed_experts(
     ``path``: one ``.npy`` ``[T, R, m]``, a directory of them, or a JSON / JSON-lines file
     (see the module docstring). ``num_experts`` (N) or ``model`` (a spec for
     :func:`specmoe.spec.resolve_spec`) must be given; every id is checked against [0, N).
+    ``layers`` and ``top_k`` give the shape of flattened records (SGLang's base64). Errors in
+    an argument name it (``InputError.argument``); errors in the file name the file.
     """
     if engine not in ENGINES:
-        raise InputError(f"engine {engine!r} unknown (choose from {', '.join(ENGINES)})")
+        raise InputError(
+            f"{engine!r} unknown (choose from {', '.join(ENGINES)})", argument="engine"
+        )
     path = Path(path)
     spec = model_spec(model)
     n = resolve_num_experts(num_experts, spec, None, name=str(path))
-    if (
+    from_spec = (
         spec is not None
         and layers is None
         and top_k is None
         and (spec.num_hidden_layers == spec.num_moe_layers)
-    ):  # flattened records: unambiguous
+    )
+    if from_spec:  # flattened records: unambiguous
         layers, top_k = spec.num_moe_layers, spec.top_k
     arrays, names = [], []
     for doc, parts, dtype in _collect(path):
         label = f"{path}: request {doc}"
-        dec = [_decode(p, dtype, layers=layers, top_k=top_k, name=label) for p in parts]
+        dec = [
+            _decode(p, dtype, layers=layers, top_k=top_k, name=label, from_spec=from_spec)
+            for p in parts
+        ]
         if len({a.shape[1:] for a in dec}) > 1:
             raise InputError(
                 f"{label}: prompt and output routing differ in shape {[a.shape for a in dec]}"
@@ -317,11 +342,3 @@ def import_routed_experts(
         meta=meta,
         name=str(path),
     )
-
-
-# ------------------------------------------------------------------------------------------
-# Parquet: one row per token; doc, doc_name, pos, layer_<l> list<int>, weights_<l> list<float>
-
-
-# ------------------------------------------------------------------------------------------
-# `specmoe convert`

@@ -106,13 +106,15 @@ def _depth(path: Path, c: dict) -> int:
     return dep
 
 
-def load_runs(folder: str | Path) -> list[Measured]:
-    """Every configuration of a runs folder, matched by depth (and name, when given) between
-    ``verify.json`` and ``throughput.json``. A folder without them reads each sub-folder that
-    has both (one folder per model, as ``scripts/measure_runs.py`` writes them)."""
-    folder = Path(folder)
+def load_runs(runs: str | Path) -> list[Measured]:
+    """Every configuration of the runs folder ``runs``, matched by depth (and name, when given)
+    between ``verify.json`` and ``throughput.json``. A folder without them reads each
+    sub-folder that has both (one folder per model, as ``scripts/measure_runs.py`` writes
+    them). A missing or incomplete folder is an error in the argument ``runs``; an error
+    inside a file names the file."""
+    folder = Path(runs)
     if not folder.is_dir():
-        raise InputError(f"--runs {folder}: no such folder")
+        raise InputError(f"{folder}: no such folder", argument="runs")
     if not (folder / VERIFY_FILE).exists():
         subs = [
             d
@@ -129,14 +131,16 @@ def _load_folder(folder: Path) -> list[Measured]:
     for p in (vpath, tpath):
         if not p.is_file():
             raise InputError(
-                f"--runs {folder}: has no {p.name} (expected {VERIFY_FILE} and {THROUGHPUT_FILE})"
+                f"{folder}: has no {p.name} (expected {VERIFY_FILE} and {THROUGHPUT_FILE})",
+                argument="runs",
             )
     vtop, vcfgs = _configs(vpath, _read_json(vpath))
     ttop, tcfgs = _configs(tpath, _read_json(tpath))
     vm, tm = vtop.get("model"), ttop.get("model")
     if vm and tm and vm != tm:
         raise InputError(
-            f"--runs {folder}: {VERIFY_FILE} is for model {vm!r} but {THROUGHPUT_FILE} for {tm!r}"
+            f"{folder}: {VERIFY_FILE} is for model {vm!r} but {THROUGHPUT_FILE} for {tm!r}",
+            argument="runs",
         )
     thr: dict[tuple, dict] = {}
     for c in tcfgs:
@@ -234,5 +238,5 @@ def _load_folder(folder: Path) -> list[Measured]:
         )
     names = [m.name for m in out]
     if len(set(names)) != len(names):
-        raise InputError(f"--runs {folder}: two configurations share a name")
+        raise InputError(f"{folder}: two configurations share a name", argument="runs")
     return out

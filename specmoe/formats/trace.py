@@ -388,6 +388,22 @@ class TraceReader:
                 _check_compatible([self._first, tr], name=str(self.path))
             yield tr
 
+    def longest_document(self) -> int | None:
+        """Tokens of the longest document, from each shard's small ``doc_offsets`` array alone
+        (the expert arrays are not read); None when a shard is unreadable (reading it with
+        :meth:`iter_shards` then says why)."""
+        longest = 0
+        for path in self.files:
+            try:
+                with np.load(path, allow_pickle=False) as z:
+                    off = np.asarray(z["doc_offsets"], dtype=np.int64)
+            except Exception:  # numpy raises many types on corrupt files
+                return None
+            if off.ndim != 1 or off.size < 2:
+                return None
+            longest = max(longest, int(np.diff(off).max()))
+        return longest
+
     def load(self) -> RoutingTrace:
         shards = list(self.iter_shards())
         if len(shards) == 1:
