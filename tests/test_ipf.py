@@ -355,10 +355,30 @@ def test_document_mixture_keeps_per_document_regimes():
 
 def test_window_beyond_statistics_and_bad_variant_raise(sticky_split):
     mo = fit_moments(sticky_split[0], max_lag=3)
-    with pytest.raises(InputError, match="lags"):
-        predict_union(mo, max_n=5)
-    with pytest.raises(InputError, match="variant"):
-        predict_union(mo, max_n=4, variant="zipf")
+    for kw, argument, needle in (
+        (dict(max_n=5), "max_n", "needs lags up to 4"),
+        (dict(max_n=4, variant="zipf"), "variant", "unknown variant 'zipf'"),
+        (dict(max_n=4, bins=99), "bins", "must be in 1..32"),
+        (dict(max_n=4, tol=0.0), "tol", "must be > 0"),
+        (dict(max_n=4, max_iter=0), "max_iter", "must be >= 1"),
+        (dict(max_n=4, min_n=5), "max_n", "need 1 <= min_n <= max_n"),
+    ):
+        with pytest.raises(InputError) as ei:
+            predict_union(mo, **kw)
+        assert ei.value.argument == argument, (kw, str(ei.value))
+        assert str(ei.value).startswith(f"{argument}: ") and needle in str(ei.value)
+
+
+def test_fits_name_max_lag(sticky_split):
+    """max_lag < 1, or longer than every document: an error in the argument max_lag."""
+    tr = sticky_split[0]
+    longest = int(np.diff(tr.doc_offsets).max())
+    for fit in (fit_moments, fit_document_moments):
+        for bad, needle in ((0, "must be an integer >= 1"), (longest, "no document is longer")):
+            with pytest.raises(InputError) as ei:
+                fit(tr, max_lag=bad)
+            assert ei.value.argument == "max_lag" and needle in str(ei.value), str(ei.value)
+            assert "--" not in str(ei.value)
 
 
 def test_stats_file_round_trip_and_errors(tmp_path, sticky_split):
@@ -414,8 +434,25 @@ def test_cli_json_is_clean_and_complete(tmp_path, capsys, sticky_split):
     again = json.loads(capsys.readouterr().out)
     assert rc == 0 and again["n"] == [2, 3, 4, 5] and again["pooling"] == "trace"
     assert main(["ipf", str(tmp_path / "out" / "stats.json"), "--pool", "documents"]) == 2
+    capsys.readouterr()
     assert main(["ipf", str(tmp_path / "out" / "stats.json"), "--max-n", "7"]) == 2
-    assert "--max-n" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specmoe ipf: error: --max-n: n=7 needs lags")
+
+
+@pytest.mark.parametrize("pool", ["documents", "trace"])
+def test_cli_max_n_beyond_every_document_names_max_n(tmp_path, capsys, sticky_split, pool):
+    """The fits' max_lag is --max-n minus one: the command names --max-n, not max_lag."""
+    tr = sticky_split[0]
+    save_trace(tr, tmp_path / "fit.npz")
+    longest = int(np.diff(tr.doc_offsets).max())
+    argv = ["ipf", str(tmp_path / "fit.npz"), "--max-n", str(longest + 1), "--pool", pool]
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()  # progress lines, then the error
+    assert cap.out == "" and [e for e in err if "error:" in e] == err[-1:], cap.err
+    assert err[-1].startswith("specmoe ipf: error: --max-n: "), err[-1]
+    assert f"no document is longer than {longest} tokens" in err[-1] and "max_lag" not in err[-1]
 
 
 def test_cli_rejects_mismatched_validation_trace(tmp_path, capsys, sticky_split):

@@ -36,7 +36,7 @@ from specmoe.routing.stats import (
     window_reuse_counts,
     window_union_counts,
 )
-from specmoe.spec import ModelSpec
+from specmoe.spec import ModelSpec, resolve_spec
 
 # ------------------------------------------------------------------------------------------
 # helpers
@@ -240,8 +240,9 @@ def test_windows_never_cross_documents():
 @given(tr=traces, max_n=st.integers(1, 5))
 def test_identity_exact_aligned_and_bounded_otherwise(tr, max_n):
     if np.diff(tr.doc_offsets).max() < max_n:
-        with pytest.raises(InputError, match="max-n"):
+        with pytest.raises(InputError, match=r"^max_n: ") as ei:
             compute_stats(tr, max_n=max_n)
+        assert ei.value.argument == "max_n"
         return
     a = compute_stats(tr, max_n=max_n, aligned=True)
     assert a.identity_error < 1e-9 and a.identity_bound == 0.0
@@ -365,8 +366,9 @@ def test_spec_weighting_and_eq12():
     bad = ModelSpec(
         name="bad", num_experts=32, top_k=2, num_moe_layers=3, hidden_size=8, expert_intermediate=4
     )
-    with pytest.raises(InputError, match="N=32"):
+    with pytest.raises(InputError, match="N=32") as ei:
         compute_stats(tr, max_n=2, spec=bad)
+    assert ei.value.argument == "spec"
 
 
 # ------------------------------------------------------------------------------------------
@@ -441,15 +443,18 @@ def test_sharded_directory_equals_concatenated(tmp_path, sticky_trace):
 
 
 def test_bad_arguments(sticky_trace):
+    """Each bad argument is an error that names that argument (not a command-line flag)."""
     for kw, pattern in (
-        (dict(max_n=0), "max-n"),
-        (dict(max_n=1000), "max-n=1000"),
-        (dict(max_lag=0), "max-lag"),
-        (dict(max_lag=1000), "max-lag=1000"),
-        (dict(bootstrap=-1), "bootstrap"),
+        (dict(max_n=0), "^max_n: must be an integer >= 1"),
+        (dict(max_n=1000), "^max_n: 1000 is longer than every document"),
+        (dict(max_lag=0), "^max_lag: must be an integer >= 1"),
+        (dict(max_lag=1000), "^max_lag: 1000 leaves no pair"),
+        (dict(bootstrap=-1), "^bootstrap: must be an integer >= 0"),
+        (dict(spec=resolve_spec("OLMoE-1B-7B-0125")), "^spec: model 'OLMoE-1B-7B-0125'"),
     ):
-        with pytest.raises(InputError, match=pattern):
+        with pytest.raises(InputError, match=pattern) as ei:
             compute_stats(sticky_trace, **kw)
+        assert ei.value.argument == next(iter(kw)) and "--" not in str(ei.value)
     s = compute_stats(sticky_trace.select_documents([0]), max_n=2)
     assert s.max_lag == min(16, int(np.diff(sticky_trace.doc_offsets)[0]) - 1)
 
@@ -517,3 +522,20 @@ def test_cli_bad_input_is_one_line(capsys, trace_file, argv):
     assert main(["stats", *argv, "--json"]) == 2
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--max-n", "500"], "--max-n"),  # compute_stats' max_n: longer than every document
+        (["--max-lag", "500"], "--max-lag"),  # its max_lag: no pair of tokens that far apart
+        (["--model", "OLMoE-1B-7B-0125"], "--model"),  # its spec: N and m disagree
+    ],
+)
+def test_cli_names_the_flag_of_a_library_argument(capsys, trace_file, argv, flag):
+    assert main(["stats", str(trace_file), *argv]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert cap.out == "" and len(lines) == 1, cap.err
+    assert lines[0].startswith(f"specmoe stats: error: {flag}: "), lines[0]
+    assert "max_n" not in lines[0] and "max_lag" not in lines[0] and "spec:" not in lines[0]

@@ -101,12 +101,24 @@ def test_layer_mapping_and_spec_checks(source):
     tr = synthesize(source, 50, num_layers=5, num_experts=32, top_k=4, seed=0, window=3)
     assert tr.num_layers == 5
     assert tr.meta["synthetic"]["layer_map"] == [0, 0, 1, 2, 2]
-    with pytest.raises(InputError, match="N=64"):
-        synthesize(source, 50, num_experts=64)
-    with pytest.raises(InputError, match="m=2"):
-        synthesize(source, 50, top_k=2)
-    with pytest.raises(InputError, match="window"):
-        synthesize(source, 50, window=10)
+    for kw, needle in (
+        (dict(num_experts=64), "N=64"),
+        (dict(top_k=2), "m=2"),
+        (dict(window=10), "needs lags up to 9"),
+        (dict(window=1), "must be >= 2"),
+        (dict(num_layers=0), "must be >= 1"),
+        (dict(doc_tokens=0), "must be >= 1"),
+        (dict(variant="zipf"), "unknown variant"),
+        (dict(bins=0), "must be in 1..32"),
+    ):
+        with pytest.raises(InputError) as ei:
+            synthesize(source, 50, **kw)
+        (argument,) = kw
+        assert ei.value.argument == argument and needle in str(ei.value), (kw, str(ei.value))
+        assert str(ei.value).startswith(f"{argument}: ") and "--" not in str(ei.value)
+    with pytest.raises(InputError) as ei:
+        synthesize(source, 0)
+    assert ei.value.argument == "num_tokens"
 
 
 def test_chain_tables_are_the_window_law_conditionals(source):
@@ -212,6 +224,30 @@ def test_cli_synth(tmp_path, capsys, source):
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "N=64" in err[-1] and not (tmp_path / "x.npz").exists()
+    assert err[-1].startswith("specmoe synth: error: --model: "), err[-1]
+
+
+@pytest.mark.parametrize(
+    "extra,flag,needle",
+    [
+        (["--max-lag", "0"], "--max-lag", "must be an integer >= 1"),  # fit_moments' max_lag
+        (["--window", "1"], "--window", "must be >= 2"),  # synthesize's window
+        (["--window", "12"], "--window", "needs lags up to 11"),  # beyond the fitted lags
+        (["--doc-tokens", "0"], "--doc-tokens", "must be >= 1"),  # synthesize's doc_tokens
+        (["--model", "OLMoE-1B-7B-0125"], "--model", "N=64"),  # synthesize's num_experts
+    ],
+)
+def test_cli_names_the_flag_of_the_bad_argument(tmp_path, capsys, extra, flag, needle):
+    tr = sticky_trace(600, 2, 16, 2, [0.4, 0.7], seed=1, doc_len=200)
+    save_trace(tr, tmp_path / "src.npz")
+    out = tmp_path / "syn.npz"
+    argv = ["synth", "--from", str(tmp_path / "src.npz"), "--tokens", "50", "--out", str(out)]
+    assert main([*argv, *extra]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()  # progress lines, then the error
+    assert cap.out == "" and [e for e in err if "error:" in e] == err[-1:], cap.err
+    assert err[-1].startswith(f"specmoe synth: error: {flag}: ") and needle in err[-1], err[-1]
+    assert not out.exists()
 
 
 def test_bad_statistics_raise():

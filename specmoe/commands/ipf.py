@@ -14,6 +14,7 @@ Progress goes to stderr.
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,17 @@ def add_arguments(parser) -> None:
         metavar="DIR",
         help="write ipf.json, stats.json and ipf_union.png to DIR",
     )
+
+
+@contextmanager
+def _max_lag_is_max_n():
+    """The statistics are fitted at lags 1..max_n-1: their ``max_lag`` is ``--max-n``."""
+    try:
+        yield
+    except InputError as exc:
+        if exc.argument != "max_lag":
+            raise
+        raise exc.as_flag("--max-n") from None
 
 
 def _rel(pred: np.ndarray, emp: np.ndarray | None) -> np.ndarray | None:
@@ -182,7 +194,7 @@ def run(args) -> int:
             )
         args.pool = "trace"
         moments = load_moments(args.trace)
-        moments.check_window(args.max_n, name="--max-n")
+        moments.check_window(args.max_n, name="max_n")
         want = (moments.num_experts, moments.top_k, moments.num_layers)
     else:
         fit_reader = open_trace(args.trace)
@@ -200,7 +212,8 @@ def run(args) -> int:
             )
     if moments is None:
         print(f"ipf: fitting statistics on {args.trace}", file=sys.stderr, flush=True)
-        moments = fit_moments(fit_reader, max_lag=args.max_n - 1)
+        with _max_lag_is_max_n():
+            moments = fit_moments(fit_reader, max_lag=args.max_n - 1)
     empirical = None
     if reader is not None:
         print(f"ipf: measuring the union on {args.validate}", file=sys.stderr, flush=True)
@@ -209,7 +222,8 @@ def run(args) -> int:
         empirical = moments.union[:, 1 : args.max_n]
     source = moments
     if args.pool == "documents":
-        source = fit_document_moments(fit_reader, max_lag=args.max_n - 1)
+        with _max_lag_is_max_n():
+            source = fit_document_moments(fit_reader, max_lag=args.max_n - 1)
         print(
             f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
             file=sys.stderr,

@@ -135,16 +135,21 @@ def run(args) -> int:
             file=sys.stderr,
             flush=True,
         )
-    stats = compute_stats(
-        reader,
-        max_n=args.max_n,
-        max_lag=args.max_lag,
-        spec=spec,
-        bootstrap=args.bootstrap,
-        seed=args.seed,
-        aligned=args.aligned,
-        progress=progress,
-    )
+    try:
+        stats = compute_stats(
+            reader,
+            max_n=args.max_n,
+            max_lag=args.max_lag,
+            spec=spec,
+            bootstrap=args.bootstrap,
+            seed=args.seed,
+            aligned=args.aligned,
+            progress=progress,
+        )
+    except InputError as exc:  # the model spec is compute_stats' ``spec``
+        if exc.argument != "spec":
+            raise
+        raise exc.as_flag("--model") from None
     record = {
         "trace": str(args.trace),
         "model": spec.name if spec is not None else None,

@@ -15,6 +15,14 @@ from pathlib import Path
 
 from specmoe.errors import InputError
 
+# arguments of synthesize() that a flag of another name feeds (the rest share their names)
+_FLAG_OF = {
+    "num_tokens": "--tokens",
+    "num_experts": "--model",
+    "top_k": "--model",
+    "num_layers": "--model",
+}
+
 
 def add_arguments(parser) -> None:
     parser.add_argument(
@@ -94,18 +102,24 @@ def run(args) -> int:
     if args.save_stats:
         save_moments(moments, args.save_stats)
     print(f"synth: drawing {args.tokens} tokens", file=sys.stderr, flush=True)
-    trace = synthesize(
-        moments,
-        args.tokens,
-        seed=args.seed,
-        variant=args.variant,
-        bins=args.bins,
-        window=args.window,
-        doc_tokens=args.doc_tokens,
-        num_experts=None if spec is None else spec.num_experts,
-        top_k=None if spec is None else spec.top_k,
-        num_layers=None if spec is None else spec.num_moe_layers,
-    )
+    try:
+        trace = synthesize(
+            moments,
+            args.tokens,
+            seed=args.seed,
+            variant=args.variant,
+            bins=args.bins,
+            window=args.window,
+            doc_tokens=args.doc_tokens,
+            num_experts=None if spec is None else spec.num_experts,
+            top_k=None if spec is None else spec.top_k,
+            num_layers=None if spec is None else spec.num_moe_layers,
+        )
+    except InputError as exc:
+        flag = _FLAG_OF.get(exc.argument or "")
+        if flag is None:
+            raise
+        raise exc.as_flag(flag) from None
     if spec is not None:
         trace.meta["model"] = spec.name
         trace.meta["layers"] = list(spec.moe_layer_indices)

@@ -118,13 +118,16 @@ def bootstrap_intervals(
     per_document_counts=True)``). The same sums, seed and resamples give the same intervals.
     """
     if isinstance(resamples, bool) or not isinstance(resamples, int | np.integer) or resamples < 1:
-        raise InputError(f"bootstrap must be a positive number of resamples, got {resamples!r}")
+        raise InputError(
+            f"must be a positive number of resamples, got {resamples!r}", argument="resamples"
+        )
     if not 0 < level < 1:
-        raise InputError(f"level must be in (0, 1), got {level}")
+        raise InputError(f"must be in (0, 1), got {level}", argument="level")
     if sums.doc_expert_counts is None:
         raise InputError(
-            "bootstrap needs per-document expert counts "
-            "(document_sums(..., per_document_counts=True))"
+            "the bootstrap needs per-document expert counts "
+            "(document_sums(..., per_document_counts=True))",
+            argument="sums",
         )
     rng = np.random.default_rng(seed)
     D = sums.documents

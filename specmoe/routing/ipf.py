@@ -112,13 +112,18 @@ class ExpertMoments:
         pop = np.asarray(self.popularity, dtype=np.float64)
         co = np.asarray(self.coactivation, dtype=np.float64)
         if pop.ndim != 2 or pop.shape[1] != self.num_experts:
-            raise InputError(f"popularity must be [L, N={self.num_experts}], got {pop.shape}")
+            raise InputError(
+                f"must be [L, N={self.num_experts}], got {pop.shape}", argument="popularity"
+            )
         if co.ndim != 3 or co.shape[0] != pop.shape[0] or co.shape[2] != self.num_experts:
             raise InputError(
-                f"coactivation must be [L={pop.shape[0]}, J, N={self.num_experts}], got {co.shape}"
+                f"must be [L={pop.shape[0]}, J, N={self.num_experts}], got {co.shape}",
+                argument="coactivation",
             )
         if not 0 < self.top_k < self.num_experts:
-            raise InputError(f"top_k={self.top_k} must lie in 1..N-1 (N={self.num_experts})")
+            raise InputError(
+                f"{self.top_k} must lie in 1..N-1 (N={self.num_experts})", argument="top_k"
+            )
         if not (np.all(np.isfinite(pop)) and np.all(np.isfinite(co))):
             raise InputError("popularity/coactivation hold NaN or inf")
         # c_e(j) <= p_e need not hold exactly (pairs and tokens differ at document edges);
@@ -143,11 +148,14 @@ class ExpertMoments:
         """[L, J] o_l(j) = E|S_t ∩ S_{t+j}| / m."""
         return self.coactivation.sum(axis=2) / self.top_k
 
-    def check_window(self, n: int, *, name: str = "max-n") -> None:
+    def check_window(self, n: int, *, name: str = "max_n") -> None:
+        """Windows of ``n`` tokens need lags 1..n-1; else an ``InputError`` whose argument is
+        ``name`` (the caller's argument that gave ``n``)."""
         if n - 1 > self.max_lag:
             raise InputError(
-                f"{name}: n={n} needs lags up to {n - 1}, but the statistics "
-                f"cover lags 1..{self.max_lag} (n <= {self.max_lag + 1})"
+                f"n={n} needs lags up to {n - 1}, but the statistics "
+                f"cover lags 1..{self.max_lag} (n <= {self.max_lag + 1})",
+                argument=name,
             )
 
 
@@ -189,9 +197,13 @@ def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> Exper
     o_l(j) of :func:`specmoe.routing.stats.compute_stats`, which also supplies the popularity
     and the measured union U_l(n), n = 1..max_lag+1, kept for reference.
     """
-    if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1:
-        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
-    stats = compute_stats(trace, max_n=max_lag + 1, max_lag=max_lag)
+    _check_max_lag(max_lag)
+    try:
+        stats = compute_stats(trace, max_n=max_lag + 1, max_lag=max_lag)
+    except InputError as exc:  # its max_n is ours + 1: both say the documents are too short
+        if exc.argument not in ("max_n", "max_lag"):
+            raise
+        raise InputError(_too_short(trace, max_lag), argument="max_lag") from None
     shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
     counts = np.zeros((stats.num_layers, max_lag, stats.num_experts))
     pairs = np.zeros(max_lag)
@@ -222,8 +234,7 @@ def fit_document_moments(
     """The statistics of each document of more than ``max_lag`` tokens, one
     :class:`ExpertMoments` each (``tokens`` is the document's length; ``union`` is None).
     Shorter documents have no pair at lag ``max_lag`` and are left out."""
-    if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1:
-        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
+    _check_max_lag(max_lag)
     shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
     out: list[ExpertMoments] = []
     for tr in shards:
@@ -248,8 +259,18 @@ def fit_document_moments(
                 )
             )
     if not out:
-        raise InputError(f"trace: no document is longer than max-lag={max_lag} tokens")
+        raise InputError(_too_short(trace, max_lag), argument="max_lag")
     return out
+
+
+def _check_max_lag(max_lag: Any) -> None:
+    if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1:
+        raise InputError(f"must be an integer >= 1, got {max_lag!r}", argument="max_lag")
+
+
+def _too_short(trace: RoutingTrace | TraceReader, max_lag: int) -> str:
+    name = getattr(trace, "name", None) or str(getattr(trace, "path", "trace"))
+    return f"{name}: no document is longer than {max_lag} tokens"
 
 
 def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
@@ -387,11 +408,13 @@ def ipf_pairwise(
     """
     M = np.asarray(moments, dtype=np.float64)
     if M.ndim != 3 or M.shape[1] != M.shape[2] or M.shape[1] < 1:
-        raise InputError(f"moments must be [B, n, n], got shape {M.shape}")
+        raise InputError(f"must be [B, n, n], got shape {M.shape}", argument="moments")
     if not np.all(np.isfinite(M)):
-        raise InputError("moments hold NaN or inf")
-    if tol <= 0 or max_iter < 1:
-        raise InputError(f"need tol > 0 and max_iter >= 1, got tol={tol}, max_iter={max_iter}")
+        raise InputError("hold NaN or inf", argument="moments")
+    if not tol > 0:
+        raise InputError(f"must be > 0, got {tol}", argument="tol")
+    if max_iter < 1:
+        raise InputError(f"must be >= 1, got {max_iter}", argument="max_iter")
     B, n = M.shape[0], M.shape[1]
     M = 0.5 * (M + M.transpose(0, 2, 1))
     if n == 1:  # no pairs: the marginal alone
@@ -462,7 +485,7 @@ def bin_experts(popularity: np.ndarray, bins: int) -> np.ndarray:
     """[L, N] bin index of each expert: per layer, sorted by popularity, ``bins`` near-equal parts."""
     L, N = popularity.shape
     if not 1 <= bins <= N:
-        raise InputError(f"bins must be in 1..{N}, got {bins}")
+        raise InputError(f"must be in 1..{N} (the experts per layer), got {bins}", argument="bins")
     order = np.argsort(popularity, axis=1, kind="stable")
     rank_bin = (np.arange(N) * bins) // N  # [N] bin of each rank
     out = np.empty((L, N), dtype=np.int64)
@@ -543,18 +566,25 @@ def predict_union(
     one batch [D*L*K, 2**n].
     """
     if variant not in VARIANTS:
-        raise InputError(f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
+        raise InputError(
+            f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})", argument="variant"
+        )
     if not 1 <= min_n <= max_n:
-        raise InputError(f"need 1 <= min-n <= max-n, got {min_n}..{max_n}")
+        raise InputError(
+            f"need 1 <= min_n <= max_n, got {min_n}..{max_n}",
+            argument="min_n" if min_n < 1 else "max_n",
+        )
     parts = [moments] if isinstance(moments, ExpertMoments) else list(moments)
     if not parts:
-        raise InputError("no statistics to predict from (no document long enough?)")
+        raise InputError(
+            "no statistics to predict from (no document long enough?)", argument="moments"
+        )
     first = parts[0]
     N, m, L = first.num_experts, first.top_k, first.num_layers
     for part in parts:
         part.check_window(max_n)
         if (part.num_experts, part.top_k, part.num_layers) != (N, m, L):
-            raise InputError("document statistics disagree on N, m or L")
+            raise InputError("document statistics disagree on N, m or L", argument="moments")
     ns = np.arange(min_n, max_n + 1)
     D = len(parts)
     targets = [_bin_targets(part, variant, bins) for part in parts]

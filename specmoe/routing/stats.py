@@ -106,7 +106,7 @@ def _array_sums(
 ) -> DocumentSums:
     experts = np.asarray(experts)
     if experts.ndim != 3:
-        raise InputError(f"experts must be [T, L, m], got shape {experts.shape}")
+        raise InputError(f"must be [T, L, m], got shape {experts.shape}", argument="experts")
     T, L, m = experts.shape
     off = (
         np.array([0, T], np.int64)
@@ -114,9 +114,11 @@ def _array_sums(
         else np.asarray(doc_offsets, dtype=np.int64)
     )
     if off.ndim != 1 or off.size < 2 or off[0] != 0 or off[-1] != T or np.any(np.diff(off) <= 0):
-        raise InputError(f"doc_offsets must increase strictly from 0 to T={T}")
-    if max_n < 1 or max_lag < 0:
-        raise InputError(f"need max_n >= 1 and max_lag >= 0, got {max_n} and {max_lag}")
+        raise InputError(f"must increase strictly from 0 to T={T}", argument="doc_offsets")
+    if max_n < 1:
+        raise InputError(f"must be >= 1, got {max_n}", argument="max_n")
+    if max_lag < 0:
+        raise InputError(f"must be >= 0, got {max_lag}", argument="max_lag")
     n_exp = _infer_n(experts, num_experts)
     part = _shard_sums(
         experts, off, n_exp, max_n=max_n, max_lag=max_lag, aligned=aligned, per_doc_counts=False
@@ -259,12 +261,14 @@ def rho_bar_of(rho: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def layer_weights_for(spec, sums_or_trace) -> np.ndarray:
-    """[L] w_l from a ModelSpec that agrees with the trace's N, m and layers."""
+    """[L] w_l from a ModelSpec that agrees with the trace's N, m and layers (else an
+    ``InputError`` in the argument ``spec``)."""
     N, m, L = sums_or_trace.num_experts, sums_or_trace.top_k, sums_or_trace.num_layers
     if (spec.num_experts, spec.top_k) != (N, m):
         raise InputError(
             f"model {spec.name!r} has N={spec.num_experts}, m={spec.top_k} but "
-            f"the trace has N={N}, m={m}"
+            f"the trace has N={N}, m={m}",
+            argument="spec",
         )
     w = np.asarray(spec.layer_expert_bytes, dtype=np.float64)
     if spec.num_moe_layers == L:
@@ -276,7 +280,8 @@ def layer_weights_for(spec, sums_or_trace) -> np.ndarray:
         return w[[pos[layer] for layer in layers]]
     raise InputError(
         f"model {spec.name!r} has {spec.num_moe_layers} MoE layers but the trace "
-        f"has {L} (layers {layers[:8]}{'...' if L > 8 else ''})"
+        f"has {L} (layers {layers[:8]}{'...' if L > 8 else ''})",
+        argument="spec",
     )
 
 
@@ -352,13 +357,14 @@ def compute_stats(
     whose w_l weight ū(n) and ρ̄_k (its N and m must match the trace). ``bootstrap``: number
     of document resamples for 95% percentile intervals (paper 002 Appendix D.2 uses 2000),
     drawn with ``seed``. ``aligned``: use the same window starts for every n (Eq. (2) exact).
+    A bad argument, or one the trace cannot meet, is an ``InputError`` naming it.
     """
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int | np.integer) or bootstrap < 0:
-        raise InputError(f"bootstrap must be an integer >= 0, got {bootstrap!r}")
+        raise InputError(f"must be an integer >= 0, got {bootstrap!r}", argument="bootstrap")
     if max_lag is not None and (
         isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 1
     ):
-        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
+        raise InputError(f"must be an integer >= 1, got {max_lag!r}", argument="max_lag")
     src = _as_source(trace_or_reader)
     name = getattr(src, "name", None) or str(getattr(src, "path", "trace"))
     if spec is not None:  # fail before the pass over the data
@@ -371,12 +377,14 @@ def compute_stats(
         and max_n >= 1
     ):
         raise InputError(
-            f"{name}: max-n={max_n} is longer than every document (longest: {longest} tokens)"
+            f"{max_n} is longer than every document of {name} (longest: {longest} tokens)",
+            argument="max_n",
         )
     if max_lag is not None and longest is not None and max_lag > longest - 1:
         raise InputError(
-            f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
-            f"document (longest: {longest} tokens)"
+            f"{max_lag} leaves no pair of tokens inside a document of {name} "
+            f"(longest: {longest} tokens)",
+            argument="max_lag",
         )
     lag = DEFAULT_MAX_LAG if max_lag is None else max_lag
     if max_lag is None and longest is not None:
@@ -392,15 +400,17 @@ def compute_stats(
     longest = int(sums.lengths.max())
     if sums.windows[:, -1].sum() == 0:
         raise InputError(
-            f"{name}: max-n={max_n} is longer than every document "
-            f"(longest: {longest} tokens)" + (" with room for aligned windows" if aligned else "")
+            f"{max_n} is longer than every document of {name} (longest: {longest} tokens)"
+            + (" with room for aligned windows" if aligned else ""),
+            argument="max_n",
         )
     if max_lag is None:
         sums = trim_lags(sums, min(lag, longest - 1))
     elif max_lag > longest - 1:
         raise InputError(
-            f"{name}: max-lag={max_lag} leaves no pair of tokens inside a "
-            f"document (longest: {longest} tokens)"
+            f"{max_lag} leaves no pair of tokens inside a document of {name} "
+            f"(longest: {longest} tokens)",
+            argument="max_lag",
         )
     stats = stats_from_sums(sums, spec=spec)
     if bootstrap:

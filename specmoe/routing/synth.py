@@ -187,26 +187,32 @@ def synthesize(
 
     ``num_experts``/``top_k`` (e.g. from a ModelSpec) must equal the statistics' N and m;
     ``num_layers`` may differ (layers mapped by relative depth). ``window`` defaults to
-    min(J+1, 9) for statistics with J lags.
+    min(J+1, 9) for statistics with J lags. A bad argument is an ``InputError`` naming it.
     """
     N, m = moments.num_experts, moments.top_k
     if num_experts is not None and num_experts != N:
-        raise InputError(f"model has N={num_experts} experts but the statistics have N={N}")
+        raise InputError(
+            f"N={num_experts} experts but the statistics have N={N}", argument="num_experts"
+        )
     if top_k is not None and top_k != m:
-        raise InputError(f"model routes m={top_k} experts per token but the statistics have m={m}")
+        raise InputError(
+            f"m={top_k} experts per token but the statistics have m={m}", argument="top_k"
+        )
     if variant not in VARIANTS:
-        raise InputError(f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
+        raise InputError(
+            f"unknown variant {variant!r} (choose from {', '.join(VARIANTS)})", argument="variant"
+        )
     if num_tokens < 1:
-        raise InputError(f"tokens must be >= 1, got {num_tokens}")
+        raise InputError(f"must be >= 1, got {num_tokens}", argument="num_tokens")
     if doc_tokens is not None and doc_tokens < 1:
-        raise InputError(f"doc-tokens must be >= 1, got {doc_tokens}")
+        raise InputError(f"must be >= 1, got {doc_tokens}", argument="doc_tokens")
     window = min(moments.max_lag + 1, 9) if window is None else int(window)
     if window < 2:
-        raise InputError(f"window must be >= 2, got {window}")
+        raise InputError(f"must be >= 2, got {window}", argument="window")
     L_src = moments.num_layers
     L = L_src if num_layers is None else int(num_layers)
     if L < 1:
-        raise InputError(f"layers must be >= 1, got {L}")
+        raise InputError(f"must be >= 1, got {L}", argument="num_layers")
     trans, ctx_law, info = chain_tables(moments, window=window, variant=variant, bins=bins)
     lmap = _layer_map(L, L_src)
     trans, ctx_law = trans[lmap], ctx_law[lmap]  # [L, N, C]
@@ -265,7 +271,8 @@ def synth_fidelity(
     """
     if trace.num_layers != source.num_layers:
         raise InputError(
-            f"synthetic trace has {trace.num_layers} layers, statistics {source.num_layers}"
+            f"{trace.num_layers} layers, but the statistics have {source.num_layers}",
+            argument="trace",
         )
     J = source.max_lag
     max_n = J + 1 if max_n is None else max_n
@@ -315,11 +322,10 @@ def sticky_trace(
     and draws the rest uniformly from the experts it did not keep (a dropped one may come
     back, so the share reused is keep plus a little; not a fitted model).
     Documents split the tokens evenly (``docs``) unless ``doc_offsets`` is given."""
-    if not 0 <= keep <= 1 or not 1 <= top_k <= num_experts:
-        raise InputError(
-            f"sticky trace: need 0 <= keep <= 1 and 1 <= top_k <= num_experts, "
-            f"got keep={keep}, top_k={top_k}, num_experts={num_experts}"
-        )
+    if not 0 <= keep <= 1:
+        raise InputError(f"must lie in [0, 1], got {keep}", argument="keep")
+    if not 1 <= top_k <= num_experts:
+        raise InputError(f"must lie in 1..num_experts={num_experts}, got {top_k}", argument="top_k")
     rng = np.random.default_rng(seed)
     ex = np.zeros((tokens, layers, top_k), dtype=np.int64)
     for li in range(layers):

@@ -105,7 +105,7 @@ def window_union_counts(
     when the document is shorter than n.
     """
     if n < 1:
-        raise InputError(f"n must be >= 1, got {n}")
+        raise InputError(f"must be >= 1, got {n}", argument="n")
     bits = token_bitsets(experts_doc, _infer_n(experts_doc, num_experts))  # [t_d, L, W]
     t_d = bits.shape[0]
     if t_d < n:
@@ -125,7 +125,7 @@ def window_reuse_counts(
     n = 1.
     """
     if n < 1:
-        raise InputError(f"n must be >= 1, got {n}")
+        raise InputError(f"must be >= 1, got {n}", argument="n")
     bits = token_bitsets(experts_doc, _infer_n(experts_doc, num_experts))
     t_d = bits.shape[0]
     if t_d < n:
@@ -317,30 +317,21 @@ def _as_source(trace_or_reader) -> RoutingTrace | TraceReader:
     if isinstance(trace_or_reader, str | os.PathLike):
         return open_trace(trace_or_reader)
     raise InputError(
-        f"trace: expected a RoutingTrace, TraceReader or path, got {type(trace_or_reader).__name__}"
+        f"expected a RoutingTrace, TraceReader or path, got {type(trace_or_reader).__name__}",
+        argument="trace_or_reader",
     )
 
 
 def longest_document(trace_or_reader) -> int | None:
     """Tokens of the longest document, from the offsets alone (None if a shard is unreadable).
 
-    For a reader, reads only each shard's small ``doc_offsets`` array, so that arguments can be
-    checked before the pass over the expert arrays.
+    For a reader, :meth:`TraceReader.longest_document` reads only each shard's offsets, so
+    that arguments can be checked before the pass over the expert arrays.
     """
     src = _as_source(trace_or_reader)
     if isinstance(src, RoutingTrace):
         return int(np.diff(src.doc_offsets).max())
-    longest = 0
-    for path in src.files:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                off = np.asarray(z["doc_offsets"], dtype=np.int64)
-        except Exception:  # the reader reports a bad shard with its own message
-            return None
-        if off.ndim != 1 or off.size < 2:
-            return None
-        longest = max(longest, int(np.diff(off).max()))
-    return longest
+    return src.longest_document()
 
 
 def document_sums(
@@ -357,9 +348,9 @@ def document_sums(
     ``progress(done, total)`` is called after each shard.
     """
     if isinstance(max_n, bool) or not isinstance(max_n, int | np.integer) or max_n < 1:
-        raise InputError(f"max-n must be an integer >= 1, got {max_n!r}")
+        raise InputError(f"must be an integer >= 1, got {max_n!r}", argument="max_n")
     if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 0:
-        raise InputError(f"max-lag must be an integer >= 1, got {max_lag!r}")
+        raise InputError(f"must be an integer >= 0, got {max_lag!r}", argument="max_lag")
     src = _as_source(trace_or_reader)
     if isinstance(src, RoutingTrace):
         shards, total = iter([src]), 1
