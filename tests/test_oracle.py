@@ -382,6 +382,35 @@ def test_cli_oracle_bad_input_is_one_line(tmp_path, synth, capsys):
         assert message in cap.err.strip().splitlines()[-1]
 
 
+def test_library_errors_name_the_argument(synth):
+    from specmoe.errors import InputError
+    from specmoe.oracle.analysis import make_cost_model
+
+    cf = build_counterfactual(synth)
+    calls = [
+        (lambda: oracle_analysis(synth, l_max=0, tables=False), "l_max", "0 (must be >= 1)"),
+        (lambda: oracle_analysis(synth, cost="median", tables=False), "cost", "'median'"),
+        (lambda: build_counterfactual(synth, acceptance="x"), "acceptance", "choose"),
+        (lambda: cf.truncate(cf.k_max + 1), "l_max", "outside 0.."),
+        (lambda: make_cost_model(synth, "median", cf.k_max), "kind", "'median'"),
+    ]
+    for call, argument, needle in calls:
+        with pytest.raises(InputError) as ei:
+            call()
+        msg = str(ei.value)
+        assert ei.value.argument == argument and msg.startswith(f"{argument}: "), msg
+        assert needle in msg and "--" not in msg, msg
+
+
+def test_cli_oracle_names_the_flag(runs_dir, capsys):
+    """oracle_analysis' l_max is the command's --l-max."""
+    assert main(["oracle", "--runs", str(runs_dir), "--l-max", "0", "--json"]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()  # progress line, then the error
+    assert cap.out == "" and [e for e in err if "error:" in e] == err[-1:], cap.err
+    assert err[-1] == "specmoe oracle: error: --l-max: 0 (must be >= 1)"
+
+
 def test_scalar_and_vectorised_paths_agree(monkeypatch):
     import specmoe.oracle.ssp as ssp
 

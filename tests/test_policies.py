@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.cli import main
+from specmoe.errors import InputError
 from specmoe.formats.roundlog import write_round_log
 from specmoe.oracle.counterfactual import build_counterfactual
 from specmoe.oracle.evaluate import evaluate_policies, simulate, split_prompts
@@ -224,7 +225,13 @@ def test_cli_policy_json_and_errors(tmp_path, synth, capsys):
         assert {"speedup", "share_of_oracle"} <= set(p)
     rc = main(["policy", "--runs", str(runs), "--test-fraction", "1.5"])
     cap = capsys.readouterr()
-    assert rc == 2 and "--test-fraction" in cap.err.strip().splitlines()[-1]
+    err = cap.err.strip().splitlines()  # progress line, then the error
+    assert rc == 2 and cap.out == "" and [e for e in err if "error:" in e] == err[-1:]
+    # split_prompts' test_fraction, shown as the flag that fed it
+    assert err[-1] == "specmoe policy: error: --test-fraction: 1.5 (must be in (0, 1))"
+    with pytest.raises(InputError) as ei:
+        split_prompts(synth, test_fraction=1.5, seed=0)
+    assert ei.value.argument == "test_fraction" and str(ei.value).startswith("test_fraction: ")
     (tmp_path / "one").mkdir()
     write_round_log(synth.select(synth["k"] == 3), tmp_path / "one" / "k3.parquet")
     rc = main(["policy", "--runs", str(tmp_path / "one"), "--json"])

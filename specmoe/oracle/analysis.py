@@ -47,7 +47,7 @@ def make_cost_model(log: RoundLog, kind: str, k_max: int, *, fits=None, draft=No
     if kind == "measured":
         td = log["t_draft_ms"] if "t_draft_ms" in log.data else np.full(len(log), np.nan)
         return measured_cost_model(log["k"], log["t_verify_ms"], td, k_max)
-    raise InputError(f"--cost: {kind!r} (choose model or measured)")
+    raise InputError(f"{kind!r} (choose model or measured)", argument="kind")
 
 
 def oracle_costs(cf: Counterfactual, model: CostModel) -> np.ndarray:
@@ -106,9 +106,12 @@ def oracle_analysis(
 ) -> OracleResult:
     """Figure 2 (S_max, mean k, mean accepted against L_max = 1..l_max), Figure 3 (Delta
     space at l_max), the per-budget fits and draft-time model and, with ``tables``, every
-    table of Appendix A (``regression.regression_report``)."""
+    table of Appendix A (``regression.regression_report``). ``cost`` is the ``kind`` of
+    :func:`make_cost_model`; ``acceptance`` that of :func:`build_counterfactual`."""
     if l_max < 1:
-        raise InputError(f"--l-max: {l_max} (must be >= 1)")
+        raise InputError(f"{l_max} (must be >= 1)", argument="l_max")
+    if cost not in ("model", "measured"):
+        raise InputError(f"{cost!r} (choose model or measured)", argument="cost")
     _say("building counterfactual reference sequences", quiet)
     cf = build_counterfactual(log, acceptance=acceptance)
     top = min(l_max, cf.k_max)

@@ -146,7 +146,9 @@ class Counterfactual:
     def truncate(self, l_max: int) -> Counterfactual:
         """The same data with budgets 0..l_max only."""
         if not 0 <= l_max <= self.k_max:
-            raise InputError(f"--l-max: {l_max} outside 0..{self.k_max} (the recorded budget)")
+            raise InputError(
+                f"{l_max} outside 0..{self.k_max} (the recorded budget)", argument="l_max"
+            )
         return replace(
             self,
             k_max=l_max,
@@ -196,7 +198,9 @@ def build_counterfactual(log: RoundLog, *, acceptance: str = "counterfactual") -
     """The Oracle's inputs from the generations recorded entirely at the log's largest budget
     (the ``budget`` column, or ``k`` where a log has none)."""
     if acceptance not in ("counterfactual", "geometric"):
-        raise InputError(f"--acceptance: {acceptance!r} (choose counterfactual or geometric)")
+        raise InputError(
+            f"{acceptance!r} (choose counterfactual or geometric)", argument="acceptance"
+        )
     _require_counterfactual(log)
     drafted = np.asarray(log["k"], dtype=np.int64)
     has_budget = "budget" in log.data and not np.isnan(log["budget"]).all()

@@ -135,7 +135,7 @@ class _TablePolicy:
 def split_prompts(log: RoundLog, *, test_fraction: float, seed: int) -> np.ndarray:
     """bool [R]: the rounds of held-out prompts."""
     if not 0 < test_fraction < 1:
-        raise InputError(f"--test-fraction: {test_fraction} (must be in (0, 1))")
+        raise InputError(f"{test_fraction} (must be in (0, 1))", argument="test_fraction")
     codes, labels = log.codes("prompt_id")
     if len(labels) < 2:
         raise InputError(f"{log.name}: one prompt only; a held-out split needs two or more")
