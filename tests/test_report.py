@@ -157,6 +157,39 @@ def test_report_bad_folder_is_exit_2(tmp_path, capsys):
     assert len(err) == 1 and "no such results folder" in err[0]
 
 
+def test_report_page_on_a_directory_names_out(tmp_path, capsys):
+    """write_report's out is the command's --out: a directory there is bad input, not a crash."""
+    from specmoe.errors import InputError
+    from specmoe.report.html import write_report
+
+    (tmp_path / "res").mkdir()
+    (tmp_path / "page").mkdir()
+    assert main(["report", str(tmp_path / "res"), "--out", str(tmp_path / "page")]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert cap.out == "" and len(err) == 1, cap.err
+    assert err[0].startswith(f"specmoe report: error: --out: {tmp_path / 'page'}: is a directory")
+    with pytest.raises(InputError) as ei:
+        write_report(tmp_path / "res", tmp_path / "page")
+    assert ei.value.argument == "out" and str(ei.value).startswith("out: ")
+    assert not (tmp_path / "page_files").exists()  # failed before writing anything
+
+
+def test_what_makes_a_missing_result_comes_from_the_caller(tmp_path):
+    """The library page names no command line; the command passes its own (MADE_BY)."""
+    from specmoe.commands.report import MADE_BY
+    from specmoe.report.html import TITLES, build_report
+
+    (tmp_path / "empty").mkdir()
+    page, _, _ = build_report(tmp_path / "empty", tmp_path / "p.html")
+    assert page.count('class="missing"') == len(TITLES) and "made by" not in page
+    assert "--" not in re.sub(r"<style>.*?</style>", "", page, flags=re.S)
+    assert set(MADE_BY) == set(TITLES)
+    page, _, _ = build_report(tmp_path / "empty", tmp_path / "p.html", made_by=MADE_BY)
+    assert page.count("made by") == len(TITLES)
+    assert "specmoe oracle --runs DIR --out DIR" in page
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head.startswith(PNG_MAGIC)

@@ -6,6 +6,18 @@ import sys
 
 from specmoe.report.html import write_report
 
+# what makes each kind of result, shown on the page where a kind is missing
+MADE_BY = {
+    "validation": "specmoe validate --plan PLAN --runs DIR --out DIR",
+    "plan": "specmoe plan --out DIR",
+    "profile": "specmoe bench --out DIR",
+    "routing": "specmoe stats TRACE --out DIR",
+    "runs": "scripts/measure_runs.py",
+    "oracle": "specmoe oracle --runs DIR --out DIR",
+    "policies": "specmoe policy --runs DIR --out DIR",
+    "rounds": "specmoe run --out DIR",
+}
+
 
 def add_arguments(parser) -> None:
     parser.add_argument("dir", metavar="DIR", help="results folder to report on")
@@ -27,7 +39,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from specmoe._io import dumps_json
 
-    out, figures, counts = write_report(args.dir, args.out, embed=not args.link)
+    out, figures, counts = write_report(args.dir, args.out, embed=not args.link, made_by=MADE_BY)
     print(f"report: wrote {out} ({len(figures)} figures)", file=sys.stderr)
     if args.json:
         print(

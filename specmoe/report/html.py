@@ -8,8 +8,9 @@ routing statistics (``stats.json``), the bandwidth profile (``profile.json``), t
 crashed on; a file that cannot be read is said with its reason. Figures are the PNG files
 beside each result plus those drawn here from plan.json and validation.json by the figure
 modules; they are written into ``<page>_files/`` beside the page and embedded in it as base64,
-so the page alone is complete (``--link`` references the files instead). Plain semantic HTML
-with a little CSS: no scripts, no network.
+so the page alone is complete (``embed=False`` references the files instead). Plain semantic
+HTML with a little CSS: no scripts, no network. A kind that is absent is said with what makes
+it when the caller passes ``made_by`` (the command layer passes its command lines).
 
 Sections are rendered by :mod:`specmoe.report.html_sections`.
 """
@@ -20,6 +21,7 @@ import base64
 import html
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,16 +58,6 @@ TITLES = {
     "oracle": "Oracle bound",
     "policies": "Draft-budget policies",
     "rounds": "Round logs",
-}
-HOW = {
-    "validation": "specmoe validate --plan PLAN --runs DIR --out DIR",
-    "plan": "specmoe plan --out DIR",
-    "profile": "specmoe bench --out DIR",
-    "routing": "specmoe stats TRACE --out DIR",
-    "runs": "scripts/measure_runs.py",
-    "oracle": "specmoe oracle RUNS --out DIR",
-    "policies": "specmoe policy RUNS --out DIR",
-    "rounds": "specmoe run --out DIR",
 }
 
 CSS = """
@@ -134,7 +126,7 @@ def discover(root: str | os.PathLike) -> Found:
 
     walk(root, 0)
     # a round log is a folder of parts, one per run; the runs of one ``rounds/`` folder (the
-    # layout `specmoe run --out` writes) read as one log; nested folders are reported once
+    # layout of a run's output folder) read as one log; nested folders are reported once
     logs = {d.parent if d.parent.name == "rounds" else d for d in round_dirs}
     for d in sorted(logs):
         if not any(parent in logs for parent in d.parents):
@@ -210,15 +202,22 @@ class Figures:
 
 
 def build_report(
-    root: str | os.PathLike, out: str | os.PathLike, *, embed: bool = True
+    root: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    embed: bool = True,
+    made_by: Mapping[str, str] | None = None,
 ) -> tuple[str, list[Path], dict[str, int]]:
     """The HTML text of the report on ``root``, the figure files written beside ``out`` and the
-    number of results found per kind."""
+    number of results found per kind. ``made_by`` maps a kind (a key of ``TITLES``) to what
+    produces it, shown where that kind is missing."""
     from specmoe.report import html_sections as sec
 
     root, out = Path(root), Path(out)
     if not root.is_dir():
         raise InputError(f"{root}: no such results folder")
+    if out.is_dir():
+        raise InputError(f"{out}: is a directory, not the page's file name", argument="out")
     found = discover(root)
     figs = Figures(out.parent / f"{out.stem}_files", embed=embed, page_dir=out.parent)
     figs.folder.mkdir(parents=True, exist_ok=True)
@@ -235,9 +234,11 @@ def build_report(
         body.append(f'<section id="{anchor}"><h2>{html.escape(title)}</h2>')
         entries = found.items.get(kind)
         if not entries:
+            how = (made_by or {}).get(kind)
             body.append(
-                f'<p class="missing">No {html.escape(title.lower())} in this folder '
-                f"(made by <code>{html.escape(HOW[kind])}</code>).</p></section>"
+                f'<p class="missing">No {html.escape(title.lower())} in this folder'
+                + (f" (made by <code>{html.escape(how)}</code>)" if how else "")
+                + ".</p></section>"
             )
             continue
         for path, data, err in entries:
@@ -296,13 +297,14 @@ def build_report(
 
 
 def write_report(
-    root: str | os.PathLike, out: str | os.PathLike | None = None, *, embed: bool = True
+    root: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    embed: bool = True,
+    made_by: Mapping[str, str] | None = None,
 ) -> tuple[Path, list[Path], dict[str, int]]:
+    """Write :func:`build_report`'s page to ``out`` (default ``root/report.html``)."""
     out = Path(out) if out is not None else Path(root) / "report.html"
-    page, figures, counts = build_report(root, out, embed=embed)
+    page, figures, counts = build_report(root, out, embed=embed, made_by=made_by)
     atomic_write_text(out, page)
     return out, figures, counts
-
-
-# ------------------------------------------------------------------------------------------
-# the command

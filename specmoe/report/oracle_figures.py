@@ -1,4 +1,4 @@
-"""Figures of the Oracle analysis (``specmoe oracle --out``), after paper 000.
+"""Figures of the Oracle analysis (:func:`specmoe.oracle.analysis.oracle_analysis`), paper 000.
 
 Figure 1 / A2: T_T against Ū_r for each budget K with the fitted line of model (4) at the
 budget's median context. Figure 2: S_max, mean k and mean accepted length against L_max.
