@@ -103,10 +103,22 @@ def test_documents_are_the_stdlib_files_in_split_order():
 
 
 def test_bad_split_names_the_valid_ones():
-    with pytest.raises(InputError, match="train, fit, validation"):
+    with pytest.raises(InputError, match=r"^split: unknown split 'test' .*train, fit, validation"):
         corpus.documents("test")
-    with pytest.raises(InputError, match="fit, validation"):
+    with pytest.raises(InputError, match=r"^split: 'train' has no bundled trace .*fit, validation"):
         corpus.bundled_trace_path("train")
+    assert {ei.argument for ei in _errors(corpus.documents, "test")} == {"split"}
+    for bad in (0, -3, 2.5):
+        (err,) = _errors(corpus.documents, "fit", limit_tokens=bad)
+        assert err.argument == "limit_tokens" and str(err).startswith("limit_tokens: ")
+
+
+def _errors(fn, *args, **kw) -> list[InputError]:
+    try:
+        fn(*args, **kw)
+    except InputError as exc:
+        return [exc]
+    return []
 
 
 def test_missing_files_are_skipped_with_a_warning(tmp_path, monkeypatch, capsys):

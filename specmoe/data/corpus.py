@@ -79,7 +79,9 @@ def bundled_trace_path(split: str) -> Path:
     """The bundled routing trace of the bundled model on ``split`` ('fit' or 'validation')."""
     valid = ("fit", "validation")
     if split not in valid:
-        raise InputError(f"split: {split!r} has no bundled trace (choose from {', '.join(valid)})")
+        raise InputError(
+            f"{split!r} has no bundled trace (choose from {', '.join(valid)})", argument="split"
+        )
     return _data_dir() / "traces" / f"{split}.npz"
 
 
@@ -154,7 +156,9 @@ def _load_split() -> dict[str, Any]:
 def split_paths(split: str) -> list[str]:
     """The relative paths of ``split`` as recorded in split.json (in document order)."""
     if split not in SPLITS:
-        raise InputError(f"split: unknown split {split!r} (choose from {', '.join(SPLITS)})")
+        raise InputError(
+            f"unknown split {split!r} (choose from {', '.join(SPLITS)})", argument="split"
+        )
     return list(_load_split()["splits"][split])
 
 
@@ -173,7 +177,9 @@ def documents(
     """
     rels = split_paths(split)
     if limit_tokens is not None and (not isinstance(limit_tokens, int) or limit_tokens < 1):
-        raise InputError(f"limit_tokens: must be a positive integer, got {limit_tokens!r}")
+        raise InputError(
+            f"must be a positive integer, got {limit_tokens!r}", argument="limit_tokens"
+        )
     root = stdlib_root()
     if limit_tokens is not None and tokenizer is None:
         tokenizer = _bundled_tokenizer()
