@@ -437,3 +437,20 @@ def test_cli_end_to_end_on_a_tiny_model(capsys, tmp_path, olmoe):
     assert len(on_disk["records"]) == 3 * 2 * 2 * 3
     for name in ("efficiency_vs_batch", "speedup_vs_batch", "measured_vs_estimate"):
         assert (tmp_path / "res" / f"{name}.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    "argv, shown",
+    [
+        (["--vocab", "1"], "--vocab: must lie in 2.."),
+        (["--dense-dtype", "float99"], "--dense-dtype: 'float99' is not a torch dtype name"),
+    ],
+)
+def test_cli_shows_build_model_errors_with_their_flags(capsys, argv, shown):
+    """build_model names its own arguments (vocab, dense_dtype); the CLI shows their flags."""
+    rc, out, err = _cli(
+        capsys, "--model", "OLMoE-1B-7B-0125", "--layers", "2", "--routing", "uniform", *argv
+    )
+    assert rc == 2 and out == ""
+    assert _one_error_line(err, shown)
+    assert err.strip().splitlines()[-1].startswith(f"specmoe efficiency: error: {shown}")

@@ -133,8 +133,8 @@ def synthetic_table(
     tokens; its windows of ``max_pass`` tokens must lie within the statistics' lags."""
     from specmoe.routing.synth import synthesize
 
-    check_shape(f"--stats {source}", moments.num_experts, moments.top_k, spec)
-    moments.check_window(max_pass, name="--k")
+    check_shape(f"statistics {source}", moments.num_experts, moments.top_k, spec)
+    moments.check_window(max_pass, name="max_pass")
     tr = synthesize(
         moments,
         tokens,
@@ -214,12 +214,14 @@ def build_model(
         net = dummy_model(model, layers=layers, seed=seed, context=context)
     else:
         if layers is not None:
-            raise InputError("--layers applies to a preset's dummy-weight model only")
+            raise InputError("applies to a preset's dummy-weight model only", argument="layers")
         net = load_model(model, device="cpu")
     if vocab is not None:
         head = net.get_output_embeddings()
         if vocab < 2 or vocab > head.weight.shape[0]:
-            raise InputError(f"--vocab {vocab}: must lie in 2..{head.weight.shape[0]}")
+            raise InputError(
+                f"must lie in 2..{head.weight.shape[0]}, got {vocab}", argument="vocab"
+            )
         gen = torch.Generator().manual_seed(seed + 1)
         new = torch.nn.Linear(head.in_features, vocab, bias=False, dtype=head.weight.dtype)
         with torch.no_grad():
@@ -230,7 +232,7 @@ def build_model(
     if dense_dtype is not None:
         dt = getattr(torch, dense_dtype, None)
         if not isinstance(dt, torch.dtype):
-            raise InputError(f"--dense-dtype {dense_dtype!r}: not a torch dtype name")
+            raise InputError(f"{dense_dtype!r} is not a torch dtype name", argument="dense_dtype")
         experts = {id(p) for e in _experts(net) for p in e.parameters()}
         for p in net.parameters():
             if id(p) not in experts and p.is_floating_point():
@@ -336,12 +338,12 @@ def measure_efficiency(
     import torch
 
     if kernel not in ("dedup", "per_slot"):
-        raise InputError(f"--kernel {kernel!r}: choose dedup or per_slot")
+        raise InputError(f"choose dedup or per_slot, got {kernel!r}", argument="kernel")
     if clock not in ("wall", "cpu"):
-        raise InputError(f"--clock {clock!r}: choose wall or cpu")
+        raise InputError(f"choose wall or cpu, got {clock!r}", argument="clock")
     device = next(model.parameters()).device
     if clock == "cpu" and device.type != "cpu":
-        raise InputError(f"--clock cpu: times CPU runs only, the model is on {device}")
+        raise InputError(f"cpu times CPU runs only, the model is on {device}", argument="clock")
     if repeats < 1 or warmup < 0 or context < 1:
         raise InputError(
             f"repeats >= 1, warmup >= 0 and context >= 1, got {repeats}, {warmup}, {context}"
