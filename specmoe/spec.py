@@ -136,7 +136,8 @@ class ModelSpec:
             key = dtype.lower()
             if key not in DTYPE_BYTES:
                 raise InputError(
-                    f"unknown dtype {dtype!r} (choose from {', '.join(sorted(DTYPE_BYTES))})"
+                    f"unknown dtype {dtype!r} (choose from {', '.join(sorted(DTYPE_BYTES))})",
+                    argument="dtype",
                 )
             bpw = DTYPE_BYTES[key]
         else:
@@ -187,7 +188,9 @@ class ModelSpec:
     ) -> ModelSpec:
         """Build a spec from an HF ``config.json`` (a dict, the file, or its directory).
 
-        Tolerant of the key names of OLMoE, Qwen2/3-MoE, Mixtral, gpt-oss and DeepSeek-V2/V3.
+        Tolerant of the key names of OLMoE, Qwen2/3-MoE, Mixtral, gpt-oss and DeepSeek-V2/V3
+        (and of other MoE configs that use them); the expert activation and biases are the
+        family's (:mod:`specmoe.engine.families`).
         """
         if not isinstance(config, dict):
             path = Path(config)
@@ -207,6 +210,19 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
         if cfg.get(k) is not None:
             return cfg[k]
     return default
+
+
+def _expert_mlp(model_type: str) -> tuple[str, bool]:
+    """``(activation, expert_bias)`` of a family's experts; SwiGLU without biases for a
+    model_type that specmoe has no family file for.
+
+    The facts are the family's (:mod:`specmoe.engine.families`, plain data that imports
+    neither torch nor transformers).
+    """
+    from specmoe.engine.families import FAMILIES
+
+    family = FAMILIES.get(model_type)
+    return ("swiglu", False) if family is None else (family.activation, family.expert_bias)
 
 
 def _spec_from_config(
@@ -284,7 +300,7 @@ def _spec_from_config(
         + n_dense_layers * 3 * hidden * int(dense_inter)
         + vocab * hidden
     )  # LM head (tied or not, it is read once per pass)
-    oai = model_type == "gpt_oss"
+    activation, expert_bias = _expert_mlp(model_type)
     if dtype is None:
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     bpw = DTYPE_BYTES.get(dtype.lower(), 2.0) if isinstance(dtype, str) else float(dtype)
@@ -298,8 +314,8 @@ def _spec_from_config(
         bytes_per_weight=bpw,
         dense_params=int(dense),
         kv_elements_per_token=int(kv_per_token),
-        activation="swiglu_oai" if oai else "swiglu",
-        expert_bias=oai,
+        activation=activation,
+        expert_bias=expert_bias,
         num_shared_experts=n_shared,
         num_hidden_layers=int(n_layers),
         vocab_size=vocab,
@@ -434,7 +450,8 @@ def resolve_spec(model: str | os.PathLike, *, dtype: str | float | None = None) 
     path = Path(text)
     if not path.exists():
         raise InputError(
-            f"model {text!r}: neither a preset ({', '.join(PRESET_CONFIGS)}) nor an existing path"
+            f"{text!r}: neither a preset ({', '.join(PRESET_CONFIGS)}) nor an existing path",
+            argument="model",
         )
     if path.is_file() and path.suffix == ".json":
         try:
@@ -445,7 +462,3 @@ def resolve_spec(model: str | os.PathLike, *, dtype: str | float | None = None) 
             spec = ModelSpec.from_dict(data)
             return spec.with_dtype(dtype) if dtype is not None else spec
     return ModelSpec.from_hf_config(path, dtype=dtype)
-
-
-# ------------------------------------------------------------------------------------------
-# `specmoe spec`

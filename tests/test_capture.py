@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from specmoe.cli import main  # noqa: E402
+from specmoe.engine import families  # noqa: E402
 from specmoe.engine.capture import (  # noqa: E402
     RouterRecorder,
     capture_documents,
@@ -21,10 +22,12 @@ from specmoe.engine.capture import (  # noqa: E402
     route_logits,
     rule_for,
 )
+from specmoe.engine.families import family_names, get_family  # noqa: E402
 from specmoe.engine.models import (  # noqa: E402
     FAMILIES,
     load_model,
     load_tokenizer,
+    moe_experts,
     moe_layers,
     spec_for,
 )
@@ -174,6 +177,57 @@ def test_route_logits_agrees_with_each_router(model_type, tiny_moe):
         assert torch.equal(ids.sort(-1).values, ids_model.sort(-1).values)
         order, order_model = ids.argsort(-1), ids_model.argsort(-1)
         torch.testing.assert_close(w.gather(1, order), w_model.float().gather(1, order_model))
+
+
+# ------------------------------------------------------------------------------------------
+# The family registry: one file per family, each with a tiny model that captures and runs
+
+
+def test_every_family_file_is_registered():
+    import importlib
+    import pkgutil
+
+    files = {m.name for m in pkgutil.iter_modules(families.__path__) if not m.name.startswith("_")}
+    registered = {f.name for f in FAMILIES.values()}
+    assert files == registered, "a family file without its registry line, or the reverse"
+    for name in files:
+        family = importlib.import_module(f"specmoe.engine.families.{name}").FAMILY
+        assert all(FAMILIES[t] is family for t in family.model_types)
+    assert sorted(FAMILIES) == family_names() and len(FAMILIES) >= 7
+    with pytest.raises(InputError, match=r"'llama' is not a supported .*olmoe.*qwen3_moe") as e:
+        get_family("llama")
+    assert e.value.argument == "model_type"
+
+
+@pytest.mark.parametrize("model_type", family_names())
+def test_every_family_has_a_tiny_model_that_captures_and_runs(model_type, tiny_moe, byte_tok):
+    """A tiny model of every registered family: its routers and experts are found, its routing
+    is captured, and the kernel switch and forced routing run on it."""
+    from specmoe.engine.switch import ForcedRouting, KernelPolicy, KernelSwitch
+
+    model = tiny_moe(model_type)
+    family = get_family(model_type)
+    assert type(model).__name__ == family.class_name
+    spec = spec_for(model)
+    routers, experts = moe_layers(model), moe_experts(model)
+    assert len(routers) == len(experts) == spec.num_moe_layers >= 1
+    assert spec.activation == family.activation and spec.expert_bias == family.expert_bias
+    ids = byte_tok(TEXT)["input_ids"][:24]
+    captured, weights = capture_tokens(model, ids)
+    assert captured.shape == (len(ids), spec.num_moe_layers, spec.top_k)
+    assert weights is not None and np.all(weights > 0)
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        ref = model(x).logits
+        with KernelSwitch(model, KernelPolicy("dedup", max_pass=32)) as sw:
+            got = model(x).logits
+        assert sw.calls["dedup"] == len(routers)
+        torch.testing.assert_close(got, ref, atol=2e-5, rtol=1e-4)
+        table = np.roll(captured, 1, axis=-1)[::-1].copy()  # other experts than its own
+        with ForcedRouting(model, table), RouterRecorder(model) as rec:
+            model(x)
+            forced, _ = rec.pop()
+    assert np.array_equal(np.sort(forced, -1), np.sort(table, -1))
 
 
 class _OldStyle(torch.nn.Module):
@@ -427,6 +481,23 @@ def test_cli_bad_input_exit_2_one_line(capsys, tmp_path):
     assert "UTF-8" in _one_line_error(
         capsys, ["capture", "--model", "random:olmoe", "--text", str(bad)]
     )
+
+
+def test_cli_shows_library_errors_as_their_flags(capsys, tmp_path, tiny_moe, byte_tok):
+    """The library names its arguments (model, dtype); ``specmoe capture`` shows the flags."""
+    tiny_moe("olmoe").save_pretrained(tmp_path / "m")
+    byte_tok.save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # the save's progress lines
+    with pytest.raises(InputError) as info:
+        load_model(tmp_path / "m", dtype="float7")
+    assert info.value.argument == "dtype" and "--" not in str(info.value)
+    line = _one_line_error(capsys, ["capture", "--model", str(tmp_path / "m"), "--dtype", "float7"])
+    assert "error: --dtype: 'float7' is not a torch dtype name" in line
+    with pytest.raises(InputError) as info:
+        load_model(tmp_path / "nowhere")
+    assert info.value.argument == "model" and "--" not in str(info.value)
+    line = _one_line_error(capsys, ["capture", "--model", str(tmp_path / "nowhere")])
+    assert f"error: --model: {tmp_path / 'nowhere'}: no such model directory" in line
 
 
 def test_cli_json_summary_matches_trace(capsys, tmp_path):

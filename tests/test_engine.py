@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from specmoe.engine.capture import RouterRecorder, route_logits, rule_for  # noqa: E402
+from specmoe.engine.families import family_names  # noqa: E402
 from specmoe.engine.models import moe_layers, tiny_random_model  # noqa: E402
 from specmoe.engine.speculative import Engine, crop_cache, new_cache  # noqa: E402
 from specmoe.engine.switch import (  # noqa: E402
@@ -53,10 +54,16 @@ def test_kernel_for_pass_sizes(setting, crossover, expected):
 
 
 def test_policy_rejects_bad_values():
-    with pytest.raises(InputError, match="--kernel"):
+    """The library names its own arguments; the run command maps them to its flags."""
+    with pytest.raises(InputError, match="'fast' is unknown") as info:
         KernelPolicy("fast")
-    with pytest.raises(InputError, match="--crossover"):
+    assert info.value.argument == "setting"
+    with pytest.raises(InputError, match="positive pass size") as info:
         KernelPolicy("auto", crossover=0)
+    assert info.value.argument == "crossover"
+    with pytest.raises(InputError, match="no preset") as info:
+        parse_dummy("Nope-dummy")
+    assert info.value.argument == "model"
 
 
 def test_crossover_from_plan(tmp_path):
@@ -187,6 +194,23 @@ def test_forced_routing_of_the_routers_own_choice_changes_nothing(prompt):
     assert torch.allclose(got, ref, atol=1e-6)
 
 
+@pytest.mark.parametrize("model_type", family_names())
+def test_forced_weights_of_the_rules_own_choice_are_its_weights(model_type):
+    """forced_weights is route_logits with the ids given: on the ids the rule picks itself it
+    gives the rule's weights bit for bit (a correction bias steers the choice only)."""
+    net = tiny_random_model(model_type, seed=1, top_k=3)
+    rule = rule_for(net)
+    gen = torch.Generator().manual_seed(2)
+    for _, router in moe_layers(net):
+        bias = rule.correction_bias(router)
+        z = torch.randn(32, router.weight.shape[0], generator=gen)
+        ids, w = route_logits(z, rule, correction_bias=bias)
+        assert torch.equal(forced_weights(z, ids, rule, correction_bias=bias), w)
+        if bias is not None:  # the bias changes the choice, not the weights of given ids
+            assert not torch.equal(route_logits(z, rule)[0], ids)
+            assert torch.equal(forced_weights(z, ids, rule), w)
+
+
 def test_forced_weights_follow_the_rule():
     net = tiny_random_model("olmoe", seed=0)  # softmax over N, no renormalisation
     rule = rule_for(net)
@@ -222,6 +246,16 @@ def test_forced_routing_documents_and_errors():
         ForcedRouting(net, table[:, :, :1])
     with pytest.raises(InputError, match="outside"):
         ForcedRouting(net, table + 8)
+
+
+def test_run_shows_library_errors_as_their_flags(capsys):
+    """parse_dummy and dummy_model name their arguments; ``specmoe run`` shows its flags."""
+    from specmoe.cli import main
+
+    assert main(["run", "--model", "Nope-dummy", "--tokens", "4"]) == 2
+    assert "error: --model: Nope-dummy: no preset 'Nope'" in capsys.readouterr().err
+    assert main(["run", "--model", "OLMoE-1B-7B-0125-dummy", "--layers", "99"]) == 2
+    assert "error: --layers: must be in 1..16" in capsys.readouterr().err
 
 
 def test_parse_dummy():

@@ -127,3 +127,42 @@ def test_with_layers():
     assert s.num_moe_layers == 4 and s.total_expert_bytes == 4 * s.expert_bytes
     with pytest.raises(InputError):
         s.with_layers(5)
+
+
+def test_spec_reads_family_facts_without_torch():
+    """``specmoe.spec`` stays numpy-only: importing it loads no family, and building specs of
+    every preset (and so reading the families' plain-data facts) loads neither torch nor
+    transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, json\n"
+        "import specmoe.spec as s\n"
+        "before = 'specmoe.engine' in sys.modules\n"
+        "acts = {n: [s.get_preset(n).activation, s.get_preset(n).expert_bias] "
+        "for n in s.PRESET_CONFIGS}\n"
+        "print(json.dumps([before, acts, sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('torch', 'transformers', 'matplotlib'))]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    before, acts, heavy = json.loads(out.strip().splitlines()[-1])
+    assert before is False and heavy == []
+    assert acts["gpt-oss-20b"] == ["swiglu_oai", True]
+    assert acts["Mixtral-8x7B"] == ["swiglu", False]
+
+
+def test_unknown_model_type_gets_plain_swiglu():
+    cfg = {
+        "model_type": "some_new_moe",
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_hidden_layers": 2,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    s = ModelSpec.from_hf_config(cfg)
+    assert (s.activation, s.expert_bias) == ("swiglu", False)
+    assert s.expert_params == 3 * 8 * 8

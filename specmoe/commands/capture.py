@@ -73,7 +73,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, str]:
         try:
             net = models.tiny_random_model(model_type, seed=args.seed)
         except InputError as exc:
-            raise InputError(f"--model {spec}: {exc}") from None
+            raise exc.as_flag(f"--model {spec}") from None
         net.to(args.device)
         return net, models.byte_tokenizer(), f"random-{model_type}"
     path = models.resolve_model_dir(spec)

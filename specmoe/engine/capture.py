@@ -7,8 +7,9 @@ A trace is the recorded expert sets ``S_{l,t}`` of one token sequence (paper 002
 here they are recorded by forward hooks on each MoE layer's router module
 (:class:`RouterRecorder`). A router that returns its selected ids is taken at its word; one that
 returns only logits ``[n, N]`` goes through its family's own selection rule
-(:func:`route_logits`, the rules listed in :data:`specmoe.engine.models.FAMILIES`). Slots are
-stored highest weight first.
+(:func:`specmoe.engine.families.route_logits`, each family's rule declared in its file under
+:mod:`specmoe.engine.families`; ``RouterRule``, ``rule_for`` and ``route_logits`` are
+re-exported here). Slots are stored highest weight first.
 
 Teacher-forced capture (:func:`capture_documents`) runs each document through the model in
 windows of at most C tokens. A document longer than C is cut into windows that overlap by
@@ -23,13 +24,13 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specmoe.engine.models import family_of, model_label, moe_layers
+from specmoe.engine.families import RouterRule, parse_router_output, route_logits, rule_for
+from specmoe.engine.models import model_label, moe_layers
 from specmoe.errors import InputError
 from specmoe.formats.shards import ShardWriter
 from specmoe.formats.trace import RoutingTrace
@@ -46,126 +47,7 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------------
-# Selection rules
-
-
-@dataclass(frozen=True)
-class RouterRule:
-    """How one family's router picks m of N experts from its logits (see ``route_logits``)."""
-
-    kind: str  # softmax_topk | softmax_topk_norm | topk_softmax | deepseek_v2/3
-    top_k: int
-    norm_topk_prob: bool = False
-    topk_method: str = "greedy"  # DeepSeek-V2: greedy | group_limited_greedy
-    n_group: int = 1
-    topk_group: int = 1
-    scaling: float = 1.0  # routed_scaling_factor
-
-
-def rule_for(model: Any) -> RouterRule:
-    """The selection rule of a loaded model, read from its config."""
-    cfg = model.config
-    family = family_of(cfg)
-    return RouterRule(
-        kind=family.rule,
-        top_k=int(cfg.num_experts_per_tok),
-        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", False)),
-        topk_method=str(getattr(cfg, "topk_method", None) or "greedy"),
-        n_group=int(getattr(cfg, "n_group", None) or 1),
-        topk_group=int(getattr(cfg, "topk_group", None) or 1),
-        scaling=float(getattr(cfg, "routed_scaling_factor", None) or 1.0),
-    )
-
-
-def _group_mask(choice: Any, rule: RouterRule, *, top2: bool) -> Any:
-    """Keep the ``topk_group`` of ``n_group`` expert groups; the others' scores set to -inf."""
-    import torch
-
-    n, n_exp = choice.shape
-    grouped = choice.view(n, rule.n_group, n_exp // rule.n_group)  # [n, G, N/G]
-    gscore = grouped.topk(2, dim=-1).values.sum(-1) if top2 else grouped.max(-1).values
-    keep = torch.zeros_like(gscore, dtype=torch.bool)
-    keep.scatter_(1, gscore.topk(rule.topk_group, dim=-1).indices, True)
-    keep = keep.unsqueeze(-1).expand_as(grouped).reshape(n, n_exp)
-    return choice.masked_fill(~keep, float("-inf"))
-
-
-def route_logits(logits: Any, rule: RouterRule, *, correction_bias: Any = None) -> tuple[Any, Any]:
-    """Apply a family's rule to router logits ``[n, N]``: ``(ids [n, m], weights [n, m])``.
-
-    ``softmax_topk``      p = softmax(z); ids = top-m of p; w = p[ids], / Σ w iff norm_topk_prob
-                          (OLMoE, Qwen2-MoE, Qwen3-MoE).
-    ``softmax_topk_norm`` the same, always renormalised; equal to top-m of z then softmax over
-                          the m (Mixtral).
-    ``topk_softmax``      ids = top-m of z (the router's bias included); w = softmax(z[ids])
-                          (gpt-oss).
-    ``deepseek_v2``       p = softmax(z); greedy top-m, or group-limited greedy: keep the
-                          ``topk_group`` groups of highest max p, then top-m; w = scaling · p[ids].
-    ``deepseek_v3``       s = sigmoid(z); choose by s + correction bias among the groups of highest
-                          top-2 sum; w = s[ids], / Σ w iff norm_topk_prob, × scaling.
-    """
-    import torch
-
-    z = logits.reshape(-1, logits.shape[-1]).float()
-    k = rule.top_k
-    if rule.kind in ("softmax_topk", "softmax_topk_norm"):
-        w, ids = torch.softmax(z, dim=-1).topk(k, dim=-1)
-        if rule.norm_topk_prob or rule.kind == "softmax_topk_norm":
-            w = w / w.sum(-1, keepdim=True)
-    elif rule.kind == "topk_softmax":
-        top, ids = z.topk(k, dim=-1)
-        w = torch.softmax(top, dim=-1)
-    elif rule.kind == "deepseek_v2":
-        p = torch.softmax(z, dim=-1)
-        choice = (
-            _group_mask(p, rule, top2=False) if rule.topk_method == "group_limited_greedy" else p
-        )
-        ids = choice.topk(k, dim=-1).indices
-        w = p.gather(1, ids) * rule.scaling
-    elif rule.kind == "deepseek_v3":
-        s = torch.sigmoid(z)
-        choice = s if correction_bias is None else s + correction_bias.float()
-        ids = _group_mask(choice, rule, top2=True).topk(k, dim=-1).indices
-        w = s.gather(1, ids)
-        if rule.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        w = w * rule.scaling
-    else:
-        raise ValueError(f"rule.kind: unknown selection rule {rule.kind!r}")
-    return ids, w
-
-
-# ------------------------------------------------------------------------------------------
 # Hooks
-
-
-def _parse_router_output(output: Any, module: Any, rule: RouterRule) -> tuple[Any, Any]:
-    """``(ids [n, m], weights [n, m] or None)`` from whatever a router's forward returned."""
-    import torch
-
-    tensors = [
-        t for t in (output if isinstance(output, tuple | list) else (output,)) if torch.is_tensor(t)
-    ]
-    k = rule.top_k
-    ids = next((t for t in tensors if not t.is_floating_point() and t.shape[-1] == k), None)
-    if ids is not None:  # the router says which experts it chose
-        ids = ids.reshape(-1, k)
-        same = [t for t in tensors if t.is_floating_point() and t.numel() == ids.numel()]
-        if same:
-            return ids, same[-1].reshape(-1, k)
-        n_exp = module.weight.shape[0]
-        dense = [t for t in tensors[1:] if t.is_floating_point() and t.shape[-1] == n_exp]
-        if dense:  # per-expert scores scattered over N (older gpt-oss)
-            return ids, dense[-1].reshape(-1, n_exp).gather(1, ids)
-        return ids, None
-    logits = next((t for t in tensors if t.is_floating_point()), None)
-    if logits is None or logits.shape[-1] != module.weight.shape[0]:
-        raise RuntimeError(
-            f"router {type(module).__name__} returned neither expert ids nor [n, N] logits"
-        )
-    return route_logits(
-        logits, rule, correction_bias=getattr(module, "e_score_correction_bias", None)
-    )
 
 
 class RouterRecorder:
@@ -206,7 +88,7 @@ class RouterRecorder:
     def _hook(self, pos: int) -> Any:
         def hook(module: Any, args: Any, output: Any) -> None:
             if self.enabled:
-                ids, w = _parse_router_output(output, module, self.rule)
+                ids, w = parse_router_output(output, module, self.rule)
                 self._calls[pos].append((ids.detach(), None if w is None else w.detach()))
 
         return hook
@@ -247,7 +129,9 @@ def _context(model: Any, max_context: int | None) -> int:
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
     c = min(limit, 4096) if max_context is None else int(max_context)
     if not 2 <= c <= limit:
-        raise InputError(f"max_context must be in 2..{limit} (the model's context), got {c}")
+        raise InputError(
+            f"must be in 2..{limit} (the model's context), got {c}", argument="max_context"
+        )
     return c
 
 
@@ -269,10 +153,10 @@ def capture_tokens(
     c = _context(model, max_context)
     ov = c // 4 if overlap is None else int(overlap)
     if not 0 <= ov < c:
-        raise InputError(f"overlap must be in 0..{c - 1} (below max_context), got {ov}")
+        raise InputError(f"must be in 0..{c - 1} (below max_context), got {ov}", argument="overlap")
     ids = torch.as_tensor(list(token_ids), dtype=torch.long)
     if ids.numel() == 0:
-        raise InputError("token_ids: empty sequence")
+        raise InputError("empty sequence", argument="token_ids")
     device = next(model.parameters()).device
     own = recorder is None
     rec = RouterRecorder(model).install() if own else recorder
@@ -341,11 +225,11 @@ def capture_documents(
     names = [str(n) for n, _ in documents]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
-        raise InputError(f"documents: names must be unique (repeated {dup!r})")
+        raise InputError(f"names must be unique (repeated {dup!r})", argument="documents")
     if max_tokens is not None and max_tokens < 1:
-        raise InputError(f"max_tokens must be a positive integer, got {max_tokens}")
+        raise InputError(f"must be a positive integer, got {max_tokens}", argument="max_tokens")
     if shard_tokens < 1:
-        raise InputError(f"shard_tokens must be a positive integer, got {shard_tokens}")
+        raise InputError(f"must be a positive integer, got {shard_tokens}", argument="shard_tokens")
     out = Path(out_dir)
     rec = RouterRecorder(model)
     label = model_name or model_label(model)
@@ -389,12 +273,8 @@ def capture_documents(
         writer.flush()
         bar.close()
     if not writer.shards:
-        raise InputError("documents: nothing to capture (every document is empty)")
+        raise InputError("nothing to capture (every document is empty)", argument="documents")
     return out
-
-
-# ------------------------------------------------------------------------------------------
-# Shards on disk
 
 
 # ------------------------------------------------------------------------------------------
@@ -436,9 +316,11 @@ def capture_generation(
     import torch
 
     if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+        raise InputError(
+            f"must be a positive integer, got {max_new_tokens}", argument="max_new_tokens"
+        )
     if not prompts:
-        raise InputError("prompts: no prompts given")
+        raise InputError("no prompts given", argument="prompts")
     limit = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
     cache_kw = (
         "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -448,11 +330,12 @@ def capture_generation(
     encoded = [_encode(tokenizer, p) for p in prompts]
     for i, ids in enumerate(encoded):
         if not ids:
-            raise InputError(f"prompts: prompt {i} is empty after tokenization")
+            raise InputError(f"prompt {i} is empty after tokenization", argument="prompts")
         if len(ids) + max_new_tokens > limit:
             raise InputError(
-                f"prompts: prompt {i} ({len(ids)} tokens) plus {max_new_tokens} "
-                f"new tokens exceeds the model's context of {limit}"
+                f"prompt {i} ({len(ids)} tokens) plus {max_new_tokens} "
+                f"new tokens exceeds the model's context of {limit}",
+                argument="prompts",
             )
     label = model_name or model_label(model)
     bar = _progress(len(prompts) * max_new_tokens, enabled=progress, desc=f"generate {label}")

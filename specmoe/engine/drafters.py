@@ -204,7 +204,7 @@ def load_draft_model(
 
     torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
     return from_pretrained(
-        AutoModelForCausalLM, path, dtype=torch_dtype, device=device, option="--draft-model"
+        AutoModelForCausalLM, path, dtype=torch_dtype, device=device, argument="path"
     )
 
 

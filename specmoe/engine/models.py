@@ -2,12 +2,12 @@
 
 Legend for shapes: ``N`` experts, ``m`` experts per token, ``H`` hidden size, ``V`` vocabulary.
 
-A small registry keyed by the config's ``model_type`` names each supported family, the
-transformers class that holds it and the rule its router uses to pick m of N experts (the rules
-themselves are implemented in :mod:`specmoe.engine.capture`). In transformers 5 every family
-below has a router module (``mlp.gate`` or, for gpt-oss, ``mlp.router``) with an ``[N, H]``
-weight whose forward returns ``(logits [n, N], weights [n, m], ids [n, m])``; older releases
-used a plain ``nn.Linear`` gate that returns logits only, which the capture handles too.
+What each supported family is (its transformers classes, routing rule, where its router and
+experts sit) is declared once, in :mod:`specmoe.engine.families`; this module applies those
+facts. In transformers 5 every family has a router module (``mlp.gate`` or, for gpt-oss,
+``mlp.router``) with an ``[N, H]`` weight whose forward returns ``(logits [n, N], weights
+[n, m], ids [n, m])``; older releases used a plain ``nn.Linear`` gate that returns logits only,
+which the capture handles too.
 
 transformers is imported inside the functions only, so importing this module is cheap.
 """
@@ -15,120 +15,27 @@ transformers is imported inside the functions only, so importing this module is 
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specmoe.engine.families import FAMILIES, family_of, get_family
 from specmoe.errors import InputError
 from specmoe.spec import ModelSpec
 
 __all__ = [
     "FAMILIES",
-    "ModelFamily",
     "byte_tokenizer",
+    "family_of",
     "from_pretrained",
     "load_model",
     "load_tokenizer",
     "model_label",
+    "moe_experts",
     "moe_layers",
     "resolve_model_dir",
     "spec_for",
     "tiny_random_model",
 ]
-
-
-@dataclass(frozen=True)
-class ModelFamily:
-    """One supported MoE family: the transformers class and its router's selection rule."""
-
-    model_type: str
-    class_name: str  # transformers CausalLM class
-    config_class: str  # transformers config class
-    rule: str  # selection rule, see specmoe.engine.capture.route_logits
-    rule_text: str  # the rule in words
-
-
-FAMILIES: dict[str, ModelFamily] = {
-    f.model_type: f
-    for f in (
-        ModelFamily(
-            "olmoe",
-            "OlmoeForCausalLM",
-            "OlmoeConfig",
-            "softmax_topk",
-            "softmax over N, top-m; weights renormalised to sum 1 iff norm_topk_prob",
-        ),
-        ModelFamily(
-            "qwen2_moe",
-            "Qwen2MoeForCausalLM",
-            "Qwen2MoeConfig",
-            "softmax_topk",
-            "softmax over N, top-m; weights renormalised iff norm_topk_prob "
-            "(the shared expert is dense and not recorded)",
-        ),
-        ModelFamily(
-            "qwen3_moe",
-            "Qwen3MoeForCausalLM",
-            "Qwen3MoeConfig",
-            "softmax_topk",
-            "softmax over N, top-m; weights renormalised iff norm_topk_prob",
-        ),
-        ModelFamily(
-            "mixtral",
-            "MixtralForCausalLM",
-            "MixtralConfig",
-            "softmax_topk_norm",
-            "softmax over N, top-m, renormalised (= top-m logits, then softmax over m)",
-        ),
-        ModelFamily(
-            "gpt_oss",
-            "GptOssForCausalLM",
-            "GptOssConfig",
-            "topk_softmax",
-            "top-m of the biased logits, then softmax over the m",
-        ),
-        ModelFamily(
-            "deepseek_v2",
-            "DeepseekV2ForCausalLM",
-            "DeepseekV2Config",
-            "deepseek_v2",
-            "softmax over N; greedy top-m, or group-limited greedy (keep the topk_group "
-            "groups of highest max score, then top-m); weights × routed_scaling_factor",
-        ),
-        ModelFamily(
-            "deepseek_v3",
-            "DeepseekV3ForCausalLM",
-            "DeepseekV3Config",
-            "deepseek_v3",
-            "sigmoid scores; choose with scores + e_score_correction_bias among the "
-            "topk_group groups of highest top-2 sum; weights are the sigmoid scores, "
-            "renormalised iff norm_topk_prob, × routed_scaling_factor",
-        ),
-    )
-}
-
-_ROUTER_NAME = re.compile(
-    r"(?:^|\.)layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.(?:gate|router)$"
-)
-
-
-def _supported() -> str:
-    return ", ".join(sorted(FAMILIES))
-
-
-def family_of(config: Any) -> ModelFamily:
-    """The registry entry for a config (object or dict); InputError lists the supported ones."""
-    model_type = (
-        config.get("model_type")
-        if isinstance(config, dict)
-        else getattr(config, "model_type", None)
-    )
-    if model_type not in FAMILIES:
-        raise InputError(
-            f"model_type {model_type!r} is not a supported MoE family (supported: {_supported()})"
-        )
-    return FAMILIES[model_type]
 
 
 # ------------------------------------------------------------------------------------------
@@ -142,20 +49,24 @@ def resolve_model_dir(model: str | os.PathLike | None = "bundled") -> Path:
             from specmoe.data import corpus
         except ImportError:
             raise InputError(
-                "--model bundled: the bundled model is not installed "
-                "(specmoe.data.corpus is missing); pass --model PATH"
+                "bundled: the bundled model is not installed (specmoe.data.corpus is "
+                "missing); pass the path of a model directory",
+                argument="model",
             ) from None
         path = Path(corpus.bundled_model_dir())
         if not (path / "config.json").is_file():
-            raise InputError(f"--model bundled: no bundled model at {path}; pass --model PATH")
+            raise InputError(
+                f"bundled: no bundled model at {path}; pass the path of a model directory",
+                argument="model",
+            )
         return path
     path = Path(model)
     if not path.exists():
-        raise InputError(f"--model {path}: no such model directory")
+        raise InputError(f"{path}: no such model directory", argument="model")
     if not path.is_dir():
-        raise InputError(f"--model {path}: not a directory (expected an HF model folder)")
+        raise InputError(f"{path}: not a directory (expected an HF model folder)", argument="model")
     if not (path / "config.json").is_file():
-        raise InputError(f"--model {path}: no config.json in the model directory")
+        raise InputError(f"{path}: no config.json in the model directory", argument="model")
     return path
 
 
@@ -183,28 +94,32 @@ def load_model(
     import transformers
 
     path = resolve_model_dir(model)
-    family = family_of(_read_config(path))
+    try:
+        family = family_of(_read_config(path))
+    except InputError as exc:
+        raise InputError(f"{path / 'config.json'}: {exc}", argument="model") from None
     cls = getattr(transformers, family.class_name)
     if dtype is None:
         torch_dtype: Any = torch.float32 if str(device).startswith("cpu") else "auto"
     else:
         torch_dtype = getattr(torch, dtype, None)
         if not isinstance(torch_dtype, torch.dtype):
-            raise InputError(f"--dtype {dtype!r}: not a torch dtype name")
-    return from_pretrained(cls, path, dtype=torch_dtype, device=device, option="--model")
+            raise InputError(f"{dtype!r} is not a torch dtype name", argument="dtype")
+    return from_pretrained(cls, path, dtype=torch_dtype, device=device, argument="model")
 
 
 def from_pretrained(
-    cls: Any, path: str | os.PathLike, *, dtype: Any, device: str, option: str
+    cls: Any, path: str | os.PathLike, *, dtype: Any, device: str, argument: str = "path"
 ) -> Any:
     """``cls.from_pretrained`` offline, moved to ``device`` in eval mode; a load failure is
-    one ``InputError`` line naming ``option`` and the folder."""
+    one ``InputError`` line naming the folder, as the caller's ``argument``."""
     try:
         net = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise InputError(
-            f"{option} {path}: cannot load weights "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            f"{path}: cannot load weights "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+            argument=argument,
         ) from None
     net.to(device)
     net.eval()
@@ -220,8 +135,9 @@ def load_tokenizer(model: str | os.PathLike | None = "bundled") -> Any:
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise InputError(
-            f"--model {path}: no usable tokenizer in the model directory "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            f"{path}: no usable tokenizer in the model directory "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+            argument="model",
         ) from None
 
 
@@ -239,22 +155,17 @@ def spec_for(model: Any, *, name: str | None = None) -> ModelSpec:
 def moe_layers(model: Any) -> list[tuple[int, Any]]:
     """``[(decoder layer index, router module)]`` of every MoE layer, in layer order.
 
-    A router is the ``gate``/``router`` child of a decoder layer's MoE block whose weight is
-    ``[N, H]`` (a dense layer's MLP has none; Qwen2-MoE's ``shared_expert_gate`` is ``[1, H]``
-    and is not matched by name).
+    A router is the family's router child (``gate``, or gpt-oss's ``router``) of a decoder
+    layer's MoE block whose weight is ``[N, H]`` (a dense layer's MLP has none; Qwen2-MoE's
+    ``shared_expert_gate`` is ``[1, H]`` and is not matched by name).
     """
     cfg = model.config
-    n_exp = next(
-        (
-            getattr(cfg, k)
-            for k in ("num_experts", "n_routed_experts", "num_local_experts")
-            if getattr(cfg, k, None)
-        ),
-        None,
-    )
+    family = family_of(cfg)
+    n_exp = getattr(cfg, family.num_experts_key, None) or None
+    pattern = family.router_pattern
     found = []
     for qual, module in model.named_modules():
-        match = _ROUTER_NAME.search(qual)
+        match = pattern.search(qual)
         weight = getattr(module, "weight", None)
         if match is None or weight is None or weight.ndim != 2:
             continue
@@ -265,6 +176,23 @@ def moe_layers(model: Any) -> list[tuple[int, Any]]:
     if not found:
         raise InputError(f"model {model_label(model)!r}: no MoE router modules found")
     return found
+
+
+def moe_experts(model: Any) -> list[Any]:
+    """The fused experts module of each MoE layer (its block's ``experts``), in layer order."""
+    family = family_of(model.config)
+    names = {id(mod): qual for qual, mod in model.named_modules()}
+    out = []
+    for _, router in moe_layers(model):
+        block = model.get_submodule(names[id(router)].rsplit(".", 1)[0])
+        experts = getattr(block, family.experts, None)
+        if experts is None or not hasattr(experts, "gate_up_proj"):
+            raise InputError(
+                f"model {model.config.model_type!r}: MoE block "
+                f"{type(block).__name__} has no fused experts module"
+            )
+        out.append(experts)
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -311,17 +239,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def _tiny_config_kwargs(
-    model_type: str,
-    *,
-    num_experts: int,
-    top_k: int,
-    num_layers: int,
-    hidden: int,
-    vocab: int,
-    context: int,
-) -> dict[str, Any]:
-    common = dict(
+def _tiny_common(*, top_k: int, num_layers: int, hidden: int, vocab: int, context: int) -> dict:
+    """The config keys every family's tiny model shares (each family adds its own)."""
+    return dict(
         vocab_size=vocab,
         hidden_size=hidden,
         num_hidden_layers=num_layers,
@@ -336,67 +256,6 @@ def _tiny_config_kwargs(
         eos_token_id=_BYTE_VOCAB,
         pad_token_id=_BYTE_VOCAB,
         bos_token_id=None,
-    )
-    if model_type == "olmoe":
-        return {**common, "num_experts": num_experts, "norm_topk_prob": False}
-    if model_type == "qwen2_moe":
-        return {
-            **common,
-            "num_experts": num_experts,
-            "moe_intermediate_size": hidden,
-            "shared_expert_intermediate_size": hidden,
-            "norm_topk_prob": False,
-        }
-    if model_type == "qwen3_moe":
-        return {
-            **common,
-            "num_experts": num_experts,
-            "moe_intermediate_size": hidden,
-            "norm_topk_prob": True,
-        }
-    if model_type == "mixtral":
-        return {**common, "num_local_experts": num_experts}
-    if model_type == "gpt_oss":
-        return {
-            **common,
-            "num_local_experts": num_experts,
-            "sliding_window": 16,
-            "rope_parameters": {
-                "rope_type": "yarn",
-                "factor": 4.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "rope_theta": 1.5e5,
-                "original_max_position_embeddings": context // 4,
-            },
-            "layer_types": [
-                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)
-            ],
-        }
-    deepseek = dict(
-        common,
-        n_routed_experts=num_experts,
-        moe_intermediate_size=hidden,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        kv_lora_rank=16,
-        q_lora_rank=None,
-        qk_rope_head_dim=8,
-        qk_nope_head_dim=8,
-        v_head_dim=8,
-        n_group=4 if num_experts % 4 == 0 else 1,
-        topk_group=2 if num_experts % 4 == 0 else 1,
-        routed_scaling_factor=1.5,
-    )
-    deepseek["num_key_value_heads"] = 4
-    deepseek.pop("head_dim")
-    if model_type == "deepseek_v2":
-        return {**deepseek, "topk_method": "group_limited_greedy"}
-    if model_type == "deepseek_v3":
-        return {**deepseek, "norm_topk_prob": True}
-    raise InputError(
-        f"model_type {model_type!r} is not a supported MoE family (supported: {_supported()})"
     )
 
 
@@ -413,37 +272,36 @@ def tiny_random_model(
 ) -> Any:
     """A randomly initialised tiny model of a supported family (float32, eval mode, offline).
 
-    DeepSeek families get one extra leading dense layer (``first_k_dense_replace=1``), so their
-    MoE layer indices start at 1. The vocabulary covers :func:`byte_tokenizer`.
+    The family's ``tiny_config`` completes the shared keys; a family with a correction bias
+    gets a non-zero one, which exercises its rule. DeepSeek families get one extra leading
+    dense layer (``tiny_dense_layers=1``), so their MoE layer indices start at 1. The
+    vocabulary covers :func:`byte_tokenizer`.
     """
     import torch
     import transformers
 
-    family = FAMILIES.get(model_type)
-    if family is None:
-        raise InputError(
-            f"model_type {model_type!r} is not a supported MoE family (supported: {_supported()})"
-        )
+    family = get_family(model_type)
     if not 1 <= top_k < num_experts:
-        raise InputError(f"top_k={top_k} must be in 1..num_experts-1={num_experts - 1}")
+        raise InputError(
+            f"must be in 1..num_experts-1={num_experts - 1}, got {top_k}", argument="top_k"
+        )
     if vocab < _BYTE_VOCAB + 1:
-        raise InputError(f"vocab={vocab} must be at least {_BYTE_VOCAB + 1}")
-    kwargs = _tiny_config_kwargs(
-        model_type,
-        num_experts=num_experts,
+        raise InputError(f"must be at least {_BYTE_VOCAB + 1}, got {vocab}", argument="vocab")
+    common = _tiny_common(
         top_k=top_k,
-        num_layers=num_layers + model_type.startswith("deepseek"),
+        num_layers=num_layers + family.tiny_dense_layers,
         hidden=hidden,
         vocab=vocab,
         context=context,
     )
-    config = getattr(transformers, family.config_class)(**kwargs)
+    config = getattr(transformers, family.config_class)(**family.tiny_config(common, num_experts))
+    bias = family.routing.correction_bias
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = getattr(transformers, family.class_name)(config)
-        if model_type == "deepseek_v3":  # a non-zero correction bias exercises its rule
+        if bias is not None:
             for _, router in moe_layers(net):
-                router.e_score_correction_bias.normal_(0.0, 0.05)
+                getattr(router, bias).normal_(0.0, 0.05)
     net.config._name_or_path = f"tiny-{model_type}"
     net.eval()
     return net

@@ -13,8 +13,8 @@ experts module through ``config._experts_implementation`` (``transformers.integr
 ``dedup``      the per-slot kernel at n = 1, the deduplicating kernel at 2 <= n <= ``max_pass``
                ("deduplication on"; a one-token pass runs the same kernel either way);
 ``auto``       the deduplicating kernel from the crossover pass size c on (c <= n <=
-               ``max_pass``), the per-slot kernel below it (c from ``--crossover`` or a plan's
-               ``crossover``; no crossover: per-slot everywhere).
+               ``max_pass``), the per-slot kernel below it (c given as ``crossover`` or read
+               from a plan's ``crossover``; no crossover: per-slot everywhere).
 
 Calls with n > ``max_pass`` (the prefill) run the implementation the model had before the
 switch (transformers' ``grouped_mm`` or eager loop), the same under every setting, so both
@@ -34,9 +34,10 @@ back.
 of a table ``[T, L, m]`` (a recorded or synthetic trace): the token at absolute position p takes
 row ``p mod T``, MoE layer j takes the table's layer ``j mod L_table``. The router weights of
 the forced ids are what the family's rule gives those experts from the router's own logits
-(:func:`forced_weights`): softmax over N gathered at the ids (renormalised iff
-``norm_topk_prob``) for OLMoE/Qwen, softmax over the m forced logits for Mixtral and gpt-oss,
-DeepSeek's scores times its scaling. The router still runs, so its cost stays in the pass.
+(:func:`forced_weights`, the same :func:`specmoe.engine.families.route_logits` that captures
+routing): softmax over N gathered at the ids (renormalised iff ``norm_topk_prob``) for
+OLMoE/Qwen, softmax over the m forced logits for Mixtral and gpt-oss, DeepSeek's scores times
+its scaling. The router still runs, so its cost stays in the pass.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from specmoe.engine.models import family_of, moe_layers
+from specmoe.engine.families import route_logits, rule_for
+from specmoe.engine.models import family_of, moe_experts, moe_layers
 from specmoe.errors import InputError
 
 __all__ = [
@@ -83,14 +85,17 @@ class KernelPolicy:
     def __post_init__(self) -> None:
         if self.setting not in KERNEL_SETTINGS:
             raise InputError(
-                f"--kernel {self.setting!r}: unknown (choose from {', '.join(KERNEL_SETTINGS)})"
+                f"{self.setting!r} is unknown (choose from {', '.join(KERNEL_SETTINGS)})",
+                argument="setting",
             )
         if self.crossover is not None and (
             isinstance(self.crossover, bool) or int(self.crossover) < 1
         ):
-            raise InputError(f"--crossover must be a positive pass size, got {self.crossover!r}")
+            raise InputError(
+                f"must be a positive pass size, got {self.crossover!r}", argument="crossover"
+            )
         if self.max_pass < 1:
-            raise InputError(f"max_pass must be positive, got {self.max_pass}")
+            raise InputError(f"must be positive, got {self.max_pass}", argument="max_pass")
 
     def kernel_for(self, n: int) -> str:
         """``per_slot``, ``dedup`` or ``prefill`` for a call of n tokens."""
@@ -116,28 +121,12 @@ def crossover_from_plan(path: str | os.PathLike) -> int | None:
     if c is None:
         return None
     if isinstance(c, bool) or not isinstance(c, int | float) or int(c) != c or c < 1:
-        raise InputError(f"--plan {path}: crossover {c!r} is not a positive pass size")
+        raise InputError(f"{path}: crossover {c!r} is not a positive pass size")
     return int(c)
 
 
 # ------------------------------------------------------------------------------------------
 # The switch
-
-
-def _experts_of(model: Any) -> list[Any]:
-    """The experts module of each MoE layer, in layer order."""
-    names = {id(mod): qual for qual, mod in model.named_modules()}
-    out = []
-    for _, router in moe_layers(model):
-        block = model.get_submodule(names[id(router)].rsplit(".", 1)[0])
-        experts = getattr(block, "experts", None)
-        if experts is None or not hasattr(experts, "gate_up_proj"):
-            raise InputError(
-                f"model {model.config.model_type!r}: MoE block "
-                f"{type(block).__name__} has no fused experts module"
-            )
-        out.append(experts)
-    return out
 
 
 def _register() -> None:
@@ -172,7 +161,7 @@ class KernelSwitch:
         self.model = model
         self.policy = policy or KernelPolicy()
         self.prefill = prefill
-        self.experts = _experts_of(model)
+        self.experts = moe_experts(model)
         self.calls: Counter[str] = Counter()
         self._previous: str | None = None
         self._layouts: dict[int, tuple[Any, ...]] = {}
@@ -180,14 +169,15 @@ class KernelSwitch:
 
     @staticmethod
     def _check_activation(cfg: Any) -> str:
-        if cfg.model_type == "gpt_oss":
+        """The kernels' activation for the family's experts (``Family.activation``)."""
+        if family_of(cfg).activation == "swiglu_oai":
             from specmoe.kernels._contract import OAI_ALPHA, OAI_LIMIT
 
             alpha = float(getattr(cfg, "swiglu_alpha", OAI_ALPHA) or OAI_ALPHA)
             limit = float(getattr(cfg, "swiglu_limit", OAI_LIMIT) or OAI_LIMIT)
             if abs(alpha - OAI_ALPHA) > 1e-6 or abs(limit - OAI_LIMIT) > 1e-6:
                 raise InputError(
-                    f"gpt-oss swiglu_alpha={alpha}, swiglu_limit={limit}: the "
+                    f"{cfg.model_type} swiglu_alpha={alpha}, swiglu_limit={limit}: the "
                     f"kernels implement {OAI_ALPHA} and {OAI_LIMIT} only"
                 )
             return "swiglu_oai"
@@ -316,26 +306,10 @@ class KernelSwitch:
 def forced_weights(logits: Any, ids: Any, rule: Any, *, correction_bias: Any = None) -> Any:
     """Router weights ``[n, m]`` of forced ``ids`` ``[n, m]`` under a family's rule.
 
-    The weights the rule gives those experts had it chosen them from these logits ``[n, N]``
-    (see :func:`specmoe.engine.capture.route_logits` for the rules).
+    The weights the rule gives those experts had it chosen them from these logits ``[n, N]``:
+    :func:`specmoe.engine.families.route_logits` with the ids given.
     """
-    import torch
-
-    z = logits.reshape(-1, logits.shape[-1]).float()
-    ids = ids.long()
-    if rule.kind == "softmax_topk":
-        w = torch.softmax(z, -1).gather(1, ids)
-        return w / w.sum(-1, keepdim=True) if rule.norm_topk_prob else w
-    if rule.kind in ("softmax_topk_norm", "topk_softmax"):
-        return torch.softmax(z.gather(1, ids), -1)
-    if rule.kind == "deepseek_v2":
-        return torch.softmax(z, -1).gather(1, ids) * rule.scaling
-    if rule.kind == "deepseek_v3":
-        w = torch.sigmoid(z).gather(1, ids)
-        if rule.norm_topk_prob:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        return w * rule.scaling
-    raise ValueError(f"rule.kind: unknown selection rule {rule.kind!r}")
+    return route_logits(logits, rule, correction_bias=correction_bias, ids=ids)[1]
 
 
 class ForcedRouting:
@@ -357,8 +331,6 @@ class ForcedRouting:
         documents: list[str] | None = None,
         name: str = "forced routing",
     ):
-        from specmoe.engine.capture import rule_for
-
         table = np.asarray(table)
         if table.ndim != 3 or table.shape[0] < 1 or table.shape[1] < 1:
             raise InputError(f"{name}: expected expert ids [T, L, m], got shape {table.shape}")
@@ -423,12 +395,14 @@ class ForcedRouting:
         def hook(module: Any, args: Any, output: Any) -> Any:
             import torch
 
-            if not isinstance(output, tuple) or len(output) != 3:
+            layout = self.rule.family.router_output  # e.g. (logits, weights, ids)
+            if not isinstance(output, tuple) or len(output) != len(layout):
                 raise RuntimeError(
                     f"router {type(module).__name__} does not return "
-                    f"(logits, weights, ids); forced routing needs transformers 5"
+                    f"({', '.join(layout)}); forced routing needs transformers 5"
                 )
-            logits, weights, ids = output
+            named = dict(zip(layout, output))
+            logits, weights, ids = named["logits"], named["weights"], named["ids"]
             n = int(ids.reshape(-1, ids.shape[-1]).shape[0])
             forced = self.rows(n)[:, pos % self.table.shape[1]]  # [n, m]
             new_ids = torch.as_tensor(forced, device=ids.device).to(ids.dtype).reshape(ids.shape)
@@ -436,11 +410,12 @@ class ForcedRouting:
                 logits,
                 new_ids.reshape(n, -1),
                 self.rule,
-                correction_bias=getattr(module, "e_score_correction_bias", None),
+                correction_bias=self.rule.correction_bias(module),
             )
             if pos == self._last:
                 self.position += n
-            return logits, new_w.to(weights.dtype).reshape(weights.shape), new_ids
+            named.update(weights=new_w.to(weights.dtype).reshape(weights.shape), ids=new_ids)
+            return tuple(named[key] for key in layout)
 
         return hook
 
@@ -466,18 +441,19 @@ class ForcedRouting:
 # Dummy-weight models at a preset's shapes
 
 
-def parse_dummy(spec: str) -> str | None:
-    """The preset name of ``PRESET-dummy`` (case-insensitive), else None."""
+def parse_dummy(model: str) -> str | None:
+    """The preset name of a ``model`` named ``PRESET-dummy`` (case-insensitive), else None."""
     from specmoe.spec import PRESET_CONFIGS
 
-    if not spec.lower().endswith("-dummy"):
+    if not model.lower().endswith("-dummy"):
         return None
-    base = spec[: -len("-dummy")].lower()
+    base = model[: -len("-dummy")].lower()
     names = {k.lower(): k for k in PRESET_CONFIGS}
     if base not in names:
         raise InputError(
-            f"--model {spec}: no preset {spec[: -len('-dummy')]!r} (choose from "
-            f"{', '.join(k + '-dummy' for k in PRESET_CONFIGS)})"
+            f"{model}: no preset {model[: -len('-dummy')]!r} (choose from "
+            f"{', '.join(k + '-dummy' for k in PRESET_CONFIGS)})",
+            argument="model",
         )
     return names[base]
 
@@ -513,7 +489,8 @@ def dummy_model(
     if layers is not None:
         if layers < 1 or layers > int(cfg["num_hidden_layers"]):
             raise InputError(
-                f"--layers {layers}: must be in 1..{cfg['num_hidden_layers']} for {key}"
+                f"must be in 1..{cfg['num_hidden_layers']} for {key}, got {layers}",
+                argument="layers",
             )
         cfg["num_hidden_layers"] = int(layers)
     cfg.setdefault("max_position_embeddings", context)
@@ -525,7 +502,7 @@ def dummy_model(
     gen = torch.Generator().manual_seed(seed)
     with no_init_weights():  # parameters allocated, not written: no memory touched yet
         net = getattr(transformers, family.class_name)(config)
-    experts = {id(e) for e in _experts_of(net)}
+    experts = {id(e) for e in moe_experts(net)}
     with torch.no_grad():
         for module in net.modules():
             is_experts = id(module) in experts
