@@ -90,16 +90,15 @@ def write_profile(path: Path, *, eps: float = 0.05, measured_scale: float = 1.0)
 
 
 def write_plan(path: Path, profile: Path, *, model: ModelSpec | None = None) -> Path:
-    plan = {
-        "schema": "specmoe.plan/1",
-        "model": (model or spec()).to_dict(),
-        "k_max": 8,
-        "context": 512,
-        "n": list(range(1, N_MAX + 1)),
-        "crossover": 3,
-        "sources": {"bandwidth": {"path": str(profile)}},
-        "epsilon": {"used": 0.05},
-    }
+    """plan.json as ``specmoe plan`` writes it (build_plan on the profile, a geometric union),
+    for ``model`` (default: the spec the profile was measured on)."""
+    from specmoe.cost.plan import build_plan
+    from specmoe.formats.profile import load_profile
+
+    U = np.array([[8 * (1 - 0.75**n) for n in range(1, N_MAX + 1)]] * L)
+    plan = build_plan(spec(), U, load_profile(profile), k_max=8, acceptance=ACC).to_dict()
+    plan["model"] = (model or spec()).to_dict()
+    plan["sources"] = {"bandwidth": {"path": str(profile)}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan))
     return path

@@ -3,7 +3,9 @@ from its file, the --json schema and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from _synthetic_runs import (
 from specmoe.cli import main
 from specmoe.cost import theory
 from specmoe.errors import InputError
+from specmoe.validate.result import Validation
 from specmoe.validate.rules import (
     crossover_distance,
     default_rules_path,
@@ -39,7 +42,8 @@ from specmoe.validate.score import validate
 
 
 def _rule(d, rid):
-    return next(r for r in d["rules"] if r["id"] == rid)
+    """The verdict (of a configuration) or summary (of a validation) of rule ``rid``."""
+    return next(r for r in d.rules if r.rule.id == rid)
 
 
 # ------------------------------------------------------------------------------------------
@@ -181,30 +185,30 @@ def test_sign_counts_only_intervals_that_exclude_zero():
 def test_validate_known_answers(tmp_path):
     plan, runs = world(tmp_path)
     d = validate(plan, runs)
-    (c,) = d["configurations"]
+    (c,) = d.configurations
     _, on = measured_verify_ms()
     g = growth_ms()
     # the prediction misses exactly the growth outside the expert operation
     want = float(np.max(g[1:] / on[1:]))
-    assert c["verify_error"]["prediction"] == pytest.approx(want, rel=1e-12)
-    assert c["verify_error"]["calibrated"] == pytest.approx(0.0, abs=1e-12)
-    assert c["versions"]["prediction"]["saving_ms"] == pytest.approx(predicted_saving_ms())
-    assert c["versions"]["prediction"]["verify_ms"]["per_slot"][0] == pytest.approx(TAU1)
-    assert c["crossover_predicted"] == 3 and c["crossover_measured"] == 3
-    assert c["saving_in_band_share"] == 1.0
-    assert c["kstar_within_one"] == 11
-    assert d["all_hold"] is True
-    assert all(r["holds"] is True for r in c["rules"])
+    assert c.versions["prediction"].verify_error == pytest.approx(want, rel=1e-12)
+    assert c.versions["calibrated"].verify_error == pytest.approx(0.0, abs=1e-12)
+    assert c.prediction.saving_ms == pytest.approx(predicted_saving_ms())
+    assert c.prediction.verify_ms.per_slot[0] == pytest.approx(TAU1)
+    assert c.crossover_predicted == 3 and c.crossover_measured == 3
+    assert c.saving_in_band_share == 1.0
+    assert c.kstar_within_one == 11
+    assert d.all_hold is True
+    assert all(r.holds is True for r in c.rules)
 
 
 def test_calibrated_version_reproduces_the_dedup_off_time(tmp_path):
     prof = write_profile(tmp_path / "profile.json", measured_scale=1.1)
     plan = write_plan(tmp_path / "plan.json", prof)
     runs = write_runs(tmp_path / "runs")
-    (c,) = validate(plan, runs)["configurations"]
+    (c,) = validate(plan, runs).configurations
     off, _ = measured_verify_ms()
-    assert c["versions"]["calibrated"]["verify_ms"]["per_slot"] == pytest.approx(off)
-    mt = c["versions"]["measured_time"]["verify_ms"]["per_slot"]
+    assert c.versions["calibrated"].verify_ms.per_slot == pytest.approx(off)
+    mt = c.versions["measured_time"].verify_ms.per_slot
     assert mt[1] - mt[0] == pytest.approx(4 * 0.05 * 1.1)
 
 
@@ -219,16 +223,16 @@ def test_nine_of_eleven_fails_the_kstar_rule(tmp_path):
     T = np.array([[100.0 - abs(k - km) for k in K] for km in k_meas])
     plan, runs = world(tmp_path, off=off, on=on, throughput=T)
     d = validate(plan, runs)
-    (c,) = d["configurations"]
-    assert c["kstar_within_one"] == 9
-    assert _rule(c, "kstar_within_one")["holds"] is False
-    assert _rule(d, "kstar_within_one")["holds"] is False
-    assert d["all_hold"] is False
+    (c,) = d.configurations
+    assert c.kstar_within_one == 9
+    assert _rule(c, "kstar_within_one").holds is False
+    assert _rule(d, "kstar_within_one").holds is False
+    assert d.all_hold is False
     # one more value within one: 10 of 11 holds
     k_meas[5] = k_hat[5]
     T = np.array([[100.0 - abs(k - km) for k in K] for km in k_meas])
     write_runs(tmp_path / "runs", off=off, on=on, throughput=T)
-    assert _rule(validate(plan, runs), "kstar_within_one")["holds"] is True
+    assert _rule(validate(plan, runs), "kstar_within_one").holds is True
 
 
 def test_crossover_off_by_two_fails_off_by_one_holds(tmp_path):
@@ -236,16 +240,16 @@ def test_crossover_off_by_two_fails_off_by_one_holds(tmp_path):
     shift[2:4] = 0.2  # measured S(3), S(4) < 0: measured crossover 5, predicted 3
     off, on = measured_verify_ms(saving_shift=shift)
     plan, runs = world(tmp_path, off=off, on=on)
-    (c,) = validate(plan, runs)["configurations"]
-    assert (c["crossover_predicted"], c["crossover_measured"]) == (3, 5)
-    assert _rule(c, "crossover_within_one")["holds"] is False
-    assert _rule(c, "crossover_within_one")["measured"] == 2
+    (c,) = validate(plan, runs).configurations
+    assert (c.crossover_predicted, c.crossover_measured) == (3, 5)
+    assert _rule(c, "crossover_within_one").holds is False
+    assert _rule(c, "crossover_within_one").measured == 2
     shift[3] = 0.0  # measured crossover 4
     off, on = measured_verify_ms(saving_shift=shift)
     write_runs(tmp_path / "runs", off=off, on=on)
-    (c,) = validate(plan, runs)["configurations"]
-    assert c["crossover_measured"] == 4
-    assert _rule(c, "crossover_within_one")["holds"] is True
+    (c,) = validate(plan, runs).configurations
+    assert c.crossover_measured == 4
+    assert _rule(c, "crossover_within_one").holds is True
 
 
 def test_band_share_counts_points_outside(tmp_path):
@@ -253,15 +257,15 @@ def test_band_share_counts_points_outside(tmp_path):
     shift[8] = 1.0  # the measured saving at n = 9 is 1 ms lower: outside the band
     off, on = measured_verify_ms(saving_shift=shift)
     plan, runs = world(tmp_path, off=off, on=on)
-    (c,) = validate(plan, runs)["configurations"]
-    assert c["versions"]["prediction"]["inside_band"] == [True] * 7 + [False]
-    assert c["saving_in_band_share"] == pytest.approx(7 / 8)
-    assert _rule(c, "saving_in_band")["holds"] is False
+    (c,) = validate(plan, runs).configurations
+    assert c.prediction.inside_band == (True,) * 7 + (False,)
+    assert c.saving_in_band_share == pytest.approx(7 / 8)
+    assert _rule(c, "saving_in_band").holds is False
 
 
 def test_a_modified_rules_file_changes_the_verdict(tmp_path):
     plan, runs = world(tmp_path)
-    assert validate(plan, runs)["all_hold"] is True
+    assert validate(plan, runs).all_hold is True
     raw = json.loads(default_rules_path().read_text())
     for r in raw["rules"]:
         if r["id"] == "verify_error_prediction":
@@ -269,16 +273,16 @@ def test_a_modified_rules_file_changes_the_verdict(tmp_path):
     path = tmp_path / "stricter.json"
     path.write_text(json.dumps(raw))
     d = validate(plan, runs, rules_path=str(path))
-    assert _rule(d, "verify_error_prediction")["holds"] is False
-    assert d["all_hold"] is False
-    assert d["rules_file"]["sha256"] != validate(plan, runs)["rules_file"]["sha256"]
+    assert _rule(d, "verify_error_prediction").holds is False
+    assert d.all_hold is False
+    assert d.rules_file.sha256 != validate(plan, runs).rules_file.sha256
 
 
 def test_two_depths_are_two_configurations(tmp_path):
     plan, runs = world(tmp_path, depths=(512, 4096))
     d = validate(plan, runs)
-    assert [c["depth"] for c in d["configurations"]] == [512, 4096]
-    assert all(r["configurations"] == 2 for r in d["rules"])
+    assert [c.depth for c in d.configurations] == [512, 4096]
+    assert all(r.configurations == 2 for r in d.rules)
 
 
 # ------------------------------------------------------------------------------------------
@@ -397,11 +401,13 @@ def test_model_labels_of_the_runs_match_the_plan():
     from specmoe.spec import get_preset
     from specmoe.validate.score import _same_model
 
-    cut = get_preset("OLMoE-1B-7B-0125").with_layers(4).to_dict()
+    cut = get_preset("OLMoE-1B-7B-0125").with_layers(4)
     assert _same_model(cut, "OLMoE-1B-7B-0125-dummy-4L")
     assert not _same_model(cut, "OLMoE-1B-7B-0125-dummy-16L")
     assert not _same_model(cut, "Qwen3-30B-A3B")
-    local = {"name": "olmoe", "source": "models/tiny_olmoe/config.json", "num_hidden_layers": 4}
+    local = dataclasses.replace(
+        spec(), name="olmoe", source="models/tiny_olmoe/config.json", num_hidden_layers=4
+    )
     assert _same_model(local, "tiny_olmoe")
     assert not _same_model(local, "OLMoE-1B-7B-0125-dummy-4L")
 
@@ -412,7 +418,111 @@ def test_a_folder_of_model_folders_scores_the_plans_model_only(tmp_path):
     write_runs(top / "tiny", model="tiny-moe", depths=(512, 2048))
     write_runs(top / "other", model="other-moe")
     d = validate(plan, top)
-    assert [c["depth"] for c in d["configurations"]] == [512, 2048]
-    assert {c["model"] for c in d["configurations"]} == {"tiny-moe"}
+    assert [c.depth for c in d.configurations] == [512, 2048]
+    assert {c.model for c in d.configurations} == {"tiny-moe"}
     with pytest.raises(InputError, match="other-moe"):
         validate(plan, top / "other")
+
+
+# ------------------------------------------------------------------------------------------
+# the result: frozen dataclasses, validation.json at the edge
+
+ROOT = Path(__file__).resolve().parents[1]
+CAMPAIGN = [
+    ("results/cpu/plan/plan.json", "results/cpu", "results/cpu/validation"),
+    (
+        "results/cpu/plan-olmoe-dummy-4L",
+        "results/cpu/olmoe-dummy-4L",
+        "results/cpu/validation-olmoe-dummy-4L",
+    ),
+]
+
+
+def _same_json(got, want, where="") -> None:
+    """Same keys in the same order, same lists, same ints, strings and flags; floats to 1e-12."""
+    assert type(got) is type(want) or {type(got), type(want)} == {int, float}, where
+    if isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            _same_json(got[k], want[k], f"{where}/{k}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            _same_json(a, b, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(want, bool):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-15), where
+    else:
+        assert got == want, where
+
+
+@pytest.mark.parametrize(("plan", "runs", "out"), CAMPAIGN)
+def test_to_dict_recomputes_the_committed_validation(plan, runs, out, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    committed = json.loads((ROOT / out / "validation.json").read_text())
+    got = validate(plan, runs).to_dict()
+    assert json.loads(json.dumps(got)) == got  # plain JSON types only
+    # the campaign was scored with the same rules under their earlier file name
+    assert list(got["rules_file"]) == list(committed["rules_file"])
+    got["rules_file"] = committed["rules_file"]
+    _same_json(got, committed)
+
+
+@pytest.mark.parametrize("out", [c[2] for c in CAMPAIGN])
+def test_from_dict_round_trips_the_committed_validation(out):
+    committed = json.loads((ROOT / out / "validation.json").read_text())
+    v = Validation.from_dict(committed)
+    assert v.to_dict() == committed
+    assert list(v.to_dict()) == list(committed)
+    assert Validation.from_dict(v.to_dict()) == v
+    c = v.configurations[0]
+    # the repeated headline values are the prediction's, computed from its fields
+    assert c.kstar_within_one == c.versions["prediction"].kstar_within_one
+    assert c.by_version("delta") == committed["configurations"][0]["delta"]
+
+
+def test_a_validation_is_frozen(tmp_path):
+    plan, runs = world(tmp_path)
+    v = validate(plan, runs)
+    (c,) = v.configurations
+    for obj, name in (
+        (v, "epsilon"),
+        (v, "configurations"),
+        (c, "versions"),
+        (c.measured, "saving_ms"),
+        (c.prediction, "verify_error"),
+        (c.prediction.verify_ms, "dedup"),
+        (c.rules[0], "holds"),
+        (v.rules[0], "per_configuration"),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, None)
+    assert isinstance(c.prediction.saving_ms, tuple)
+    assert Validation.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+
+
+def test_from_dict_of_a_foreign_file_is_one_input_error():
+    with pytest.raises(InputError, match="schema") as exc:
+        Validation.from_dict({"schema": "specmoe.plan/1"}, where="path")
+    assert exc.value.argument == "path"
+    d = json.loads((ROOT / CAMPAIGN[0][2] / "validation.json").read_text())
+    del d["configurations"][0]["measured"]
+    with pytest.raises(InputError, match="'measured'"):
+        Validation.from_dict(d)
+
+
+def test_figures_from_the_validation_or_its_json(tmp_path):
+    from specmoe.report.validate_figures import write_validation_figures
+
+    d = json.loads((ROOT / CAMPAIGN[0][2] / "validation.json").read_text())
+    a = write_validation_figures(d, tmp_path / "a")
+    b = write_validation_figures(Validation.from_dict(d), tmp_path / "b")
+    assert (
+        [p.name for p in a]
+        == [p.name for p in b]
+        == [
+            "validate_saving.png",
+            "validate_kstar.png",
+            "validate_verify.png",
+        ]
+    )
+    assert all(p.read_bytes() == q.read_bytes() for p, q in zip(a, b))

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specmoe.errors import InputError
+from specmoe.validate.result import Validation
 from specmoe.validate.score import validate
 
 # validate()'s argument -> the flag that feeds it
@@ -49,37 +50,36 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def summary_text(d: dict[str, Any]) -> str:
+def summary_text(v: Validation) -> str:
     """A terminal table: one row per configuration, then each rule and whether it holds."""
     lines = [
-        f"specmoe validate: {d['model']} on {d['device']} {d['device_name']}".rstrip(),
-        f"  rules: {d['rules_file']['path']} (sha256 {d['rules_file']['sha256'][:12]}); "
-        f"eps = {d['epsilon']:.3f}",
+        f"specmoe validate: {v.model} on {v.device} {v.device_name}".rstrip(),
+        f"  rules: {v.rules_file.path} (sha256 {v.rules_file.sha256[:12]}); eps = {v.epsilon:.3f}",
         "",
         f"{'configuration':<34}{'cross p/m':>10}{'k* ±1':>8}{'loss':>7}"
         f"{'τ err pred':>11}{'mt':>7}{'cal':>7}{'in band':>9}",
     ]
-    for c in d["configurations"]:
-        cp = _fmt(c["crossover_predicted"], "d")
-        cm = _fmt(c["crossover_measured"], "d")
-        ve = c["verify_error"]
+    for c in v.configurations:
+        cp = _fmt(c.crossover_predicted, "d")
+        cm = _fmt(c.crossover_measured, "d")
+        ve = c.by_version("verify_error")
         lines.append(
-            f"{c['name'][:33]:<34}{cp + '/' + cm:>10}"
-            f"{c['kstar_within_one']:>4} of {len(c['acceptance_values']):<2}"
-            f"{_fmt(c['max_loss'], '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
+            f"{c.name[:33]:<34}{cp + '/' + cm:>10}"
+            f"{c.kstar_within_one:>4} of {len(c.acceptance_values):<2}"
+            f"{_fmt(c.max_loss, '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
             f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
-            f"{_fmt(c['saving_in_band_share'], '8.0%'):>9}"
+            f"{_fmt(c.saving_in_band_share, '8.0%'):>9}"
         )
     lines.append("")
-    for r in d["rules"]:
-        mark = {True: "holds", False: "FAILS", None: "not scored"}[r["holds"]]
-        tag = "" if r["required"] else " (reported)"
+    for r in v.rules:
+        mark = {True: "holds", False: "FAILS", None: "not scored"}[r.holds]
+        tag = "" if r.rule.required else " (reported)"
         lines.append(
-            f"  [{mark:^10}] {r['id']}{tag}: {r['configurations_holding']} of "
-            f"{r['configurations']} configurations — {r['text']}"
+            f"  [{mark:^10}] {r.rule.id}{tag}: {r.configurations_holding} of "
+            f"{r.configurations} configurations — {r.rule.text}"
         )
     lines.append("")
-    lines.append("all required rules hold" if d["all_hold"] else "NOT every required rule holds")
+    lines.append("all required rules hold" if v.all_hold else "NOT every required rule holds")
     return "\n".join(lines)
 
 
@@ -87,22 +87,22 @@ def run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
     try:
-        d = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
+        v = validate(args.plan, args.runs, rules_path=args.rules, profile_path=args.profile)
     except InputError as exc:
         if exc.argument in FLAGS:  # validate()'s arguments, fed by these flags
             raise exc.as_flag(FLAGS[exc.argument]) from None
         raise
-    text = summary_text(d)
+    text = summary_text(v)
     if args.out:
         out = Path(args.out)
-        atomic_write_json(out / "validation.json", d)
+        atomic_write_json(out / "validation.json", v.to_dict())
         atomic_write_text(out / "validation.txt", text + "\n")
         from specmoe.report.validate_figures import write_validation_figures
 
-        figs = write_validation_figures(d, out)
+        figs = write_validation_figures(v, out)
         _say(f"validate: wrote {out / 'validation.json'} and {len(figs)} figures")
     if args.json:
-        print(dumps_json(d))
+        print(dumps_json(v.to_dict()))
     else:
         print(text)
     return 0

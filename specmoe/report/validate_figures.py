@@ -8,8 +8,9 @@
 * ``validate_verify.png``: per configuration, the measured verify time with deduplication off
   and on, against each version's.
 
-Each function takes the validation dict (validation.json) and writes one PNG atomically with
-the matplotlib Agg canvas (no pyplot state).
+Each function takes a :class:`~specmoe.validate.result.Validation` and writes one PNG atomically
+with the matplotlib Agg canvas (no pyplot state); :func:`write_validation_figures` also takes
+the validation.json dict (the report reads it from disk).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from specmoe.report._mpl import agg_figure, save_agg
+from specmoe.validate.result import Validation
 
 __all__ = ["plot_kstar", "plot_saving", "plot_verify", "write_validation_figures"]
 
@@ -40,29 +42,29 @@ def _grid(count: int, *, width: float = 4.2, height: float = 3.2):
     return fig, axes
 
 
-def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
+def plot_saving(v: Validation, path: str | os.PathLike) -> Path:
     """Saving S(n) measured against the three versions, with the band of Eq. (18)."""
-    cfgs = d["configurations"]
+    cfgs = v.configurations
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
-        n_all = np.asarray(c["n"])
-        sc = np.asarray(c["scored_n"])
+        n_all = np.asarray(c.n)
+        sc = np.asarray(c.scored_n)
         idx = sc - 1
-        S = np.asarray(c["measured"]["saving_ms"], float)
-        pred = c["versions"]["prediction"]
-        S_hat = np.asarray(pred["saving_ms"], float)
-        band = np.asarray(pred["band_ms"], float)
+        S = np.asarray(c.measured.saving_ms, float)
+        pred = c.prediction
+        S_hat = np.asarray(pred.saving_ms, float)
+        band = np.asarray(pred.band_ms, float)
         ax.fill_between(
             sc,
             S_hat[idx] - band,
             S_hat[idx] + band,
             color="tab:red",
             alpha=0.18,
-            label=f"bound (18), eps = {d['epsilon']:.3f}",
+            label=f"bound (18), eps = {v.epsilon:.3f}",
         )
-        for v, (color, ls, label) in STYLE.items():
-            ax.plot(n_all, c["versions"][v]["saving_ms"], ls=ls, color=color, lw=1.4, label=label)
-        iv = c["measured"].get("saving_interval_ms")
+        for name, (color, ls, label) in STYLE.items():
+            ax.plot(n_all, c.versions[name].saving_ms, ls=ls, color=color, lw=1.4, label=label)
+        iv = c.measured.saving_interval_ms
         if iv:
             iv = np.asarray(iv, float)
             ax.errorbar(
@@ -76,44 +78,44 @@ def plot_saving(d: dict[str, Any], path: str | os.PathLike) -> Path:
             )
         ax.plot(n_all, S, "o", color="black", ms=4, label="measured S(n)")
         ax.axhline(0.0, color="grey", lw=0.7)
-        inside = pred["saving_in_band_count"]
-        ax.set_title(f"{c['name']}  ({inside} of {len(sc)} in band)", fontsize=9)
+        inside = pred.saving_in_band_count
+        ax.set_title(f"{c.name}  ({inside} of {len(sc)} in band)", fontsize=9)
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("saving (ms)")
     axes[0].legend(fontsize=7)
     return save_agg(fig, path)
 
 
-def plot_kstar(d: dict[str, Any], path: str | os.PathLike) -> Path:
+def plot_kstar(v: Validation, path: str | os.PathLike) -> Path:
     """Measured best draft length against acceptance, with each version's k_hat*."""
-    cfgs = d["configurations"]
+    cfgs = v.configurations
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
-        a = np.asarray(c["acceptance_values"], float)
-        km = np.asarray(c["measured"]["k_star"], float)
+        a = np.asarray(c.acceptance_values, float)
+        km = np.asarray(c.measured.k_star, float)
         ax.fill_between(a, km - 1, km + 1, color="0.85", step="mid", label="within one")
         ax.plot(a, km, "o-", color="black", drawstyle="steps-mid", label="measured k*")
         offs = {"prediction": -0.12, "measured_time": 0.0, "calibrated": 0.12}
-        for v, (color, _ls, label) in STYLE.items():
-            kh = np.asarray(c["versions"][v]["k_hat"], float) + offs[v]
+        for name, (color, _ls, label) in STYLE.items():
+            kh = np.asarray(c.versions[name].k_hat, float) + offs[name]
             ax.plot(a, kh, "s", mfc="none", color=color, ms=5, label=f"k̂* {label}")
-        ax.set_title(f"{c['name']}  ({c['kstar_within_one']} of {len(a)} within one)", fontsize=9)
+        ax.set_title(f"{c.name}  ({c.kstar_within_one} of {len(a)} within one)", fontsize=9)
         ax.set_xlabel("acceptance a")
         ax.set_ylabel("draft length")
-        ax.set_ylim(-1.2, max(c["k"]) + 1.2)
+        ax.set_ylim(-1.2, max(c.k) + 1.2)
     axes[0].legend(fontsize=7, loc="upper left")
     return save_agg(fig, path)
 
 
-def plot_verify(d: dict[str, Any], path: str | os.PathLike) -> Path:
+def plot_verify(v: Validation, path: str | os.PathLike) -> Path:
     """Verify time with deduplication off (per-slot) and on against each version's."""
-    cfgs = d["configurations"]
+    cfgs = v.configurations
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
-        n = np.asarray(c["n"])
+        n = np.asarray(c.n)
         ax.plot(
             n,
-            c["measured"]["verify_ms"]["off"],
+            c.measured.verify_off_ms,
             "o",
             color="black",
             mfc="none",
@@ -122,34 +124,38 @@ def plot_verify(d: dict[str, Any], path: str | os.PathLike) -> Path:
         )
         ax.plot(
             n,
-            c["measured"]["verify_ms"]["on"],
+            c.measured.verify_on_ms,
             "o",
             color="black",
             ms=4,
             label="measured, dedup on",
         )
-        for v, (color, ls, label) in STYLE.items():
+        for name, (color, ls, label) in STYLE.items():
             ax.plot(
                 n,
-                c["versions"][v]["verify_ms"]["dedup"],
+                c.versions[name].verify_ms.dedup,
                 ls=ls,
                 color=color,
                 label=f"{label}, dedup",
             )
-        ax.set_title(c["name"], fontsize=9)
+        ax.set_title(c.name, fontsize=9)
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("verify time (ms)")
     axes[0].legend(fontsize=7)
     return save_agg(fig, path)
 
 
-def write_validation_figures(d: dict[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """validate_saving.png, validate_kstar.png and validate_verify.png in ``out_dir``."""
+def write_validation_figures(
+    validation: Validation | dict[str, Any], out_dir: str | os.PathLike
+) -> list[Path]:
+    """validate_saving.png, validate_kstar.png and validate_verify.png in ``out_dir``; a
+    validation.json dict is read with :meth:`Validation.from_dict`."""
+    v = validation if isinstance(validation, Validation) else Validation.from_dict(validation)
     out = Path(out_dir)
-    if not d.get("configurations"):
+    if not v.configurations:
         return []
     return [
-        plot_saving(d, out / "validate_saving.png"),
-        plot_kstar(d, out / "validate_kstar.png"),
-        plot_verify(d, out / "validate_verify.png"),
+        plot_saving(v, out / "validate_saving.png"),
+        plot_kstar(v, out / "validate_kstar.png"),
+        plot_verify(v, out / "validate_verify.png"),
     ]

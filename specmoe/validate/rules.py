@@ -22,7 +22,7 @@ import json
 import math
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -38,6 +38,7 @@ __all__ = [
     "VERSIONS",
     "Rule",
     "RuleSet",
+    "RuleVerdict",
     "crossover_distance",
     "decide",
     "default_rules_path",
@@ -97,6 +98,53 @@ class Rule:
             # count/total op value/of, compared without division
             return bool(_OPS[self.op](measured * self.of, self.value * total))
         return bool(_OPS[self.op](measured, self.value))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rule:
+        """A rule as a validation.json verdict or summary spells it (already checked)."""
+        return cls(
+            id=d["id"],
+            version=d["version"],
+            metric=d["metric"],
+            op=d["op"],
+            value=d["value"],
+            text=d["text"],
+            required=d["required"],
+            of=d["of"],
+        )
+
+
+@dataclass(frozen=True)
+class RuleVerdict:
+    """One rule against one configuration: the ``measured`` score (of ``total`` values for a
+    count rule) and whether it holds (None: not scored)."""
+
+    rule: Rule
+    measured: Any
+    total: int | None
+    holds: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.rule
+        return {
+            "id": r.id,
+            "version": r.version,
+            "metric": r.metric,
+            "op": r.op,
+            "value": r.value,
+            "of": r.of,
+            "required": r.required,
+            "text": r.text,
+            "measured": self.measured,
+            "total": self.total,
+            "holds": self.holds,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RuleVerdict:
+        return cls(
+            rule=Rule.from_dict(d), measured=d["measured"], total=d["total"], holds=d["holds"]
+        )
 
 
 @dataclass(frozen=True)
@@ -239,30 +287,18 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     )
 
 
-def decide(rules: RuleSet, scores: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def decide(rules: RuleSet, scores: Mapping[str, Mapping[str, Any]]) -> tuple[RuleVerdict, ...]:
     """Each rule against one configuration's ``scores[version][metric]`` (a count metric also
     reads ``scores[version][metric + '_of']``, the number of values counted)."""
     out = []
     for r in rules.rules:
         s = scores.get(r.version, {})
         measured = s.get(r.metric)
-        holds = r.holds(measured, s.get(f"{r.metric}_of"))
+        total = s.get(f"{r.metric}_of")
         out.append(
-            {
-                "id": r.id,
-                "version": r.version,
-                "metric": r.metric,
-                "op": r.op,
-                "value": r.value,
-                "of": r.of,
-                "required": r.required,
-                "text": r.text,
-                "measured": measured,
-                "total": s.get(f"{r.metric}_of"),
-                "holds": holds,
-            }
+            RuleVerdict(rule=r, measured=measured, total=total, holds=r.holds(measured, total))
         )
-    return out
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,8 +18,11 @@ speedup and the bounds (18), (20), (21) come from :mod:`specmoe.cost`. Each conf
 and the share of points inside the band of (18); the crossover predicted and measured; the
 acceptance values where k_hat* is within one of the measured best; the largest throughput lost
 at k_hat*; the verify-time error; the best speedup inside (21) with delta the step-time error.
-The rules and tolerances are read from ``specmoe/validate/rules.json`` (:mod:`specmoe.validate.rules`)
-and decided unchanged. The runs folder format is :mod:`specmoe.formats.runs`.
+The rules and tolerances are read from ``specmoe/validate/rules.json``
+(:mod:`specmoe.validate.rules`) and decided unchanged. The runs folder format is
+:mod:`specmoe.formats.runs`; the plan is read as a :class:`~specmoe.cost.plan_result.Plan`.
+:func:`score_configuration` gives a :class:`~specmoe.validate.result.ConfigurationScore` and
+:func:`validate` a :class:`~specmoe.validate.result.Validation` (``to_dict()``: validation.json).
 """
 
 from __future__ import annotations
@@ -32,8 +35,21 @@ from typing import Any
 import numpy as np
 
 from specmoe.cost import bounds
+from specmoe.cost.plan import load_plan
+from specmoe.cost.plan_result import Plan
 from specmoe.errors import InputError
 from specmoe.formats.runs import Measured, load_runs
+from specmoe.spec import ModelSpec
+from specmoe.validate.result import (
+    SCHEMA,
+    ConfigurationScore,
+    MeasuredCurves,
+    PerKernel,
+    RulesFile,
+    RuleSummary,
+    Validation,
+    VersionScore,
+)
 from specmoe.validate.rules import (
     VERSIONS,
     RuleSet,
@@ -48,9 +64,15 @@ from specmoe.validate.rules import (
     verify_error,
 )
 
-__all__ = ["SCHEMA", "prediction_versions", "score_configuration", "validate"]
+__all__ = [
+    "SCHEMA",
+    "ConfigurationScore",
+    "Validation",
+    "prediction_versions",
+    "score_configuration",
+    "validate",
+]
 
-SCHEMA = "specmoe.validation/1"
 MS = 1e3
 
 
@@ -110,7 +132,7 @@ def prediction_versions(
 
 def score_configuration(
     m: Measured, profile: Any, *, num_layers: int, eps: float, rules: RuleSet
-) -> dict[str, Any]:
+) -> ConfigurationScore:
     """Every score of one configuration for the three versions, and each rule's verdict."""
     from specmoe.cost.step import crossover
 
@@ -146,8 +168,7 @@ def score_configuration(
     if m.per_prompt_off_ms is not None:
         samples = (m.per_prompt_off_ms - m.per_prompt_on_ms)[:, :n_top][:, sc]
 
-    scores: dict[str, dict[str, Any]] = {}
-    detail: dict[str, dict[str, Any]] = {}
+    scores: dict[str, VersionScore] = {}
     for version in VERSIONS:
         v = versions[version]
         tau = v["verify_ms"]
@@ -181,114 +202,98 @@ def score_configuration(
             seed=rules.sign_seed,
         )
         loss_bound = float(bounds.throughput_loss_bound(delta))  # bound (20)
-        scores[version] = {
-            "kstar_within_one": ks["kstar_within_one"],
-            "kstar_within_one_of": ks["kstar_within_one_of"],
-            "verify_error": max(verr[p] for p in rules.verify_error_kernels),
-            "crossover_distance": crossover_distance(cross, cross_meas, n_hi),
-            "saving_in_band_share": band["saving_in_band_share"],
-            "max_loss": ks["max_loss"],
-            "sign_agreement_share": sign["sign_agreement_share"],
-            "speedup_in_bound_share": sp["speedup_in_bound_share"],
-            "saving_error_ms": band["saving_error_ms"],
-            "delta": delta,
-        }
-        detail[version] = {
-            "verify_ms": {p: tau[p].tolist() for p in tau},
-            "expert_ms": {p: v["expert_ms"][p].tolist() for p in tau},
-            "saving_ms": S_hat.tolist(),
-            "crossover": cross,
-            "band_ms": band["band_ms"],
-            "inside_band": band["inside"],
-            "saving_in_band_count": band["saving_in_band_count"],
-            "implied_epsilon": band["implied_epsilon"],
-            "verify_error_by_kernel": verr,
-            "step_ms": V_hat,
-            "k_hat": ks["k_hat"],
-            "within_one": ks["within_one"],
-            "loss": ks["loss"],
-            "loss_bound": loss_bound,
-            "loss_inside_bound": [x <= loss_bound + 1e-12 for x in ks["loss"]],
-            "speedup_predicted": sp["predicted"],
-            "speedup_measured": sp["measured"],
-            "speedup_inside_bound": sp["inside"],
-            "speedup_factor": sp["factor"],
-            "sign_counted": sign["sign_counted"],
-            **scores[version],
-        }
-        if version == "calibrated":
-            detail[version]["outside_growth_ms"] = v["outside_growth_ms"].tolist()
-    verdicts = decide(rules, scores)
-    required = [r for r in verdicts if r["required"]]
-    p = scores["prediction"]
-    thr_speedup = (T / T[:, :1]).max(axis=1)
-    return {
-        "name": m.name,
-        "model": m.model,
-        "depth": m.depth,
-        "device": m.device,
-        "engine": m.engine,
-        "n": n_all.tolist(),
-        "scored_n": n_sc.tolist(),
-        "acceptance_values": acc,
-        "k": list(range(K + 1)),
-        "kernel_of_runs": kernel,
-        "kstar_within_one": p["kstar_within_one"],
-        "max_loss": p["max_loss"],
-        "verify_error": {v: scores[v]["verify_error"] for v in VERSIONS},
-        "saving_error_ms": {v: scores[v]["saving_error_ms"] for v in VERSIONS},
-        "saving_in_band_share": p["saving_in_band_share"],
-        "crossover_predicted": detail["prediction"]["crossover"],
-        "crossover_measured": cross_meas,
-        "crossover": {v: detail[v]["crossover"] for v in VERSIONS},
-        "delta": {v: scores[v]["delta"] for v in VERSIONS},
-        "measured": {
-            "verify_ms": {"off": off.tolist(), "on": on.tolist()},
-            "saving_ms": S.tolist(),
-            "draft_ms": h.tolist(),
-            "step_ms": V,
-            "k_star": [int(np.flatnonzero(r == r.max())[0]) for r in T],
-            "tokens_per_s": T.tolist(),
-            "throughput_best_speedup": thr_speedup.tolist(),
-            "saving_interval_ms": sign_scores(
-                S[sc],
-                samples,
-                level=rules.sign_level,
-                resamples=rules.sign_resamples,
-                seed=rules.sign_seed,
-            )["interval_ms"],
-        },
-        "versions": detail,
-        "rules": verdicts,
-        "all_hold": bool(required) and all(r["holds"] is True for r in required),
-        "notes": notes,
-        "sources": m.sources,
-    }
+        growth = v.get("outside_growth_ms")
+        scores[version] = VersionScore(
+            verify_ms=PerKernel(tuple(tau["per_slot"].tolist()), tuple(tau["dedup"].tolist())),
+            expert_ms=PerKernel(
+                tuple(v["expert_ms"]["per_slot"].tolist()), tuple(v["expert_ms"]["dedup"].tolist())
+            ),
+            saving_ms=tuple(S_hat.tolist()),
+            crossover=cross,
+            band_ms=tuple(band["band_ms"]),
+            inside_band=tuple(band["inside"]),
+            saving_in_band_count=band["saving_in_band_count"],
+            implied_epsilon=band["implied_epsilon"],
+            verify_error_by_kernel=PerKernel(verr["per_slot"], verr["dedup"]),
+            step_ms=tuple(V_hat),
+            k_hat=tuple(ks["k_hat"]),
+            within_one=tuple(ks["within_one"]),
+            loss=tuple(ks["loss"]),
+            loss_bound=loss_bound,
+            loss_inside_bound=tuple(x <= loss_bound + 1e-12 for x in ks["loss"]),
+            speedup_predicted=tuple(sp["predicted"]),
+            speedup_measured=tuple(sp["measured"]),
+            speedup_inside_bound=None if sp["inside"] is None else tuple(sp["inside"]),
+            speedup_factor=sp["factor"],
+            sign_counted=sign["sign_counted"],
+            kstar_within_one=ks["kstar_within_one"],
+            kstar_within_one_of=ks["kstar_within_one_of"],
+            verify_error=max(verr[p] for p in rules.verify_error_kernels),
+            crossover_distance=crossover_distance(cross, cross_meas, n_hi),
+            saving_in_band_share=band["saving_in_band_share"],
+            max_loss=ks["max_loss"],
+            sign_agreement_share=sign["sign_agreement_share"],
+            speedup_in_bound_share=sp["speedup_in_bound_share"],
+            saving_error_ms=band["saving_error_ms"],
+            delta=delta,
+            outside_growth_ms=None if growth is None else tuple(growth.tolist()),
+        )
+    interval = sign_scores(
+        S[sc],
+        samples,
+        level=rules.sign_level,
+        resamples=rules.sign_resamples,
+        seed=rules.sign_seed,
+    )["interval_ms"]
+    measured = MeasuredCurves(
+        verify_off_ms=tuple(off.tolist()),
+        verify_on_ms=tuple(on.tolist()),
+        saving_ms=tuple(S.tolist()),
+        draft_ms=tuple(h.tolist()),
+        step_ms=tuple(V),
+        k_star=tuple(int(np.flatnonzero(r == r.max())[0]) for r in T),
+        tokens_per_s=tuple(tuple(r) for r in T.tolist()),
+        throughput_best_speedup=tuple((T / T[:, :1]).max(axis=1).tolist()),
+        saving_interval_ms=None if interval is None else tuple(tuple(r) for r in interval),
+    )
+    return ConfigurationScore(
+        name=m.name,
+        model=m.model,
+        depth=m.depth,
+        device=m.device,
+        engine=m.engine,
+        n=tuple(n_all.tolist()),
+        scored_n=tuple(n_sc.tolist()),
+        acceptance_values=tuple(acc),
+        k=tuple(range(K + 1)),
+        kernel_of_runs=kernel,
+        crossover_measured=cross_meas,
+        measured=measured,
+        versions=scores,
+        rules=decide(rules, {v: s.metrics() for v, s in scores.items()}),
+        notes=tuple(notes),
+        sources=dict(m.sources),
+    )
 
 
 # ------------------------------------------------------------------------------------------
 # the whole validation
 
 
-def _load_plan(path: str | Path) -> dict[str, Any]:
-    from specmoe.cost.plan import read_plan
-
+def _load_plan(path: str | Path) -> Plan:
     try:
-        d = read_plan(path)
+        return load_plan(path)
     except InputError as exc:
         raise InputError(exc.message, argument="plan_path") from None
-    if d.get("schema") != "specmoe.plan/1" or "model" not in d:
-        raise InputError(f"{path}: not a plan written by specmoe plan", argument="plan_path")
-    return d
 
 
 def _find_profile(
-    plan: dict, plan_path: str | Path, runs: str | Path, explicit: str | None
+    plan: Plan, plan_path: str | Path, runs: str | Path, explicit: str | None
 ) -> Path:
     if explicit is not None:
         return Path(explicit)
     cands = []
-    src = plan.get("sources", {}).get("bandwidth", {}).get("path")
+    src = plan.sources.get("bandwidth", {}).get("path")
     if src:
         cands.append(Path(src))
     pp = Path(plan_path)
@@ -308,25 +313,23 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", name.lower())
 
 
-def _same_model(plan_model: dict, run_model: str) -> bool:
-    """Whether runs labelled ``run_model`` are of the plan's model: the spec's name (without a
-    "[N layers]" suffix), or the folder of the HF config it was read from (a local model's
-    label); a dummy-weight label "PRESET-dummy-NL" matches the preset cut to N layers."""
+def _same_model(spec: ModelSpec, run_model: str) -> bool:
+    """Whether runs labelled ``run_model`` are of the plan's model ``spec``: the spec's name
+    (without a "[N layers]" suffix), or the folder of the HF config it was read from (a local
+    model's label); a dummy-weight label "PRESET-dummy-NL" matches the preset cut to N layers."""
     if not run_model:
         return True
-    name = str(plan_model.get("name", ""))
-    base = re.sub(r"\[\d+ layers\]$", "", name).strip()
-    aliases = {_norm(name), _norm(base)}
-    src = str(plan_model.get("source", ""))
-    if src:
-        p = Path(src)
+    base = re.sub(r"\[\d+ layers\]$", "", spec.name).strip()
+    aliases = {_norm(spec.name), _norm(base)}
+    if spec.source:
+        p = Path(spec.source)
         aliases.add(_norm(p.parent.name if p.name == "config.json" else p.name))
     m = re.fullmatch(r"(.+)-dummy-(\d+)L", run_model)
     if m:
         layers = int(m.group(2))
         return _norm(m.group(1)) in aliases and layers in (
-            plan_model.get("num_hidden_layers"),
-            plan_model.get("num_moe_layers"),
+            spec.num_hidden_layers,
+            spec.num_moe_layers,
         )
     aliases.discard("")
     return _norm(run_model) in aliases
@@ -338,11 +341,10 @@ def validate(
     *,
     rules_path: str | None = None,
     profile_path: str | None = None,
-) -> dict[str, Any]:
+) -> Validation:
     """Score every configuration of ``runs`` against the plan's model and bandwidth profile with
-    the rule set ``rules_path`` (default: the pre-registered one); -> the validation dict."""
+    the rule set ``rules_path`` (default: the pre-registered one)."""
     from specmoe.formats.profile import check_profile_matches, load_profile
-    from specmoe.spec import ModelSpec
 
     try:
         rules = load_rules(rules_path)
@@ -350,20 +352,20 @@ def validate(
         raise InputError(exc.message, argument="rules_path") from None
     plan = _load_plan(plan_path)
     try:
-        spec = ModelSpec.from_dict(plan["model"])
-    except (TypeError, ValueError, KeyError) as exc:
+        spec = ModelSpec.from_dict(plan.model)
+    except (TypeError, ValueError, KeyError, InputError) as exc:
         raise InputError(
             f"{plan_path}: its model is not a model spec ({exc})", argument="plan_path"
         ) from None
     every = load_runs(runs)
-    configs = [m for m in every if _same_model(plan["model"], m.model)]
+    configs = [m for m in every if _same_model(spec, m.model)]
     if not configs:
         models = ", ".join(sorted({repr(m.model) for m in every}))
         raise InputError(
             f"{plan_path}: is for model {spec.name!r} but the runs in {runs} are for {models}",
             argument="plan_path",
         )
-    skipped = sorted({m.model for m in every if not _same_model(plan["model"], m.model)})
+    skipped = sorted({m.model for m in every if not _same_model(spec, m.model)})
     if skipped:
         _err(
             f"validate: scoring the runs of {spec.name}; skipping those of "
@@ -379,45 +381,20 @@ def validate(
         scored.append(
             score_configuration(m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules)
         )
-    summary = []
-    for i, r in enumerate(rules.rules):
-        per = {c["name"]: c["rules"][i]["holds"] for c in scored}
-        vals = list(per.values())
-        holds = None if any(v is None for v in vals) else all(vals)
-        summary.append(
-            {
-                "id": r.id,
-                "text": r.text,
-                "version": r.version,
-                "metric": r.metric,
-                "op": r.op,
-                "value": r.value,
-                "of": r.of,
-                "required": r.required,
-                "holds": holds,
-                "configurations_holding": sum(v is True for v in vals),
-                "configurations": len(vals),
-                "per_configuration": per,
-            }
-        )
-    req = [s for s in summary if s["required"]]
-    return {
-        "schema": SCHEMA,
-        "model": spec.name,
-        "plan": str(plan_path),
-        "profile": str(ppath),
-        "runs": str(runs),
-        "rules_file": {"path": rules.path, "sha256": rules.sha256, "title": rules.title},
-        "epsilon": eps,
-        "crossover_plan": plan.get("crossover"),  # Eq. (5) from bandwidths, for reference
-        "device": profile.device,
-        "device_name": profile.device_name,
-        "configurations": scored,
-        "rules": summary,
-        "all_hold": all(s["holds"] is True for s in req),
-        "all_rules_hold": all(s["holds"] is True for s in summary),
-    }
-
-
-# ------------------------------------------------------------------------------------------
-# the command
+    summary = tuple(
+        RuleSummary(rule=r, per_configuration={c.name: c.rules[i].holds for c in scored})
+        for i, r in enumerate(rules.rules)
+    )
+    return Validation(
+        model=spec.name,
+        plan=str(plan_path),
+        profile=str(ppath),
+        runs=str(runs),
+        rules_file=RulesFile(path=rules.path, sha256=rules.sha256, title=rules.title),
+        epsilon=eps,
+        crossover_plan=plan.crossover,  # Eq. (5) from bandwidths, for reference
+        device=profile.device,
+        device_name=profile.device_name,
+        configurations=tuple(scored),
+        rules=summary,
+    )
