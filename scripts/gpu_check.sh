@@ -3,7 +3,7 @@
 # the run a budget of BUDGET_S = 450 s, so the whole stays under 8 minutes):
 #   1. facts: GPU, driver, torch, CUDA, Triton, transformers;
 #   2. the kernel contract on CUDA: tests/test_kernels.py (CUDA classes) with pytest, or the
-#      standalone self-check (python -m specmoe.kernels.selfcheck) where pytest is missing;
+#      standalone self-check (scripts/kernel_selfcheck.py) where pytest is missing;
 #   3. the expert-operation benchmark at OLMoE-1B-7B-0125 and Qwen3-30B-A3B shapes in bf16,
 #      every kernel including transformers' peers (a kernel that fails is left out and said;
 #      if the whole run fails, ours alone are timed again).
@@ -82,7 +82,7 @@ EOF
         step contract_pytest 200 "$PY" -m pytest -p no:xdist -p no:cacheprovider -q -rs \
             -m cuda tests/test_kernels.py --junitxml="$RES/contract_junit.xml"
     else
-        step contract_selfcheck 150 "$PY" -m specmoe.kernels.selfcheck --device cuda --json \
+        step contract_selfcheck 150 "$PY" scripts/kernel_selfcheck.py --device cuda --json \
             > "$RES/contract_selfcheck.json"
     fi
 

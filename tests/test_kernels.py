@@ -477,3 +477,80 @@ def test_registry_unknown_name_lists_valid_ones():
     assert kernel_kind("grouped_mm") == "dedup"
     assert set(kernel_names("cpu")) == set(KERNELS)
     assert "hf_eager" not in kernel_names(peers=False)
+
+
+# ------------------------------------------------------------------------------------------
+# the standalone self-check (scripts/kernel_selfcheck.py over specmoe.kernels.selfcheck)
+
+
+def _selfcheck_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "kernel_selfcheck.py"
+    spec = importlib.util.spec_from_file_location("kernel_selfcheck", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_selfcheck_kernels_to_check_name_their_argument():
+    from specmoe.kernels.selfcheck import kernels_to_check
+
+    every = kernels_to_check("cpu")
+    assert "reference" not in every and {"per_slot", "dedup"} <= set(every)
+    assert kernels_to_check("cpu", ["dedup", ""]) == ["dedup"]
+    with pytest.raises(InputError) as exc:
+        kernels_to_check("cpu", ["nope"])
+    assert exc.value.argument == "kernels" and "'nope'" in str(exc.value)
+    assert "--" not in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        kernels_to_check("cpu", [""])
+    assert exc.value.argument == "kernels"
+    with pytest.raises(InputError) as exc:
+        kernels_to_check("tpu")
+    assert exc.value.argument == "device"
+    if not HAS_CUDA:
+        with pytest.raises(InputError, match="no CUDA device") as exc:
+            kernels_to_check("cuda")
+        assert exc.value.argument == "device"
+
+
+def test_selfcheck_summary_line_counts_and_lists_failures():
+    from specmoe.kernels.selfcheck import summary_line
+
+    res = [
+        {"case": "a", "error": 1e-7, "ok": True, "note": ""},
+        {"case": "b", "error": 2e-3, "ok": False, "note": ""},
+        {"case": "c", "error": None, "ok": False, "note": "RuntimeError: boom"},
+    ]
+    first, *fails = summary_line("dedup", "cpu", res).splitlines()
+    assert first == "           dedup on cpu: 1/3 within tolerance, largest error 2.00e-03"
+    assert fails == ["    FAIL b: 0.002", "    FAIL c: RuntimeError: boom"]
+
+
+def test_selfcheck_script_checks_a_kernel_and_prints_json(capsys):
+    import json
+
+    from specmoe.kernels.selfcheck import cases
+
+    rc = _selfcheck_script().main(["--kernels", "reference", "--json"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    results = json.loads(cap.out)
+    assert {r["kernel"] for r in results} == {"reference"} and all(r["ok"] for r in results)
+    assert [r["case"] for r in results] == [c[0] for c in cases()]
+    assert cap.err.strip().startswith("reference on cpu: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["--kernels", "nope"], "--kernels"), (["--kernels", ","], "--kernels")]
+    + ([] if HAS_CUDA else [(["--device", "cuda"], "--device")]),
+)
+def test_selfcheck_script_bad_input_is_one_line_exit_2(argv, flag, capsys):
+    rc = _selfcheck_script().main(argv)
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and cap.out == "" and len(err) == 1
+    assert err[0].startswith(f"kernel_selfcheck: error: {flag}: ")

@@ -15,12 +15,6 @@ from pathlib import Path
 
 from _layout import FORBIDDEN, GUARDED, ROOT, imported_names, scan_imports, walk_blocked
 
-# Modules outside commands/ that still parse their own arguments; each is a known exception to
-# "CLI code lives only in commands/", kept until it moves.
-#   specmoe/kernels/selfcheck.py: `python -m specmoe.kernels.selfcheck` for GPU machines without
-#   pytest (scripts/gpu_check.sh runs it).
-CLI_EXCEPTIONS = {"specmoe/kernels/selfcheck.py"}
-
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     """A package ``fakepkg`` under ``tmp_path`` with the given module sources."""
@@ -207,7 +201,7 @@ def test_cli_code_lives_only_in_commands():
         hits = _cli_code(path)
         if rel == "specmoe/cli.py" or rel.startswith("specmoe/commands/"):
             in_commands += hits
-        elif rel not in CLI_EXCEPTIONS:
+        else:
             found += hits
     assert found == []
     # the check sees CLI code where it does live

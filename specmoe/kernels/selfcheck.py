@@ -1,9 +1,12 @@
 """The kernel contract as a standalone check: every kernel against ``reference`` on a device.
 
-``python -m specmoe.kernels.selfcheck [--device cuda] [--kernels a,b] [--json]`` runs the cases
-of ``tests/test_kernels.py`` (pass sizes 1..16, slots 1..8, repetition patterns, float32 /
-bfloat16 / float16, gpt-oss's activation with biases) where pytest is not installed, e.g. on a
-bare GPU machine. Exit status 0 when every case is within tolerance, 1 otherwise.
+:func:`check` runs the cases of ``tests/test_kernels.py`` (pass sizes 1..16, slots 1..8,
+repetition patterns, float32 / bfloat16 / float16, gpt-oss's activation with biases) for one
+kernel, where pytest is not installed, e.g. on a bare GPU machine; :func:`kernels_to_check`
+names the kernels of a device and :func:`summary_line` says one kernel's outcome. The command
+line is ``scripts/kernel_selfcheck.py [--device cuda] [--kernels a,b] [--json]`` (exit status 0
+when every case is within tolerance, 1 otherwise, 2 for bad input), run by
+``scripts/gpu_check.sh``.
 
 Tolerances (relative L2 error against the float64 reference on the same rounded inputs):
 float32 1e-5, float16 5e-3, bfloat16 3e-2 (kernels may round the activation to the weight
@@ -12,12 +15,13 @@ dtype between the two products, as transformers' do).
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
+import math
 import traceback
+from collections.abc import Sequence
 
 import torch
+
+from specmoe.errors import InputError
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24), (16, 1, 3)]
@@ -115,41 +119,34 @@ def check(kernel: str, device: str) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def kernels_to_check(device: str = "cpu", kernels: Sequence[str] | None = None) -> list[str]:
+    """The kernels to check on ``device``: ``kernels`` (each with an implementation there) or,
+    when None, every registered one but ``reference``. No CUDA device for ``device="cuda"``, or
+    a kernel without an implementation on ``device``, is an ``InputError``."""
     from specmoe.kernels import kernel_names
 
-    ap = argparse.ArgumentParser(
-        prog="python -m specmoe.kernels.selfcheck",
-        description="every kernel against the float64 reference",
-    )
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--kernels", default=None, help="comma-separated (default: all)")
-    ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("selfcheck: no CUDA device", file=sys.stderr)
-        return 2
-    names = (
-        args.kernels.split(",")
-        if args.kernels
-        else [k for k in kernel_names(args.device) if k != "reference"]
-    )
-    results = []
-    for k in names:
-        res = check(k, args.device)
-        results += res
-        bad = [r for r in res if not r["ok"]]
-        worst = max((r["error"] for r in res if r["error"] is not None), default=float("nan"))
-        print(
-            f"{k:>16} on {args.device}: {len(res) - len(bad)}/{len(res)} within tolerance, "
-            f"largest error {worst:.2e}"
-            + "".join(f"\n    FAIL {r['case']}: {r['note'] or r['error']}" for r in bad[:5]),
-            file=sys.stderr,
-        )
-    if args.json:
-        print(json.dumps(results, indent=1))
-    return 0 if all(r["ok"] for r in results) else 1
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"must be cpu or cuda, got {device!r}", argument="device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InputError("no CUDA device", argument="device")
+    have = kernel_names(device)
+    if kernels is None:
+        return [k for k in have if k != "reference"]
+    names = [k for k in kernels if k]
+    bad = [k for k in names if k not in have]
+    if bad or not names:
+        what = f"no kernel {bad[0]!r} on {device}" if bad else "names no kernel"
+        raise InputError(f"{what} (choose from {', '.join(have)})", argument="kernels")
+    return names
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+def summary_line(kernel: str, device: str, results: list[dict]) -> str:
+    """One kernel's outcome from :func:`check`: how many cases are within tolerance, the
+    largest error, and the first five failures (one line each, indented)."""
+    bad = [r for r in results if not r["ok"]]
+    worst = max((r["error"] for r in results if r["error"] is not None), default=math.nan)
+    return (
+        f"{kernel:>16} on {device}: {len(results) - len(bad)}/{len(results)} within tolerance, "
+        f"largest error {worst:.2e}"
+        + "".join(f"\n    FAIL {r['case']}: {r['note'] or r['error']}" for r in bad[:5])
+    )
