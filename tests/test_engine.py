@@ -79,6 +79,23 @@ def test_crossover_from_plan(tmp_path):
         crossover_from_plan(tmp_path / "missing.json")
 
 
+def test_crossover_from_plan_errors_name_its_argument(tmp_path, capsys):
+    from specmoe.cli import main
+
+    (tmp_path / "zero.json").write_text(json.dumps({"crossover": 0}))
+    for name in ("zero.json", "missing.json"):
+        with pytest.raises(InputError) as info:
+            crossover_from_plan(tmp_path / name)
+        assert info.value.argument == "plan" and "--" not in str(info.value)
+    # specmoe run shows it as its --plan flag, on one line, exit 2
+    assert main(["run", "--kernel", "auto", "--plan", str(tmp_path / "zero.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"specmoe run: error: --plan: {tmp_path / 'zero.json'}: crossover 0 is not a positive "
+        "pass size"
+    ]
+
+
 # ------------------------------------------------------------------------------------------
 # the switch computes what transformers' own experts implementation computes
 

@@ -113,15 +113,16 @@ class KernelPolicy:
         return self.setting
 
 
-def crossover_from_plan(path: str | os.PathLike) -> int | None:
-    """The ``crossover`` of a plan.json (``specmoe plan``); None where the plan has none."""
+def crossover_from_plan(plan: str | os.PathLike) -> int | None:
+    """The ``crossover`` of the plan.json ``plan`` (the file or its folder, written by
+    ``specmoe plan``); None where the plan has none. Errors name the argument ``plan``."""
     from specmoe.cost.plan import read_plan
 
-    c = read_plan(path, fields=("crossover",))["crossover"]
+    c = read_plan(plan, fields=("crossover",))["crossover"]  # its errors name ``plan``
     if c is None:
         return None
     if isinstance(c, bool) or not isinstance(c, int | float) or int(c) != c or c < 1:
-        raise InputError(f"{path}: crossover {c!r} is not a positive pass size")
+        raise InputError(f"{plan}: crossover {c!r} is not a positive pass size", argument="plan")
     return int(c)
 
 
