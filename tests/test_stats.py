@@ -343,6 +343,22 @@ def test_u_bar_and_rho_bar_against_fractions():
     assert rb[1] == pytest.approx(((0.25 + 3 * 0.75) + (0.5 + 3 * 0.5)) / (2 * 4))
 
 
+def test_rho_bar_is_eq11_of_the_cost_model():
+    """rho_bar_of is Eq. (11) as specmoe.cost.bytes.mean_reuse computes it, k by k; NaN from
+    the first window length without windows (rho NaN there)."""
+    from specmoe.cost.bytes import mean_reuse
+
+    rng = np.random.default_rng(3)
+    rho = rng.uniform(0, 1, size=(5, 9))
+    w = rng.uniform(1, 4, size=5)
+    rb = rho_bar_of(rho, w)
+    assert rb.tolist() == [mean_reuse(w, rho, k) for k in range(1, 9)]
+    rho[:, 6:] = np.nan  # no windows of 7 tokens or more
+    rb = rho_bar_of(rho, w)
+    assert rb[:5].tolist() == [mean_reuse(w, rho[:, :6], k) for k in range(1, 6)]
+    assert np.isnan(rb[5:]).all() and rb.shape == (8,)
+
+
 def test_spec_weighting_and_eq12():
     rng = np.random.default_rng(2)
     tr = random_trace(rng, N=16, m=2, L=3, lengths=[30, 25], sticky=0.5)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from specmoe.cost.bytes import mean_reuse
 from specmoe.errors import InputError
 from specmoe.routing.overlap import (
     OverlapDecomposition,
@@ -253,11 +254,17 @@ def u_bar_of(union: np.ndarray, weights: np.ndarray, top_k: int) -> np.ndarray:
 
 
 def rho_bar_of(rho: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """[..., n−1] ρ̄_k = Σ_{j=2}^{k+1} Σ_l w_l ρ_l(j) / (k W), k = 1..max_n−1 (paper 002 (11))."""
+    """[n−1] ρ̄_k for k = 1..n−1 by Eq. (11) (:func:`specmoe.cost.bytes.mean_reuse`) from ρ̂_l(j)
+    [L, n] and the layer weights w_l [L]; NaN from the first k whose pass of k + 1 tokens has
+    no windows (ρ̂ is NaN there)."""
+    r = np.asarray(rho, dtype=np.float64)
     w = np.asarray(weights, dtype=np.float64)
-    per_j = np.tensordot(w, rho, axes=([0], [-2])) / w.sum()  # [..., n]
-    k = np.arange(1, rho.shape[-1])
-    return np.cumsum(per_j[..., 1:], axis=-1) / k
+    out = np.full(r.shape[-1] - 1, np.nan)
+    finite = np.isfinite(r).all(axis=0)  # [n]: window lengths with windows
+    k_ok = int(np.argmin(finite[1:])) if not finite[1:].all() else out.size
+    for k in range(1, k_ok + 1):
+        out[k - 1] = mean_reuse(w, r[:, : k_ok + 1], k)
+    return out
 
 
 def layer_weights_for(spec, sums_or_trace) -> np.ndarray:
