@@ -1,7 +1,9 @@
-"""Atomic file writes (write to a temporary name in the same folder, then rename) and JSON reads
-with one-line errors.
+"""Atomic file writes (write to a temporary name in the same folder, sync, then rename), JSON
+reads with one-line errors, and a lock that keeps a second writer out of an output folder.
 
-An interrupted run never leaves a half-written file that a later read takes as whole.
+An interrupted run never leaves a half-written file that a later read takes as whole, and a
+power cut after the rename cannot leave an empty one (the data is synced before the rename, the
+folder after it).
 """
 
 from __future__ import annotations
@@ -35,10 +37,96 @@ def atomic_path(path: str | os.PathLike, *, suffix: str | None = None) -> Iterat
     os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; give the usual file mode
     try:
         yield tmp_path
+        _fsync(tmp_path)
         os.replace(tmp_path, path)
+        _fsync(path.parent)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _fsync(path: Path) -> None:
+    """Flush ``path`` (a file or a folder) to the disk; a folder that cannot be opened or
+    synced (some file systems) is left as it is."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        if not path.is_dir():
+            raise
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not path.is_dir():
+            raise
+    finally:
+        os.close(fd)
+
+
+LOCK_NAME = ".specmoe.lock"
+
+
+@contextlib.contextmanager
+def out_lock(path: str | os.PathLike, *, argument: str | None = "out") -> Iterator[Path]:
+    """Hold the folder ``path`` for one writer: ``with out_lock(out): ...``.
+
+    Takes an exclusive ``fcntl.flock`` on ``path/.specmoe.lock`` (written with the owner's
+    pid), creating ``path`` if needed. While another process holds it this raises
+    ``InputError`` naming ``path`` and that pid (``argument``: the caller's argument that
+    gave ``path``, so a command shows its flag). The kernel drops the lock when its owner
+    dies, so a killed writer leaves no stale lock. On exit the lock file is removed, and
+    ``path`` too when this call made it and nothing was written there.
+    """
+    import fcntl
+
+    from specmoe.errors import InputError
+
+    folder = Path(path)
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(
+            f"{folder}: cannot make the folder ({exc.strerror})", argument=argument
+        ) from None
+    if not folder.is_dir():
+        raise InputError(f"{folder}: exists and is not a folder", argument=argument)
+    lock = folder / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise InputError(
+                f"{folder}: not writable ({exc.strerror})", argument=argument
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise InputError(
+                f"{folder}: another specmoe process (pid {owner}) is writing there; wait "
+                "for it or choose another folder",
+                argument=argument,
+            ) from None
+        try:  # the file may have been removed by its last owner between open and flock
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield folder
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+        os.close(fd)  # releases the flock
+        if made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
 
 
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], Any]) -> Path:
