@@ -124,19 +124,26 @@ def test_writer_round_trip_and_derived_columns(tmp_path):
     assert np.isnan(log["acceptance"]).all()  # optional column absent -> nulls
 
 
-def test_writer_keeps_flushed_rounds_when_interrupted(tmp_path):
+def test_writer_keeps_flushed_rounds_when_interrupted_marked_unfinished(tmp_path):
+    from specmoe.formats.roundlog import read_parts
+
     rng = np.random.default_rng(1)
     with pytest.raises(RuntimeError), RoundLogWriter(tmp_path, flush_every=3) as w:
         for i in range(4):
             w.append(**_round(rng, 2, rnd=i))
         raise RuntimeError("engine crashed")
-    # the context manager flushed the 4th round on the way out; a stray temporary is ignored
-    (tmp_path / ".part-000009.parquet.tmp").write_bytes(b"half a file")
-    assert len(read_round_log(tmp_path)) == 4
-    w2 = RoundLogWriter(tmp_path)  # a resumed run continues the part numbering
-    w2.append(**_round(rng, 2, rnd=4))
+    # the context manager flushed the 4th round on the way out, its generation still open
+    parts = read_parts(tmp_path)
+    assert [p.path.name for p in parts] == ["part-000000.parquet", "part-000001.parquet"]
+    assert all(p.open == ("r/p0",) and not p.ended for p in parts)
+    (tmp_path / ".part-000009.parquet.tmp").write_bytes(b"half a file")  # ignored
+    with pytest.raises(InputError, match="1 unfinished generation"):
+        read_round_log(tmp_path)
+    w2 = RoundLogWriter(tmp_path)  # a writer in the same folder continues the part numbering
+    w2.append(**_round(rng, 2, prompt="p1", rnd=0))
     assert w2.flush().name == "part-000002.parquet"
-    assert len(read_round_log(tmp_path)) == 5
+    log = read_round_log(tmp_path)
+    assert list(log["generation_id"]) == ["r/p1"]  # the unfinished one stays left out
 
 
 def test_writer_rejects_unknown_and_missing_columns(tmp_path):
@@ -274,3 +281,122 @@ def test_reader_checks_invariants(tmp_path, change, message):
     with pytest.raises(InputError) as e:
         read_round_log(tmp_path)
     assert message in _one_line(e.value) and "'r/p0'" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# readers that cannot be lied to: keys, ranges, unfinished and truncated generations
+
+
+def _gen_log(tmp_path, rounds=4, *, run="r", prompt="p0", **change):
+    rng = np.random.default_rng(7)
+    w = RoundLogWriter(tmp_path)
+    for i in range(rounds):
+        r = _round(rng, 2, run=run, prompt=prompt, rnd=i, acc=2)
+        r["context_len"] = 100 + 3 * i
+        if i == rounds - 1:
+            r.update(change)
+        w.append(**r)
+    w.close()
+    return tmp_path
+
+
+def _refused(path, *needles):
+    with pytest.raises(InputError) as e:
+        read_round_log(path)
+    msg = _one_line(e.value)
+    for n in needles:
+        assert n in msg, (n, msg)
+    return msg
+
+
+def test_a_doubled_log_is_refused_naming_the_copy_the_row_and_the_field(tmp_path):
+    import shutil
+
+    log = _gen_log(tmp_path / "log")
+    shutil.copy(log / "part-000000.parquet", log / "part-000001.parquet")
+    _refused(log, "part-000001.parquet", "row 0", "round", "'r/p0'", "duplicate")
+
+
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        (dict(u_mean=1e300), ("u_mean",)),
+        (dict(u_mean=float("inf")), ("u_mean",)),
+        (dict(t_verify_ms=1e300), ("t_verify_ms",)),
+        (dict(t_verify_ms=float("inf")), ("t_verify_ms",)),
+        (dict(t_draft_ms=float("inf")), ("t_draft_ms",)),
+        (dict(t_draft_ms=-1.0), ("t_draft_ms",)),
+        (dict(acceptance=1.5), ("acceptance",)),
+        (dict(kv_usage=2.0), ("kv_usage",)),
+        (dict(e_max=9), ("e_max",)),
+        (dict(context_len=-5), ("context_len",)),
+    ],
+)
+def test_reader_refuses_out_of_range_values(tmp_path, change, needles):
+    _refused(_gen_log(tmp_path / "log", **change), "part-000000.parquet", "row 3", *needles)
+
+
+def _routing(value_at):
+    r = np.tile(np.arange(2, dtype=np.int64), (3, 2, 1))  # [P=3, L=2, m=2] ids 0, 1
+    for idx, v in value_at.items():
+        r[idx] = v
+    return r
+
+
+@pytest.mark.parametrize(
+    "routing, what",
+    [
+        (_routing({(1, 0, 1): 8}), "outside [0, 8)"),
+        (_routing({(2, 1, 0): -1}), "outside [0, 8)"),
+        (_routing({(0, 1, 1): 0}), "repeated"),
+    ],
+)
+def test_reader_refuses_bad_routing_ids(tmp_path, routing, what):
+    _refused(
+        _gen_log(tmp_path / "log", routing=routing, num_experts=8, u_mean=2.0, e_max=3),
+        "part-000000.parquet",
+        "row 3",
+        "routing",
+        what,
+    )
+
+
+def test_reader_refuses_a_generation_with_a_missing_round(tmp_path):
+    log = _gen_log(tmp_path / "log")
+    t = pq.read_table(log / "part-000000.parquet")
+    pq.write_table(t.filter(pa.array([True, False, True, True])), log / "part-000000.parquet")
+    _refused(log, "part-000000.parquet", "row 1", "round", "'r/p0'")
+
+
+def test_an_unfinished_generation_is_not_read_as_finished(tmp_path):
+    rng = np.random.default_rng(1)
+    with pytest.raises(RuntimeError), RoundLogWriter(tmp_path, flush_every=3) as w:
+        for i in range(4):
+            w.append(**_round(rng, 2, prompt="done", rnd=i))
+        w.end_generation("r/done")
+        for i in range(5):
+            w.append(**_round(rng, 2, prompt="cut", rnd=i))
+        raise RuntimeError("engine crashed")
+    log = read_round_log(tmp_path)
+    assert set(log["generation_id"]) == {"r/done"} and len(log) == 4
+    # a hard stop (no exit handler at all) leaves the same: only the ended generation
+    w = RoundLogWriter(tmp_path / "hard", flush_every=2)
+    for i in range(3):
+        w.append(**_round(rng, 2, prompt="done", rnd=i))
+    w.end_generation("r/done")
+    for i in range(5):
+        w.append(**_round(rng, 2, prompt="cut", rnd=i))  # flushed in part, never ended
+    assert set(read_round_log(tmp_path / "hard")["generation_id"]) == {"r/done"}
+
+
+def test_a_truncated_generation_is_refused(tmp_path):
+    rng = np.random.default_rng(3)
+    w = RoundLogWriter(tmp_path / "log")
+    for i in range(4):
+        w.append(**_round(rng, 2, rnd=i, acc=2))
+    w.end_generation("r/p0", tokens=12, rounds=4)
+    w.flush()
+    assert len(read_round_log(tmp_path / "log")) == 4
+    t = pq.read_table(tmp_path / "log" / "part-000000.parquet")
+    pq.write_table(t.slice(0, 3), tmp_path / "log" / "part-000000.parquet")  # metadata kept
+    _refused(tmp_path / "log", "part-000000.parquet", "'r/p0'", "truncated")

@@ -5,8 +5,16 @@ Legend for shapes: ``R`` rounds, ``P`` pass size (k + 1 positions), ``L`` MoE la
 
 On disk a round log is Parquet: a file, or a directory of part files (``part-000000.parquet``,
 ...) read back in sorted path order as one table. :class:`RoundLogWriter` appends rounds and
-writes each batch of finished rounds as a new part, atomically, so an interrupted run keeps
-every round it flushed. A directory of runs (one sub-directory per run) reads as one log.
+writes each batch of rounds as a new part, atomically. A directory of runs (one sub-directory
+per run) reads as one log.
+
+Finished and unfinished generations: each part the writer makes carries, in its Parquet
+key-value metadata (key ``specmoe.roundlog``, JSON), ``open``: the generations of its rows not
+yet ended when it was written, and ``ended``: the generations that ended with it, each with
+what the writer was told of it (``tokens``: the tokens it emitted, ``rounds``: its rounds, ...).
+A reader keeps a generation that some part ended and leaves out the rows of one that parts
+list as open and none ended (an interrupted generation, however it stopped). A part without
+that key (older logs, other producers) holds finished generations.
 
 Columns (:data:`COLUMNS`; the Arrow type, then whether a reader requires it):
 
@@ -33,7 +41,13 @@ emits at the pass positions (greedy: its argmax; sampled: the accepted drafts, t
 correction or bonus token; later entries are informational) · ``draft_confidence``
 list<float32>, the drafter's probability of each proposed token (optional).
 
-Invariant checked on read: ``accepted`` is the leading-match length of ``draft_tokens`` against
+Checked on read (:func:`validate`, each failure one line naming the file, its row and the
+column): the keys (generation, round) are unique and each generation's rounds are 0, 1, ...
+with none missing; an ended generation has the rounds and tokens its part records; counts and
+times are finite and in range (``t_verify_ms`` in (0, 1e6], ``t_draft_ms`` in [0, 1e6],
+``u_mean`` in [0, min(P·m, N)], ``e_max`` in 1..P, ``acceptance`` and ``kv_usage`` in [0, 1]);
+routing ids lie in [0, N) with no id twice among a token's m slots. And ``accepted`` is the
+leading-match length of ``draft_tokens`` against
 ``target_tokens``. So for any budget k' <= k the round would have accepted
 ``min(accepted, k')`` drafts, and its pass of k' + 1 tokens would have needed the union of the
 experts of routing positions 0..k'.
@@ -41,6 +55,7 @@ experts of routing positions 0..k'.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -51,14 +66,17 @@ import numpy as np
 
 from specmoe._io import atomic_path
 from specmoe.errors import InputError
+from specmoe.formats.roundlog_checks import validate
 
 __all__ = [
     "COLUMNS",
     "COUNTERFACTUAL",
+    "Part",
     "RoundLog",
     "RoundLogWriter",
     "leading_match",
     "pass_stats",
+    "read_parts",
     "read_round_log",
     "round_columns",
     "validate",
@@ -95,6 +113,7 @@ COLUMNS: dict[str, tuple[str, bool]] = {
     "draft_confidence": ("list<float32>", False),
 }
 COUNTERFACTUAL = ("routing", "draft_tokens", "target_tokens", "num_layers", "top_k")
+META_KEY = b"specmoe.roundlog"  # a part's generations: open and ended (JSON)
 _SLICE_RUNS = 1024  # RoundLog.select copies list values run by run below this many runs
 
 
@@ -170,11 +189,24 @@ class RoundLog:
     ``data``: scalar columns, [R] each: integer columns int64; optional numeric columns float64
     with NaN for null; string columns object arrays with None for null.
     ``lists``: list columns as (values, offsets int64 [R+1]); a null list has length 0.
+    ``parts``: ``(file, first row)`` of each part read, in row order (errors name the file and
+    the row in it). ``ended``: generation id -> what its part records of it (``tokens``,
+    ``rounds``, ...; only generations written with :meth:`RoundLogWriter.end_generation`).
     """
 
     data: dict[str, np.ndarray]
     lists: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     name: str = "round log"
+    parts: tuple[tuple[str, int], ...] = ()
+    ended: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def where(self, row: int) -> str:
+        """``FILE: row N`` of a row (the log's name and the row when the parts are unknown)."""
+        starts = [s for _, s in self.parts]
+        if not starts:
+            return f"{self.name}: row {row}"
+        i = int(np.searchsorted(starts, row, side="right")) - 1
+        return f"{self.parts[i][0]}: row {row - self.parts[i][1]}"
 
     @property
     def num_rounds(self) -> int:
@@ -262,7 +294,7 @@ class RoundLog:
         return pa.Table.from_arrays(arrays, schema=arrow_schema(names))
 
 
-def _from_arrow(table, name: str) -> RoundLog:
+def _from_arrow(table, name: str, parts=(), ended=None) -> RoundLog:
     import pyarrow.compute as pc
 
     data, lists = {}, {}
@@ -277,11 +309,13 @@ def _from_arrow(table, name: str) -> RoundLog:
             lists[c] = (values, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
         elif required and spec.startswith("int"):
             if col.null_count:
-                raise InputError(f"{name}: column {c!r} has {col.null_count} null value(s)")
+                row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                where = RoundLog({}, {}, name, tuple(parts)).where(row)
+                raise InputError(f"{where}: {c}: {col.null_count} null value(s)")
             data[c] = col.to_numpy(zero_copy_only=False).astype(np.int64)
         else:
             data[c] = pc.cast(col, "float64").to_numpy(zero_copy_only=False).astype(np.float64)
-    return RoundLog(data, lists, name)
+    return RoundLog(data, lists, name, tuple(parts), dict(ended or {}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +333,48 @@ def _parts(path: Path) -> list[Path]:
     return parts
 
 
+@dataclass(frozen=True)
+class Part:
+    """A part file's generations, from its metadata: ``open`` (not ended when it was
+    written), ``ended`` (id -> what was recorded of it); ``marked``: the part has the
+    metadata (False: an older part, all of whose generations count as finished)."""
+
+    path: Path
+    open: tuple[str, ...] = ()
+    ended: dict[str, dict[str, Any]] = field(default_factory=dict)
+    marked: bool = False
+
+
+def _part_meta(path: Path, metadata: Mapping[bytes, bytes] | None) -> Part:
+    raw = (metadata or {}).get(META_KEY)
+    if raw is None:
+        return Part(path)
+    try:
+        meta = json.loads(raw)
+        opened = tuple(str(g) for g in meta.get("open", []))
+        ended = {str(g): dict(v) for g, v in dict(meta.get("ended", {})).items()}
+    except (ValueError, TypeError, AttributeError):
+        raise InputError(f"{path}: unreadable {META_KEY.decode()} metadata") from None
+    return Part(path, opened, ended, True)
+
+
+def read_parts(path: str | os.PathLike) -> list[Part]:
+    """The parts of a round log (a file or a directory, recursively) and their generations,
+    read from the metadata alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = []
+    for p in _parts(Path(path)):
+        try:
+            out.append(_part_meta(p, pq.read_schema(p).metadata))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(
+                f"{p}: not a readable Parquet file ({str(exc).splitlines()[0]})"
+            ) from None
+    return out
+
+
 def _read_part(path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -309,6 +385,7 @@ def _read_part(path: Path):
         raise InputError(
             f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})"
         ) from None
+    part = _part_meta(path, table.schema.metadata)
     names = [c for c in table.column_names if c in COLUMNS]
     missing = [c for c, (_, req) in COLUMNS.items() if req and c not in names]
     if missing:
@@ -322,79 +399,48 @@ def _read_part(path: Path):
             raise InputError(
                 f"{path}: column {c!r} has type {table.column(c).type}, expected {COLUMNS[c][0]}"
             ) from None
-    return pa.Table.from_arrays(cols, schema=arrow_schema(names))
+    return pa.Table.from_arrays(cols, schema=arrow_schema(names)), part
 
 
 def read_round_log(path: str | os.PathLike, *, check: bool = True) -> RoundLog:
     """Read a round log (a Parquet file or a directory of parts, recursively) and validate it.
 
     Every column of :data:`COLUMNS` is present in the result (an optional column absent from
-    every part is all null). Raises ``InputError`` naming the file for a missing or mistyped
+    every part is all null). The rows of unfinished generations (open in a part, ended in
+    none) are left out. Raises ``InputError`` naming the file for a missing or mistyped
     column, an empty log, or rounds that break the invariants (see :func:`validate`).
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     path = Path(path)
-    tables = [_read_part(p) for p in _parts(path)]
+    read = [_read_part(p) for p in _parts(path)]
+    ended = {g: {**v, "file": str(pt.path)} for _, pt in read for g, v in pt.ended.items()}
+    unfinished = {g for _, pt in read for g in pt.open} - set(ended)
     names = list(COLUMNS)  # a column absent from every part reads as all null
-    full = []
-    for t in tables:
+    full, parts, start = [], [], 0
+    for t, pt in read:
+        if unfinished and pt.marked:
+            t = t.filter(
+                pc.invert(
+                    pc.is_in(t.column("generation_id"), pa.array(sorted(unfinished), pa.string()))
+                )
+            )
         cols = [
             t.column(c) if c in t.column_names else pa.nulls(t.num_rows, _arrow_type(COLUMNS[c][0]))
             for c in names
         ]
         full.append(pa.Table.from_arrays(cols, schema=arrow_schema(names)))
+        parts.append((str(pt.path), start))
+        start += t.num_rows
     table = pa.concat_tables(full)
     if table.num_rows == 0:
-        raise InputError(f"{path}: empty round log (no rounds)")
-    log = _from_arrow(table, str(path))
+        left = f"; {len(unfinished)} unfinished generation(s) left out" if unfinished else ""
+        raise InputError(f"{path}: empty round log (no rounds{left})")
+    log = _from_arrow(table, str(path), parts, ended)
     if check:
         validate(log)
     return log
-
-
-def _first_bad(log: RoundLog, bad: np.ndarray, what: str) -> None:
-    if bad.any():
-        r = int(np.flatnonzero(bad)[0])
-        raise InputError(
-            f"{log.name}: {int(bad.sum())} round(s) with {what} (first: generation "
-            f"{log['generation_id'][r]!r}, round {int(log['round'][r])})"
-        )
-
-
-def validate(log: RoundLog) -> None:
-    """Check the invariants of every round; raise ``InputError`` naming the log on the first."""
-    d = log.data
-    k = d["k"]
-    _first_bad(log, k < 0, "k < 0")
-    _first_bad(log, d["pass_size"] != k + 1, "pass_size != k + 1")
-    if "budget" in d:
-        _first_bad(log, d["budget"] < k, "budget < k")  # NaN (no budget) compares False
-    _first_bad(log, (d["accepted"] < 0) | (d["accepted"] > k), "accepted outside 0..k")
-    _first_bad(log, d["emitted"] != d["accepted"] + 1, "emitted != accepted + 1")
-    _first_bad(
-        log, ~(np.isfinite(d["t_verify_ms"]) & (d["t_verify_ms"] > 0)), "t_verify_ms not positive"
-    )
-    _first_bad(log, d["context_len"] < 0, "context_len < 0")
-    _first_bad(log, ~(d["u_mean"] >= 0), "u_mean not >= 0")
-    for c in ("run_id", "prompt_id", "generation_id"):
-        _first_bad(log, np.array([x is None or x == "" for x in d[c]]), f"an empty {c}")
-    if "draft_tokens" in log.lists and "target_tokens" in log.lists:
-        dv, do = log.lists["draft_tokens"]
-        tv, to = log.lists["target_tokens"]
-        has = np.diff(to) > 0
-        _first_bad(log, has & (np.diff(do) != k), "len(draft_tokens) != k")
-        _first_bad(log, has & (np.diff(to) != k + 1), "len(target_tokens) != k + 1")
-        lm = leading_match(dv, do, tv, to)
-        _first_bad(
-            log,
-            has & (lm != d["accepted"]),
-            "accepted != leading match of draft_tokens and target_tokens",
-        )
-    if "routing" in log.lists and "num_layers" in d and "top_k" in d:
-        n = np.diff(log.lists["routing"][1])
-        want = d["pass_size"] * np.nan_to_num(d["num_layers"]) * np.nan_to_num(d["top_k"])
-        _first_bad(log, (n > 0) & (n != want), "len(routing) != pass_size·num_layers·top_k")
 
 
 def write_round_log(log: RoundLog, path: str | os.PathLike) -> Path:
@@ -427,26 +473,36 @@ def round_columns(round_: Any) -> dict[str, Any]:
 
 
 class RoundLogWriter:
-    """Append rounds; every ``flush_every`` rounds (and on :meth:`flush` / close) the buffered
-    rounds become a new part file ``part-NNNNNN.parquet`` in ``directory``, written atomically.
+    """Append rounds; every ``flush_every`` rounds (None: only on :meth:`flush`) the buffered
+    rounds become a new part file ``part-NNNNNN.parquet`` in ``directory``, written atomically
+    (numbered on from the parts already there).
 
     ``append`` takes the columns by name. Derived columns may be left out: ``pass_size``
     (k + 1), ``emitted`` (accepted + 1), ``generation_id`` (``run_id/prompt_id``), and with a
     ``routing`` array of shape [P, L, m]: ``num_layers``, ``top_k``, ``u_mean``, ``e_max``.
+
+    A generation is finished when :meth:`end_generation` says so, or at an explicit
+    :meth:`flush` (also :meth:`close`, and the end of a ``with`` block without an exception).
+    The parts written on the way (every ``flush_every`` rounds, or on leaving a ``with`` block
+    by an exception) list it as open, and a reader leaves the rows of a generation that no part
+    ended out: a writer stopped by an exception, a signal or a power cut never leaves an
+    unfinished generation that reads as finished.
     """
 
     def __init__(
         self,
         directory: str | os.PathLike,
         *,
-        flush_every: int = 256,
+        flush_every: int | None = 256,
         defaults: Mapping[str, Any] | None = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.flush_every = int(flush_every)
+        self.flush_every = None if flush_every is None else int(flush_every)
         self.defaults = dict(defaults or {})
         self._rows: list[dict[str, Any]] = []
+        self._open: dict[str, None] = {}  # generations with rows and no end, in order
+        self._ended: dict[str, dict[str, Any]] = {}  # ended since the last flush
         done = [
             int(p.stem.split("-")[1])
             for p in self.directory.glob("part-*.parquet")
@@ -477,8 +533,9 @@ class RoundLogWriter:
         if missing:
             raise ValueError(f"RoundLogWriter.append: missing column(s) {', '.join(missing)}")
         self._rows.append(row)
-        if len(self._rows) >= self.flush_every:
-            self.flush()
+        self._open.setdefault(str(row["generation_id"]), None)
+        if self.flush_every is not None and len(self._rows) >= self.flush_every:
+            self.flush(finished=False)
 
     def append_round(self, round_: Any, **columns: Any) -> None:
         """Append a round result: a dataclass whose fields are named as columns
@@ -490,27 +547,49 @@ class RoundLogWriter:
         """
         self.append(**{**columns, **round_columns(round_)})
 
-    def flush(self) -> Path | None:
-        """Write the buffered rounds as a new part; return its path (None if nothing buffered)."""
+    def end_generation(self, generation_id: str, **info: Any) -> None:
+        """Mark ``generation_id`` finished; the next part written records it with ``info``
+        (JSON values: ``tokens`` and ``rounds``, which a reader checks, and anything else a
+        caller wants back from :func:`read_parts`)."""
+        gid = str(generation_id)
+        self._open.pop(gid, None)
+        self._ended[gid] = json.loads(json.dumps(_jsonable(info)))
+
+    def flush(self, *, finished: bool = True) -> Path | None:
+        """Write the buffered rounds as a new part, recording the generations ended since the
+        last part; return its path (None if there was nothing to write). ``finished``: every
+        open generation ends here (False: they stay open)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if not self._rows:
+        if finished:
+            for gid in list(self._open):
+                self.end_generation(gid)
+        if not self._rows and not self._ended:
             return None
-        names = [c for c in COLUMNS if any(c in r for r in self._rows)]
+        names = [c for c in COLUMNS if any(c in r for r in self._rows)] or [
+            c for c, (_, req) in COLUMNS.items() if req
+        ]
         cols = []
         for c in names:
             vals = [r.get(c) for r in self._rows]
             if COLUMNS[c][0].startswith("list"):
                 vals = [None if v is None else np.asarray(v).tolist() for v in vals]
             cols.append(pa.array(vals, type=_arrow_type(COLUMNS[c][0])))
-        table = pa.Table.from_arrays(cols, schema=arrow_schema(names))
+        in_part = {str(r["generation_id"]) for r in self._rows}
+        meta = {
+            "open": [g for g in self._open if g in in_part],
+            "ended": self._ended,
+        }
+        schema = arrow_schema(names).with_metadata({META_KEY: json.dumps(meta).encode()})
+        table = pa.Table.from_arrays(cols, schema=schema)
         path = self.directory / f"part-{self._next:06d}.parquet"
         with atomic_path(path) as tmp:
             pq.write_table(table, tmp)
         self._next += 1
         self.rounds_written += len(self._rows)
         self._rows = []
+        self._ended = {}
         return path
 
     close = flush
@@ -518,5 +597,12 @@ class RoundLogWriter:
     def __enter__(self) -> RoundLogWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.flush()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # after an exception the open generations stay open: rows kept, marked unfinished
+        self.flush(finished=exc_type is None)
+
+
+def _jsonable(obj: Any) -> Any:
+    from specmoe._io import to_jsonable
+
+    return to_jsonable(obj)
