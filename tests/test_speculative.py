@@ -27,6 +27,7 @@ from specmoe.engine.speculative import (  # noqa: E402
     speculative_generate,
 )
 from specmoe.engine.switch import KernelPolicy  # noqa: E402
+from specmoe.errors import InputError  # noqa: E402
 from specmoe.formats.roundlog import RoundLogWriter, read_round_log  # noqa: E402
 
 NEW = 16
@@ -334,8 +335,13 @@ class _Interrupting:
         return Proposal(self.inner.propose(context, k).tokens)
 
 
-def test_interruption_keeps_finished_rounds(tmp_path, olmoe):
+def test_an_interrupted_generation_is_kept_marked_unfinished(tmp_path, olmoe):
+    import pyarrow.parquet as pq
+
+    from specmoe.formats.roundlog import read_parts
+
     net, prompt, _ = olmoe
+    row = {"run_id": "r", "prompt_id": "p"}
     with Engine(net) as eng:
         with pytest.raises(KeyboardInterrupt), RoundLogWriter(tmp_path / "a", flush_every=100) as w:
             speculative_generate(
@@ -345,11 +351,26 @@ def test_interruption_keeps_finished_rounds(tmp_path, olmoe):
                 budget=2,
                 max_new_tokens=NEW,
                 writer=w,
-                row={"run_id": "r", "prompt_id": "p"},
+                row={**row, "prompt_id": "cut"},
             )
-        assert read_round_log(tmp_path / "a").num_rounds == 5
-        # a hard stop (no flush on exit) keeps the parts already flushed
+        # the 5 rounds are on disk, listed as an open generation; no reader takes them as whole
+        (part,) = read_parts(tmp_path / "a")
+        assert part.open == ("r/cut",) and not part.ended
+        assert pq.read_table(part.path).num_rows == 5
+        with pytest.raises(InputError, match="unfinished"):
+            read_round_log(tmp_path / "a")
+        # a hard stop (no flush on exit) after a finished generation: only that one reads
         w = RoundLogWriter(tmp_path / "b", flush_every=2)
+        speculative_generate(
+            eng,
+            prompt,
+            NgramDrafter(),
+            budget=2,
+            max_new_tokens=NEW,
+            writer=w,
+            row={**row, "prompt_id": "done"},
+        )
+        w.end_generation("r/done")
         with pytest.raises(KeyboardInterrupt):
             speculative_generate(
                 eng,
@@ -358,9 +379,10 @@ def test_interruption_keeps_finished_rounds(tmp_path, olmoe):
                 budget=2,
                 max_new_tokens=NEW,
                 writer=w,
-                row={"run_id": "r", "prompt_id": "p"},
+                row={**row, "prompt_id": "cut"},
             )
-        assert read_round_log(tmp_path / "b").num_rounds == 4
+        log = read_round_log(tmp_path / "b")
+        assert set(log["generation_id"]) == {"r/done"} and log["emitted"].sum() == NEW
 
 
 # ------------------------------------------------------------------------------------------

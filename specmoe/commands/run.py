@@ -9,9 +9,18 @@ least ``--context`` tokens, truncated to ``--context`` tokens (paper 002 Section
 Grids: ``--k`` takes ``4``, ``0..8`` or ``0,2,4``; ``--acceptance`` (oracle drafter only)
 ``0.8``, ``0.5,0.9`` or ``LO..HI:COUNT`` (evenly spaced, e.g. ``0.2..0.98:11``). Every (k, a)
 pair runs on every prompt, ``--repeats`` times; k = 0 (plain decoding) runs once per
-repetition, with a null acceptance. Run ids are ``key=value`` lists (model, drafter, k, a,
-kernel, depth, rep); ``--out DIR`` gets ``rounds/<run>/part-*.parquet`` (flushed as rounds
-finish, so an interrupted run keeps them) and ``summary.json``.
+repetition, with a null acceptance. Run ids are ``key=value`` lists (model, drafter, k, a
+(exact: ``0.800``, ``0.8004``), kernel, depth, rep); ``--out DIR`` gets ``run.json`` (every
+option that changes the result, and the grid), ``rounds/<run>/part-*.parquet`` (one part per
+finished generation) and ``summary.json``.
+
+Resuming (:mod:`specmoe.engine.runner`): a rerun of the same command into the same ``--out``
+skips the finished generations and runs the unfinished one from scratch (an interrupted
+generation is never written as finished). A folder that holds another run's work is refused:
+with other options (model, drafter, kernel, tokens, seed, context, clock, ...) only
+``--overwrite`` (start the folder anew) goes on; with the same options and another grid (k,
+acceptance, repeats, prompts) ``--resume`` keeps the finished generations that match and runs
+the rest. One writer at a time: a second ``specmoe run`` on a folder in use exits 2.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from pathlib import Path
 
 from specmoe.engine.runner import (
     K_MAX,
+    acceptance_label,
     file_prompts,
     forced_from,
     load_target,
@@ -93,7 +103,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "thread that runs them (with --threads 1, on the CPU)",
     )
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
-    parser.add_argument("--out", help="directory for round logs and summary.json")
+    parser.add_argument(
+        "--out",
+        help="directory for run.json, round logs and summary.json; a rerun of the same "
+        "command skips finished generations and redoes an interrupted one; a folder "
+        "holding another run's work needs --resume or --overwrite",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="--out holds a run with the same options and another grid (--k, --acceptance, "
+        "--repeats, prompts): keep its finished generations, run the rest",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="--out holds another run's work: delete its run.json, rounds/ and summary.json "
+        "and start anew",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -189,27 +216,129 @@ def _flagged(exc: InputError, **flags: str) -> InputError:
 # ------------------------------------------------------------------------------------------
 
 
+# the options of the manifest (run.json) and the flags that set them
+_OPTION_FLAGS = {
+    "model": "--model",
+    "model_label": "--model",
+    "layers": "--layers",
+    "drafter": "--drafter",
+    "draft_model": "--draft-model",
+    "kernel": "--kernel",
+    "crossover": "--crossover/--plan",
+    "forced_trace": "--forced-trace",
+    "context": "--context",
+    "tokens": "--tokens",
+    "seed": "--seed",
+    "device": "--device",
+    "threads": "--threads",
+    "clock": "--clock",
+}
+_GRID_FLAGS = {
+    "k": "--k",
+    "acceptance": "--acceptance",
+    "repeats": "--repeats",
+    "prompts": "the prompts (--prompts, --num-prompts, --prompt-offset)",
+}
+
+
+def _shown(v: object) -> str:
+    import json
+
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_out(
+    out: Path, options: dict, grid: dict | None, *, resume: bool, overwrite: bool
+) -> None:
+    """Refuse a folder holding another run's work (unless --overwrite, or --resume when only
+    the grid differs); ``grid`` None: the grid is not known yet (checked again later)."""
+    from specmoe.engine.runner import differing, holds_work, read_manifest
+
+    if overwrite or not holds_work(out):
+        return
+    old = read_manifest(out)
+    if old is None:
+        raise InputError(
+            f"--out {out}: holds a round log or summary.json without {'run.json'} (an older "
+            "run's or another program's work); --overwrite starts the folder anew"
+        )
+    opts = differing(old["options"], options)
+    if opts:
+        what = "; ".join(
+            f"{_OPTION_FLAGS.get(k, k)} {_shown(old['options'][k])} there, {_shown(options[k])} now"
+            for k in opts
+        )
+        raise InputError(
+            f"--out {out}: holds a run with other options ({what}); --overwrite starts the "
+            "folder anew"
+        )
+    if grid is None or resume:
+        return
+    grids = differing(old["grid"], grid)
+    if grids:
+        what = "; ".join(
+            _GRID_FLAGS[k]
+            if k == "prompts"
+            else f"{_GRID_FLAGS.get(k, k)} {_shown(old['grid'][k])} there, {_shown(grid[k])} now"
+            for k in grids
+        )
+        raise InputError(
+            f"--out {out}: holds a run of another grid ({what} differ); --resume keeps its "
+            "finished generations and runs the rest, --overwrite starts the folder anew"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from specmoe._io import out_lock
+
+    _check(args)
+    if args.resume and args.overwrite:
+        raise InputError("--resume and --overwrite exclude each other")
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    with out_lock(out) if out is not None else contextlib.nullcontext():
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: Path | None) -> int:
     import torch
 
     from specmoe._io import atomic_write_json, dumps_json
+    from specmoe.engine.runner import clear_run, prompt_digest, write_manifest
     from specmoe.engine.speculative import Engine
     from specmoe.engine.switch import KernelPolicy, crossover_from_plan
 
-    _check(args)
     ks = parse_k(args.k)
     accs = parse_grid(args.acceptance if args.acceptance is not None else "0.8")
     crossover = crossover_from_plan(args.plan) if args.plan else args.crossover
     policy = KernelPolicy(args.kernel, crossover=crossover, max_pass=K_MAX + 1)
+    options = {
+        "model": args.model,
+        "drafter": args.drafter,
+        "draft_model": args.draft_model,
+        "kernel": policy.label,
+        "crossover": crossover,
+        "forced_trace": args.forced_trace,
+        "context": args.context,
+        "tokens": args.tokens,
+        "seed": args.seed,
+        "device": args.device,
+        "threads": args.threads,
+        "clock": args.clock,
+    }
+    if out is not None:  # before the model loads: the options the flags give alone
+        early = {k: v for k, v in options.items() if k != "forced_trace" or v is not None}
+        _check_out(out, early, None, resume=args.resume, overwrite=args.overwrite)
     if args.threads:
         from specmoe.kernels import cpu
 
         torch.set_num_threads(args.threads)
         cpu.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
     draft = None
     if args.drafter == "draft-model":
         from specmoe.engine.drafters import load_draft_model
@@ -250,6 +379,20 @@ def run(args: argparse.Namespace) -> int:
             tokenizer, count=args.num_prompts, context=args.context, offset=args.prompt_offset
         )
     )
+    options.update(
+        model_label=label, layers=model.config.num_hidden_layers, forced_trace=trace_spec
+    )
+    grid = {
+        "k": ks,
+        "acceptance": accs if args.drafter == "oracle" else None,
+        "repeats": args.repeats,
+        "prompts": [[p, prompt_digest(ids)] for p, ids in prompts],
+    }
+    if out is not None:
+        _check_out(out, options, grid, resume=args.resume, overwrite=args.overwrite)
+        if args.overwrite:
+            clear_run(out)
+        write_manifest(out, options=options, grid=grid)
     engine = Engine(
         model, policy=policy, forced=forced, prefill="skip" if dummy else "model", clock=args.clock
     )
@@ -269,6 +412,7 @@ def run(args: argparse.Namespace) -> int:
             forced=forced,
             progress=not args.quiet,
             depth=args.context,
+            identity=options,
         )
     except InputError as exc:
         raise _flagged(exc, max_new_tokens="--tokens", budget="--k", name="--drafter") from None
@@ -298,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
         print(dumps_json(summary))
     else:
         for g in gens:
-            a = "" if g["acceptance"] is None else f" a={g['acceptance']:.3f}"
+            a = "" if g["acceptance"] is None else f" a={acceptance_label(g['acceptance'])}"
             real = (
                 ""
                 if g["k"] == 0 or g["drafted"] == 0

@@ -1,12 +1,23 @@
 """The speculative-run harness behind ``specmoe run`` and the runs campaign: load a target,
 build prompts, force routing from a trace, run a grid of (prompt, k, acceptance) generations
-into a round log.
+into a round log, resumably.
+
+A run folder ``out`` holds ``run.json`` (the manifest: every option that changes the result,
+and the grid), ``rounds/<run id>/part-*.parquet`` (one part per finished generation, recording
+its unit key, tokens, rounds and summary in the part's metadata) and ``summary.json``. A
+generation is a unit: its key hashes the manifest's options, k, the acceptance (exactly), the
+repetition and the prompt's token ids. :func:`run_grid` skips a generation whose part is there
+with the same key, deletes the parts of unfinished ones and runs them again from scratch.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +119,112 @@ def run_id(**fields: Any) -> str:
     return ",".join(f"{k}={v}" for k, v in fields.items())
 
 
+def acceptance_label(a: float | None) -> str:
+    """The acceptance in a run id: ``none``, three decimals where they are exact (``0.800``,
+    the ids of every committed run), else the shortest exact repr (``0.8004``)."""
+    if a is None:
+        return "none"
+    short = f"{a:.3f}"
+    return short if float(short) == float(a) else repr(float(a))
+
+
+def prompt_digest(ids: list[int]) -> str:
+    """sha256 of a prompt's token ids (int64, little-endian)."""
+    import numpy as np
+
+    return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()
+
+
+def unit_key(**fields: Any) -> str:
+    """The key of one generation: a hash of everything that makes its rounds."""
+    from specmoe._io import to_jsonable
+
+    text = json.dumps(to_jsonable(fields), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# ------------------------------------------------------------------------------------------
+# the run folder: manifest, what it holds, starting anew
+
+MANIFEST = "run.json"
+MANIFEST_FORMAT = "specmoe-run/1"
+
+
+def read_manifest(out: Path) -> dict[str, Any] | None:
+    """The manifest of the run folder ``out`` (None: there is none)."""
+    from specmoe._io import read_json
+
+    path = Path(out) / MANIFEST
+    if not path.exists():
+        return None
+    m = read_json(path, "run manifest", argument="out")
+    if not isinstance(m, dict) or m.get("format") != MANIFEST_FORMAT:
+        raise InputError(f"{path}: not a {MANIFEST_FORMAT} manifest", argument="out")
+    if not isinstance(m.get("options"), dict) or not isinstance(m.get("grid"), dict):
+        raise InputError(f"{path}: a manifest needs options and grid objects", argument="out")
+    return m
+
+
+def write_manifest(out: Path, *, options: Mapping[str, Any], grid: Mapping[str, Any]) -> Path:
+    from specmoe._io import atomic_write_json
+
+    m = {"format": MANIFEST_FORMAT, "options": dict(options), "grid": dict(grid)}
+    return atomic_write_json(Path(out) / MANIFEST, m)
+
+
+def holds_work(out: Path) -> bool:
+    """Whether ``out`` holds a run's results (a manifest, summary.json or a round-log part)."""
+    out = Path(out)
+    if (out / MANIFEST).exists() or (out / "summary.json").exists():
+        return True
+    rounds = out / "rounds"
+    return rounds.is_dir() and any(rounds.rglob("*.parquet"))
+
+
+def differing(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The keys present in both whose values differ (compared as JSON)."""
+    from specmoe._io import to_jsonable
+
+    return [k for k in new if k in old and to_jsonable(old[k]) != to_jsonable(new[k])]
+
+
+def clear_run(out: Path) -> None:
+    """Remove what a run writes in ``out``: ``rounds/``, ``summary.json``, the manifest."""
+    out = Path(out)
+    if (out / "rounds").exists():
+        shutil.rmtree(out / "rounds")
+    for name in ("summary.json", MANIFEST):
+        (out / name).unlink(missing_ok=True)
+
+
+def finished_generations(directory: Path) -> dict[str, dict[str, Any]]:
+    """The finished generations of one run's round-log folder (id -> what its part records);
+    parts holding only unfinished generations, and temporaries of killed writes, are deleted."""
+    from specmoe.formats.roundlog import read_parts
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    for tmp in directory.glob(".part-*.tmp"):
+        tmp.unlink(missing_ok=True)
+    if not any(directory.glob("*.parquet")):
+        return {}
+    parts = read_parts(directory)
+    done: dict[str, dict[str, Any]] = {}
+    for p in parts:
+        if not p.marked:
+            raise InputError(
+                f"{p.path}: a round-log part without generation records (an older run's "
+                "work); start the folder anew",
+                argument="out",
+            )
+        done.update(p.ended)
+    for p in parts:
+        if not (set(p.open) | set(p.ended)) & set(done):
+            p.path.unlink()
+    return done
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(",", "__"))
 
@@ -130,10 +247,15 @@ def run_grid(
     progress: bool = True,
     extra: dict[str, Any] | None = None,
     depth: int | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (k, a, repetition) on every prompt; one summary dict per generation.
 
-    With ``out``, each run's rounds go to ``out/rounds/<run id>/`` (a part file per prompt).
+    With ``out``, each run's rounds go to ``out/rounds/<run id>/`` (a part file per
+    generation, written when it finishes). A generation already finished there with the same
+    unit key (``identity``: the options that make the run, hashed with k, a, the repetition,
+    the tokens, the seed and the prompt's ids) is skipped, its summary read back from its
+    part; one finished with another key is an error in ``out``; unfinished ones run again.
     """
     from tqdm.auto import tqdm
 
@@ -160,6 +282,7 @@ def run_grid(
     model_drafter = None
     results = []
     kernel = engine.policy.label
+    digests = [prompt_digest(ids) for _, ids in prompts]
     try:
         for rep in range(rep_offset, rep_offset + repeats):
             for k, a in combos:
@@ -182,47 +305,68 @@ def run_grid(
                     model=label,
                     drafter=drafter,
                     k=k,
-                    a="none" if a is None else f"{a:.3f}",
+                    a=acceptance_label(a),
                     kernel=kernel,
                     depth=depth or len(prompts[0][1]),
                     clock=engine.clock,
                     rep=rep,
                     **(extra or {}),
                 )
-                writer = (
-                    RoundLogWriter(
-                        out / "rounds" / _safe(rid), flush_every=64, defaults={"run_id": rid}
+                folder = None if out is None else out / "rounds" / _safe(rid)
+                done = {} if folder is None else finished_generations(folder)
+                writer = None
+                for (pid, ids), digest in zip(prompts, digests, strict=True):
+                    gid = f"{rid}/{pid}"
+                    key = unit_key(
+                        options=dict(identity or {}),
+                        run_id=rid,
+                        acceptance=a,
+                        tokens=tokens,
+                        seed=seed,
+                        prompt=[pid, digest],
                     )
-                    if out is not None
-                    else None
-                )
-                try:
-                    for pid, ids in prompts:
-                        if forced is not None:
-                            forced.use_document(
-                                pid if pid in forced.documents else prompts.index((pid, ids))
+                    if gid in done:
+                        if done[gid].get("unit") != key or "summary" not in done[gid]:
+                            raise InputError(
+                                f"{folder}: generation {gid!r} was made with other options "
+                                "or another prompt",
+                                argument="out",
                             )
-                        gen = speculative_generate(
-                            engine,
-                            ids,
-                            d,
-                            budget=k,
-                            max_new_tokens=tokens,
-                            max_k=K_MAX,
-                            writer=writer,
-                            row={"run_id": rid, "prompt_id": pid},
-                            progress=bar,
+                        results.append(done[gid]["summary"])
+                        bar.update(tokens)
+                        continue
+                    if folder is not None and writer is None:
+                        writer = RoundLogWriter(folder, flush_every=None, defaults={"run_id": rid})
+                    if forced is not None:
+                        forced.use_document(
+                            pid if pid in forced.documents else prompts.index((pid, ids))
                         )
-                        if writer is not None:
-                            writer.flush()
-                        results.append(
-                            generation_summary(gen, rid, pid, k, a, drafter, kernel, rep, len(ids))
+                    gen = speculative_generate(
+                        engine,
+                        ids,
+                        d,
+                        budget=k,
+                        max_new_tokens=tokens,
+                        max_k=K_MAX,
+                        writer=writer,
+                        row={"run_id": rid, "prompt_id": pid},
+                        progress=bar,
+                    )
+                    summary = generation_summary(
+                        gen, rid, pid, k, a, drafter, kernel, rep, len(ids)
+                    )
+                    if writer is not None:  # the part of a finished generation, and only then
+                        writer.end_generation(
+                            gid,
+                            unit=key,
+                            tokens=len(gen.tokens),
+                            rounds=len(gen.rounds),
+                            summary=summary,
                         )
-                        if progress:
-                            bar.set_postfix_str(f"k={k} a={a}")
-                finally:
-                    if writer is not None:
                         writer.flush()
+                    results.append(summary)
+                    if progress:
+                        bar.set_postfix_str(f"k={k} a={a}")
     finally:
         bar.close()
     return results
