@@ -580,3 +580,70 @@ def test_capture_on_bundled_model(tmp_path):
     for pos, (layer, router) in enumerate(moe_layers(model)):
         ref_ids, _, margin = reference_route(seen[layer], router, model.config, "olmoe")
         _assert_same_sets(tr.experts[:, pos], ref_ids, margin, f"bundled layer {layer}")
+
+
+# ------------------------------------------------------------------------------------------
+# Resuming only what was asked for
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"max_tokens": 150}, "max_tokens"),
+        ({"source": "stdlib:validation"}, "source"),
+        ({"overlap": 16}, "overlap"),
+        ({"max_context": 64}, "max_context"),
+        ({"documents": "other"}, "documents_sha256"),
+    ],
+)
+def test_resume_with_other_options_is_refused(change, key, tiny_moe, byte_tok, tmp_path):
+    model = tiny_moe("olmoe")
+    kw = dict(shard_tokens=80, max_context=128, progress=False, source="stdlib:fit")
+    kw["max_tokens"] = 100
+    capture_documents(model, byte_tok, _docs(), tmp_path / "cap", **kw)
+    before = sorted(p.name for p in (tmp_path / "cap").iterdir())
+    docs = _docs()
+    if change.get("documents") == "other":
+        docs = [*docs[:-1], ("e.py", "other text\n")]
+    kw.update({k: v for k, v in change.items() if k != "documents"})
+    with pytest.raises(InputError, match=f"{key}=.*another directory") as info:
+        capture_documents(model, byte_tok, docs, tmp_path / "cap", **kw)
+    assert info.value.argument == "out" and str(tmp_path / "cap") in str(info.value)
+    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == before
+    # overwrite discards the old capture and captures again with the new options
+    capture_documents(model, byte_tok, docs, tmp_path / "cap", overwrite=True, **kw)
+    tr = load_trace(tmp_path / "cap")
+    assert tr.meta[key] != tr.meta.get("never") and tr.meta["source"] == kw["source"]
+    assert tr.num_tokens == kw["max_tokens"]
+
+
+def test_cli_resume_with_other_tokens_or_split_exits_2(capsys, tmp_path):
+    out = tmp_path / "cap"
+    base = ["capture", "--model", "random:olmoe", "--quiet", "--out", str(out)]
+    assert main([*base, "--tokens", "40", "--split", "fit"]) == 0
+    capsys.readouterr()
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    for extra in (
+        ["--tokens", "80", "--split", "fit"],
+        ["--tokens", "40", "--split", "validation"],
+    ):
+        line = _one_line_error(capsys, [*base, *extra])
+        assert line.startswith("specmoe capture: error: --out: ") and str(out) in line
+        assert "--overwrite" in line
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+    assert main([*base, "--tokens", "80", "--split", "validation", "--overwrite"]) == 0
+    tr = load_trace(out)
+    assert tr.num_tokens == 80 and tr.meta["source"] == "stdlib:validation"
+
+
+def test_cli_records_the_document_it_cut(capsys, tmp_path):
+    """``--tokens`` on the corpus cuts one document, and the trace says which."""
+    out = tmp_path / "cap"
+    argv = ["capture", "--model", "random:olmoe", "--quiet", "--tokens", "3000"]
+    assert main([*argv, "--shard-tokens", "1000", "--out", str(out)]) == 0
+    tr = load_trace(out)
+    assert tr.num_tokens == 3000 and tr.num_documents == 2
+    assert tr.meta["truncated"] == [tr.meta["documents"][-1]]
+    assert len(open_trace(out).files) > 1  # the cut document is not in the first shard
+    assert main([*argv, "--out", str(tmp_path / "one.npz")]) == 0
+    assert load_trace(tmp_path / "one.npz").meta["truncated"] == tr.meta["truncated"]

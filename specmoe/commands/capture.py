@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shard directory, or a .npz file (default: "
         "capture-MODEL/ or capture-MODEL-generation.npz)",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard the shards already in --out (a capture with other options) and start again",
+    )
     parser.add_argument("--max-context", type=int, help="longest window per forward pass")
     parser.add_argument("--overlap", type=int, help="context tokens re-fed between windows")
     parser.add_argument(
@@ -127,9 +132,7 @@ def _corpus_documents(args: argparse.Namespace, tokenizer: Any) -> list[tuple[st
             "--corpus stdlib: the bundled corpus module specmoe.data.corpus is "
             "not installed; pass --text FILE instead"
         ) from None
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if args.tokens is not None and backend is not None:
-        return corpus.documents(args.split, limit_tokens=args.tokens, tokenizer=backend)
+    # Whole documents: the capture itself stops at --tokens and records the document it cut.
     return corpus.documents(args.split)
 
 
@@ -255,19 +258,25 @@ def _documents(
     out = Path(args.out or f"capture-{label}")
     single = out.suffix == ".npz"
     shard_dir = out.with_name(out.name + ".parts") if single else out
-    capture_documents(
-        model,
-        tokenizer,
-        docs,
-        shard_dir,
-        max_tokens=args.tokens,
-        max_context=args.max_context,
-        overlap=args.overlap,
-        shard_tokens=args.shard_tokens,
-        progress=progress,
-        source=source,
-        model_name=label,
-    )
+    try:
+        capture_documents(
+            model,
+            tokenizer,
+            docs,
+            shard_dir,
+            max_tokens=args.tokens,
+            max_context=args.max_context,
+            overlap=args.overlap,
+            shard_tokens=args.shard_tokens,
+            progress=progress,
+            source=source,
+            model_name=label,
+            overwrite=args.overwrite,
+        )
+    except InputError as exc:
+        if exc.argument == "out" and "overwrite" in exc.message:
+            raise InputError(f"{exc.message} (--overwrite)", argument="out") from None
+        raise
     manifest = json.loads((shard_dir / "manifest.json").read_text(encoding="utf-8"))
     if single:
         shards = list(open_trace(shard_dir).iter_shards())

@@ -21,6 +21,7 @@ with the KV cache and records each generated token when it is fed back.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import sys
 from collections.abc import Sequence
@@ -211,6 +212,7 @@ def capture_documents(
     progress: bool = True,
     source: str = "",
     model_name: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Teacher-forced capture of ``documents`` ``[(name, text)]`` into shards under ``out_dir``.
 
@@ -221,6 +223,11 @@ def capture_documents(
     ``max_tokens`` caps the tokens of the whole capture (resumed ones included); the document
     at the cap is cut short and listed in the shard's ``meta["truncated"]``. Returns
     ``out_dir``, which :func:`specmoe.formats.trace.open_trace` reads as one trace.
+
+    Every shard records what decides its contents (the model and its shapes, ``source``,
+    ``max_context``, ``overlap``, ``max_tokens`` and the sha256 of the documents, names and
+    texts); a rerun that differs in any of them is an ``InputError`` naming ``out_dir``
+    (argument ``out``) unless ``overwrite`` discards the shards already there.
     """
     names = [str(n) for n, _ in documents]
     if len(set(names)) != len(names):
@@ -233,6 +240,16 @@ def capture_documents(
     out = Path(out_dir)
     rec = RouterRecorder(model)
     label = model_name or model_label(model)
+    context = _context(model, max_context)
+    ov = context // 4 if overlap is None else int(overlap)
+    if not 0 <= ov < context:
+        raise InputError(
+            f"must be in 0..{context - 1} (below max_context), got {ov}", argument="overlap"
+        )
+    digest = hashlib.sha256()
+    for n, t in documents:
+        digest.update(hashlib.sha256(str(n).encode()).digest())
+        digest.update(hashlib.sha256(str(t).encode()).digest())
     header = {
         "model": label,
         "model_type": str(model.config.model_type),
@@ -241,9 +258,12 @@ def capture_documents(
         "layers": rec.layers,
         "source": source,
         "capture": "teacher_forced",
-        "max_context": _context(model, max_context),
+        "max_context": context,
+        "overlap": ov,
+        "max_tokens": max_tokens,
+        "documents_sha256": digest.hexdigest(),
     }
-    writer = ShardWriter(out, header, shard_tokens=shard_tokens)
+    writer = ShardWriter(out, header, shard_tokens=shard_tokens, overwrite=overwrite)
     todo = [(str(n), t) for n, t in documents if str(n) not in writer.done]
     budget = None if max_tokens is None else max(0, max_tokens - writer.tokens)
     if budget is None:  # all of it: tokenize first, so the progress bar knows the total
@@ -262,9 +282,7 @@ def capture_documents(
                 cut = budget is not None and len(ids) > budget
                 if cut:
                     ids = ids[:budget]
-                e, w = capture_tokens(
-                    model, ids, max_context=max_context, overlap=overlap, recorder=rec
-                )
+                e, w = capture_tokens(model, ids, max_context=context, overlap=ov, recorder=rec)
                 writer.add(name, e, w, truncated=cut)
                 if budget is not None:
                     budget -= len(ids)

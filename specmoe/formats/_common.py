@@ -43,3 +43,192 @@ def resolve_num_experts(num_experts: int | None, spec: Any, found: Any, *, name:
             argument="num_experts" if "given" in cands else "model",
         )
     return next(iter(cands.values()))
+
+
+# ------------------------------------------------------------------------------------------
+# Bounded reads: JSON with a size and depth limit, .npy members checked before allocation
+
+JSON_LIMIT = 16 << 20  # bytes: the largest JSON file (profile, spec, config) read whole
+JSON_DEPTH = 100  # the deepest nesting of lists and objects accepted in a JSON file
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return False
+            stack.extend(
+                (v, depth + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return True
+
+
+def parse_json(
+    text: str | bytes, name: str, *, what: str = "JSON", argument: str | None = None
+) -> Any:
+    """``json.loads(text)``, nested at most :data:`JSON_DEPTH` deep; a failure is one
+    ``InputError`` line naming ``name`` (a file, or a file and its field)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        value = None
+        deep = True
+    except ValueError as exc:
+        raise InputError(
+            f"{name}: not a readable {what} ({exc})".splitlines()[0], argument=argument
+        ) from None
+    else:
+        deep = not _depth_ok(value, JSON_DEPTH)
+    if deep:
+        raise InputError(
+            f"{name}: {what} nested deeper than the limit of {JSON_DEPTH} levels",
+            argument=argument,
+        )
+    return value
+
+
+def read_json_capped(
+    path: Any, what: str = "JSON file", *, argument: str | None = None, limit: int | None = None
+) -> Any:
+    """The JSON value in ``path``, read to at most ``limit`` bytes (default
+    :data:`JSON_LIMIT`, 16 MiB) and nested at most :data:`JSON_DEPTH` deep (a device such as
+    ``/dev/zero`` is read to the limit and refused). Every failure is one ``InputError`` line
+    naming the file, carrying ``argument``."""
+    from pathlib import Path
+
+    p = Path(path)
+    cap = JSON_LIMIT if limit is None else limit
+    try:
+        with open(p, "rb") as fh:
+            data = fh.read(cap + 1)
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such {what}", argument=argument) from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory, not a {what}", argument=argument) from None
+    except OSError as exc:
+        raise InputError(f"{p}: unreadable {what} ({exc.strerror})", argument=argument) from None
+    if len(data) > cap:
+        raise InputError(
+            f"{p}: larger than the limit of {cap >> 20} MiB for a {what}", argument=argument
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(
+            f"{p}: not a readable JSON {what} (not UTF-8)", argument=argument
+        ) from None
+    return parse_json(text, str(p), what=f"JSON {what}", argument=argument)
+
+
+def sniff(path: Any) -> str:
+    """What a file starts with: ``"zip"``, ``"npy"``, ``"parquet"``, ``"pickle"``, ``"empty"``
+    or ``"other"`` (read before numpy or pyarrow sees the file: numpy would try a pickle)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: unreadable ({exc.strerror})") from None
+    if not head:
+        return "empty"
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if head[:6] == b"\x93NUMPY":
+        return "npy"
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if head[:1] == b"\x80":
+        return "pickle"
+    return "other"
+
+
+def read_npy(fh: Any, size: int, name: str, *, header_only: bool = False) -> Any:
+    """One ``.npy`` array from the open binary file ``fh`` of ``size`` bytes, checked before
+    anything is allocated: a numeric dtype (an object array would need a pickle: refused) and a
+    shape whose bytes fit in ``size``. ``name`` labels errors (a file and its member).
+    ``header_only``: return ``(shape, dtype)`` without reading the data."""
+    import math
+
+    import numpy as np
+
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f".npy format version {version} is not supported")
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{name}: not a readable .npy array ({exc})".splitlines()[0]) from None
+    if dtype.hasobject:
+        raise InputError(
+            f"{name}: holds Python objects (it would need a pickle, which specmoe never "
+            "loads); expected numbers"
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > size:
+        raise InputError(
+            f"{name}: declares shape {tuple(shape)} ({nbytes} bytes) but holds only {size} "
+            "bytes (truncated or corrupt)"
+        )
+    if header_only:
+        return tuple(shape), dtype
+    buf = bytearray(nbytes)
+    got = fh.readinto(buf) if nbytes else 0
+    if got != nbytes:
+        raise InputError(f"{name}: truncated: {got} of {nbytes} bytes of array data")
+    fh.read(1)  # reach the end, so that a zip member's CRC is checked
+    arr = np.frombuffer(buf, dtype=dtype)
+    return arr.reshape(shape[::-1]).transpose() if fortran else arr.reshape(shape)
+
+
+def read_members(
+    path: Any, keys: tuple[str, ...], *, headers: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The arrays ``keys`` of the ``.npz`` file ``path`` (those it has), read without pickles:
+    the zip signature is checked first, and each member's dtype and declared size before
+    anything is allocated (:func:`read_npy`). Members named in ``headers`` give
+    ``(shape, dtype, crc32)`` instead, from their header and the zip directory only."""
+    import zipfile
+    import zlib
+
+    name = str(path)
+    kind = sniff(path)
+    if kind == "npy":
+        raise InputError(f"{name}: a single .npy array, not a .npz trace")
+    if kind == "empty":
+        raise InputError(f"{name}: an empty file, not a .npz trace")
+    if kind != "zip":
+        what = {"pickle": "a pickle", "parquet": "a Parquet file"}.get(kind, "it")
+        raise InputError(f"{name}: not a .npz trace ({what} lacks the zip signature of .npz)")
+    out: dict[str, Any] = {}
+    try:
+        z = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise InputError(
+            f"{name}: truncated or corrupt .npz archive ({type(exc).__name__}: {exc})"
+        ) from None
+    with z:
+        infos = {i.filename[:-4]: i for i in z.infolist() if i.filename.endswith(".npy")}
+        for key in (*keys, *headers):
+            info = infos.get(key)
+            if info is None:
+                continue
+            label = f"{name}: member {key!r}"
+            try:
+                with z.open(info) as fh:
+                    got = read_npy(fh, info.file_size, label, header_only=key in headers)
+            except InputError:
+                raise
+            except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as exc:
+                raise InputError(
+                    f"{label} is corrupt ({type(exc).__name__}: {exc})".splitlines()[0]
+                ) from None
+            out[key] = (*got, info.CRC) if key in headers else got
+    return out

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import numpy as np
 
 from specmoe._io import atomic_path, to_jsonable
 from specmoe.errors import InputError
+from specmoe.formats._common import parse_json, read_members
 
 __all__ = ["RoutingTrace", "TraceReader", "load_trace", "open_trace", "save_trace"]
 
@@ -176,6 +176,8 @@ class RoutingTrace:
         meta.pop("documents", None)
         if all("documents" in tr.meta for tr in traces):
             meta["documents"] = [d for tr in traces for d in tr.meta["documents"]]
+        if any("truncated" in tr.meta for tr in traces):  # the cut documents of every part
+            meta["truncated"] = [d for tr in traces for d in tr.meta.get("truncated", [])]
         return RoutingTrace(
             experts=np.concatenate([tr.experts for tr in traces]),
             doc_offsets=np.concatenate(offsets),
@@ -286,6 +288,12 @@ def _check_compatible(traces: list[RoutingTrace], *, name: str) -> None:
                 f"{name}: mismatched shards: {tr.name} holds layers {tr.layers} but "
                 f"{first.name} holds layers {first.layers}"
             )
+        models = (tr.meta.get("model"), first.meta.get("model"))
+        if None not in models and models[0] != models[1]:
+            raise InputError(
+                f"{name}: mismatched shards: {tr.name} holds model {models[0]!r} but "
+                f"{first.name} holds model {models[1]!r}"
+            )
 
 
 # ------------------------------------------------------------------------------------------
@@ -308,47 +316,28 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike, *, compress: bool =
     return path
 
 
+_MEMBERS = ("experts", "doc_offsets", "weights", "meta")
+
+
 def _read_npz(path: Path) -> RoutingTrace:
     name = str(path)
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise InputError(f"{name}: a single .npy array, not a .npz trace")
-        with z:
-            keys = set(z.files)
-            for key in ("experts", "doc_offsets", "meta"):
-                if key not in keys:
-                    raise InputError(f"{name}: missing array {key!r} (has {sorted(keys)})")
-            experts = z["experts"]
-            offsets = z["doc_offsets"]
-            weights = z["weights"] if "weights" in keys else None
-            meta_raw = z["meta"]
-    except InputError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
-        raise InputError(
-            f"{name}: not a readable .npz trace ({type(exc).__name__}: {exc})".splitlines()[0]
-        ) from None
-    except Exception as exc:  # numpy raises odd types on corrupt members
-        raise InputError(f"{name}: corrupt .npz trace ({type(exc).__name__})") from None
-    try:
-        if meta_raw.ndim != 0 or meta_raw.dtype.kind not in "US":
-            raise ValueError("not a string")
-        meta = json.loads(str(meta_raw))
-        if not isinstance(meta, dict):
-            raise ValueError("not an object")
-    except (ValueError, RecursionError) as exc:
-        raise InputError(
-            f"{name}: 'meta' must be a JSON object string "
-            f"({type(exc).__name__}: {exc})".splitlines()[0]
-        ) from None
+    arrays = read_members(path, _MEMBERS)
+    for key in ("experts", "doc_offsets", "meta"):
+        if key not in arrays:
+            raise InputError(f"{name}: missing array {key!r} (has {sorted(arrays)})")
+    meta_raw = arrays["meta"]
+    if meta_raw.ndim != 0 or meta_raw.dtype.kind not in "US":
+        raise InputError(f"{name}: 'meta' must be a JSON object string, got {meta_raw.dtype}")
+    meta = parse_json(str(meta_raw), f"{name}: 'meta'", what="JSON object string")
+    if not isinstance(meta, dict):
+        raise InputError(f"{name}: 'meta' must be a JSON object string, not {type(meta).__name__}")
     if "num_experts" not in meta:
         raise InputError(f"{name}: 'meta' lacks num_experts")
     return RoutingTrace(
-        experts=experts,
-        doc_offsets=offsets,
+        experts=arrays["experts"],
+        doc_offsets=arrays["doc_offsets"],
         num_experts=meta["num_experts"],
-        weights=weights,
+        weights=arrays.get("weights"),
         meta=meta,
         name=name,
     )
@@ -369,6 +358,9 @@ class TraceReader:
             self.files = sorted(p for p in self.path.glob("*.npz") if not p.name.startswith("."))
             if not self.files:
                 raise InputError(f"{self.path}: directory holds no .npz trace shards")
+            from specmoe.formats.shards import check_shard_headers
+
+            check_shard_headers(self.path, self.files)
         else:
             self.files = [self.path]
         first = self._shard(0)
@@ -382,6 +374,7 @@ class TraceReader:
         return _read_npz(self.files[i])
 
     def iter_shards(self) -> Iterator[RoutingTrace]:
+        """Each shard, validated, and consistent with the others (N, L, m, layers, model)."""
         for i in range(len(self.files)):
             tr = self._first if i == 0 else self._shard(i)
             if i:
@@ -395,9 +388,8 @@ class TraceReader:
         longest = 0
         for path in self.files:
             try:
-                with np.load(path, allow_pickle=False) as z:
-                    off = np.asarray(z["doc_offsets"], dtype=np.int64)
-            except Exception:  # numpy raises many types on corrupt files
+                off = read_members(path, ("doc_offsets",))["doc_offsets"].astype(np.int64)
+            except (InputError, KeyError, ValueError, TypeError):
                 return None
             if off.ndim != 1 or off.size < 2:
                 return None
