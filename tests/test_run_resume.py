@@ -253,6 +253,10 @@ def test_a_folder_of_another_run_is_refused_unless_resume_or_overwrite(reference
     out = tmp_path / "out"
     shutil.copytree(reference, out)
     kept = {p: p.read_bytes() for p in (out / "rounds").rglob("*.parquet")}
+    for extra in (["--k", "0..1"], ["--tokens", "16"], ["--repeats", "2"]):
+        # refused before the model loads: one line on stderr, no weight-loading bar
+        assert main(["run", *BASE, "--out", str(out), *extra]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
     for extra, flag in (
         (["--tokens", "16"], "--tokens"),
         (["--seed", "3"], "--seed"),

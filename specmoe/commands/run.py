@@ -248,11 +248,10 @@ def _shown(v: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _check_out(
-    out: Path, options: dict, grid: dict | None, *, resume: bool, overwrite: bool
-) -> None:
+def _check_out(out: Path, options: dict, grid: dict, *, resume: bool, overwrite: bool) -> None:
     """Refuse a folder holding another run's work (unless --overwrite, or --resume when only
-    the grid differs); ``grid`` None: the grid is not known yet (checked again later)."""
+    the grid differs); only the keys given are compared (before the model loads, those the
+    flags give alone; after, all)."""
     from specmoe.engine.runner import differing, holds_work, read_manifest
 
     if overwrite or not holds_work(out):
@@ -273,7 +272,7 @@ def _check_out(
             f"--out {out}: holds a run with other options ({what}); --overwrite starts the "
             "folder anew"
         )
-    if grid is None or resume:
+    if resume:
         return
     grids = differing(old["grid"], grid)
     if grids:
@@ -330,9 +329,14 @@ def _run(args: argparse.Namespace, out: Path | None) -> int:
         "threads": args.threads,
         "clock": args.clock,
     }
-    if out is not None:  # before the model loads: the options the flags give alone
+    grid = {
+        "k": ks,
+        "acceptance": accs if args.drafter == "oracle" else None,
+        "repeats": args.repeats,
+    }
+    if out is not None:  # before the model loads: what the flags give alone
         early = {k: v for k, v in options.items() if k != "forced_trace" or v is not None}
-        _check_out(out, early, None, resume=args.resume, overwrite=args.overwrite)
+        _check_out(out, early, grid, resume=args.resume, overwrite=args.overwrite)
     if args.threads:
         from specmoe.kernels import cpu
 
@@ -382,12 +386,7 @@ def _run(args: argparse.Namespace, out: Path | None) -> int:
     options.update(
         model_label=label, layers=model.config.num_hidden_layers, forced_trace=trace_spec
     )
-    grid = {
-        "k": ks,
-        "acceptance": accs if args.drafter == "oracle" else None,
-        "repeats": args.repeats,
-        "prompts": [[p, prompt_digest(ids)] for p, ids in prompts],
-    }
+    grid["prompts"] = [[p, prompt_digest(ids)] for p, ids in prompts]
     if out is not None:
         _check_out(out, options, grid, resume=args.resume, overwrite=args.overwrite)
         if args.overwrite:
