@@ -13,7 +13,6 @@ model's config.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,11 @@ from typing import Any
 
 from specmoe.errors import InputError
 
+# Bytes per weight. A block-quantised format counts its scales: q8_0 is 32 int8 weights and one
+# fp16 scale per block (34 bytes per 32), q4_k_m llama.cpp's 4.5 bits, mxfp4 32 fp4 weights and
+# one e8m0 scale per block (4.25 bits), int4 4-bit weights and one bf16 scale per group of 128
+# (4.125 bits, the GPTQ/AWQ default group). fp8 (e4m3 or e5m2) has one scale per tensor or per
+# output channel: 1 byte per weight (the scales are below 0.1% of it).
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4.0,
     "fp32": 4.0,
@@ -28,11 +32,36 @@ DTYPE_BYTES: dict[str, float] = {
     "bf16": 2.0,
     "float16": 2.0,
     "fp16": 2.0,
+    "fp8": 1.0,
+    "float8_e4m3fn": 1.0,
+    "float8_e5m2": 1.0,
     "int8": 1.0,
     "q8_0": 34 / 32,
     "q4_k_m": 4.5 / 8,
     "mxfp4": 4.25 / 8,
+    "int4": 4.125 / 8,
 }
+
+
+def dtype_bytes(dtype: str | float, *, argument: str = "dtype") -> float:
+    """Bytes per weight of a dtype name (:data:`DTYPE_BYTES`, case-insensitive) or a number;
+    an unknown name, or a number that is not finite and positive, is an ``InputError`` that
+    lists the valid names and carries ``argument``."""
+    if isinstance(dtype, str):
+        bpw = DTYPE_BYTES.get(dtype.lower())
+        if bpw is None:
+            raise InputError(
+                f"unknown dtype {dtype!r} (choose from {', '.join(DTYPE_BYTES)}, or give bytes "
+                "per weight)",
+                argument=argument,
+            )
+        return bpw
+    if isinstance(dtype, bool) or not isinstance(dtype, int | float) or not 0 < dtype < 1e3:
+        raise InputError(
+            f"bytes per weight must be a finite positive number, got {dtype!r:.40}",
+            argument=argument,
+        )
+    return float(dtype)
 
 
 @dataclass(frozen=True)
@@ -83,7 +112,7 @@ class ModelSpec:
                 f"model spec {self.name!r}: top_k={self.top_k} must be below "
                 f"num_experts={self.num_experts}"
             )
-        if not self.bytes_per_weight > 0:
+        if not 0 < self.bytes_per_weight < 1e3:  # NaN and inf fail too
             raise InputError(f"model spec {self.name!r}: bytes_per_weight must be positive")
         if self.activation not in ("swiglu", "swiglu_oai"):
             raise InputError(
@@ -132,17 +161,7 @@ class ModelSpec:
     # variants ----------------------------------------------------------------------------
     def with_dtype(self, dtype: str | float) -> ModelSpec:
         """The same model stored at another precision (a dtype name or bytes per weight)."""
-        if isinstance(dtype, str):
-            key = dtype.lower()
-            if key not in DTYPE_BYTES:
-                raise InputError(
-                    f"unknown dtype {dtype!r} (choose from {', '.join(sorted(DTYPE_BYTES))})",
-                    argument="dtype",
-                )
-            bpw = DTYPE_BYTES[key]
-        else:
-            bpw = float(dtype)
-        return dataclasses.replace(self, bytes_per_weight=bpw)
+        return dataclasses.replace(self, bytes_per_weight=dtype_bytes(dtype))
 
     def with_layers(self, num_moe_layers: int) -> ModelSpec:
         """The first ``num_moe_layers`` MoE layers only (a CPU-sized copy of a preset)."""
@@ -196,9 +215,9 @@ class ModelSpec:
             path = Path(config)
             if path.is_dir():
                 path = path / "config.json"
-            from specmoe._io import read_json
+            from specmoe.formats._common import read_json_capped
 
-            config = read_json(path, "HF config")
+            config = read_json_capped(path, "HF config")
             if not isinstance(config, dict):
                 raise InputError(f"{path}: config must be a JSON object")
             source = source or str(path)
@@ -210,6 +229,36 @@ def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
         if cfg.get(k) is not None:
             return cfg[k]
     return default
+
+
+class _Fields:
+    """Typed reads of an HF config's fields; a bad one is an ``InputError`` naming ``where``
+    (the file, or the config's name) and the field."""
+
+    def __init__(self, cfg: dict[str, Any], where: str):
+        self.cfg, self.where = cfg, where
+
+    def int(self, *keys: str, default: Any = None, low: int = 1) -> Any:
+        for k in keys:
+            v = self.cfg.get(k)
+            if v is not None:
+                if isinstance(v, bool) or not isinstance(v, int) or not low <= v < 1 << 40:
+                    kind = "a positive" if low == 1 else "a non-negative"
+                    raise InputError(
+                        f"{self.where}: config field {k!r} must be {kind} integer, got {v!r:.40}"
+                    )
+                return v
+        return default
+
+    def ints(self, key: str) -> list[int]:
+        v = self.cfg.get(key) or []
+        if not isinstance(v, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v
+        ):
+            raise InputError(
+                f"{self.where}: config field {key!r} must be a list of layer indices, got {v!r:.40}"
+            )
+        return v
 
 
 def _expert_mlp(model_type: str) -> tuple[str, bool]:
@@ -231,10 +280,13 @@ def _spec_from_config(
     label = name or cfg.get("_name_or_path") or cfg.get("model_type") or "model"
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers
         cfg = {**cfg["text_config"], **{k: v for k, v in cfg.items() if k != "text_config"}}
-    n_exp = _first(cfg, "num_experts", "n_routed_experts", "num_local_experts")
-    top_k = _first(cfg, "num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k")
-    hidden = _first(cfg, "hidden_size", "d_model")
-    n_layers = _first(cfg, "num_hidden_layers", "num_layers", "n_layer")
+    where = source or f"config {label!r}"
+    f = _Fields(cfg, where)
+    n_exp = f.int("num_experts", "n_routed_experts", "num_local_experts")
+    top_k = f.int("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k")
+    hidden = f.int("hidden_size", "d_model")
+    n_layers = f.int("num_hidden_layers", "num_layers", "n_layer")
+    inter = f.int("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
     missing = [
         k
         for k, v in (
@@ -242,36 +294,39 @@ def _spec_from_config(
             ("num_experts_per_tok", top_k),
             ("hidden_size", hidden),
             ("num_hidden_layers", n_layers),
+            ("intermediate_size", inter),
         )
         if v is None
     ]
     if missing:
-        raise InputError(f"config {label!r}: not an MoE config, missing {', '.join(missing)}")
+        raise InputError(f"{where}: not an MoE config, missing {', '.join(missing)}")
+    if not top_k < n_exp:
+        raise InputError(
+            f"{where}: config field 'num_experts_per_tok' ({top_k}) must be below the number "
+            f"of experts ({n_exp})"
+        )
     model_type = str(cfg.get("model_type", ""))
-    inter = _first(cfg, "moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
-    dense_inter = _first(cfg, "intermediate_size", default=inter)
+    dense_inter = f.int("intermediate_size", default=inter)
     # Which decoder layers are MoE.
-    first_dense = int(_first(cfg, "first_k_dense_replace", default=0))
-    step = int(_first(cfg, "decoder_sparse_step", "moe_layer_freq", default=1) or 1)
-    mlp_only = set(_first(cfg, "mlp_only_layers", default=[]) or [])
+    first_dense = f.int("first_k_dense_replace", default=0, low=0)
+    step = f.int("decoder_sparse_step", "moe_layer_freq", default=1, low=0) or 1
+    mlp_only = set(f.ints("mlp_only_layers"))
     moe_idx = tuple(
-        i
-        for i in range(int(n_layers))
-        if i >= first_dense and (i + 1) % step == 0 and i not in mlp_only
+        i for i in range(n_layers) if i >= first_dense and (i + 1) % step == 0 and i not in mlp_only
     )
     if not moe_idx:
-        raise InputError(f"config {label!r}: no MoE layers")
-    heads = int(_first(cfg, "num_attention_heads", "n_head", default=1))
-    kv_heads = int(_first(cfg, "num_key_value_heads", default=heads))
-    head_dim = int(_first(cfg, "head_dim", default=hidden // heads))
-    vocab = int(_first(cfg, "vocab_size", default=0))
+        raise InputError(f"{where}: no MoE layers")
+    heads = f.int("num_attention_heads", "n_head", default=1)
+    kv_heads = f.int("num_key_value_heads", default=heads)
+    head_dim = f.int("head_dim", default=max(1, hidden // heads))
+    vocab = f.int("vocab_size", default=0, low=0)
     # Attention weights per layer.
     if cfg.get("kv_lora_rank"):  # DeepSeek multi-head latent attention
-        rope = int(cfg.get("qk_rope_head_dim", 64))
-        nope = int(cfg.get("qk_nope_head_dim", 128))
-        v_dim = int(cfg.get("v_head_dim", 128))
-        kv_rank = int(cfg["kv_lora_rank"])
-        q_rank = cfg.get("q_lora_rank")
+        rope = f.int("qk_rope_head_dim", default=64)
+        nope = f.int("qk_nope_head_dim", default=128)
+        v_dim = f.int("v_head_dim", default=128)
+        kv_rank = f.int("kv_lora_rank")
+        q_rank = f.int("q_lora_rank")
         q_out = heads * (nope + rope)
         q_params = hidden * q_out if not q_rank else hidden * q_rank + q_rank * q_out
         attn = (
@@ -280,44 +335,52 @@ def _spec_from_config(
             + kv_rank * heads * (nope + v_dim)
             + heads * v_dim * hidden
         )
-        kv_per_token = int(n_layers) * (kv_rank + rope)
+        kv_per_token = n_layers * (kv_rank + rope)
     else:
         attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
-        kv_per_token = int(n_layers) * 2 * kv_heads * head_dim
-    n_shared = int(_first(cfg, "n_shared_experts", "num_shared_experts", default=0) or 0)
-    shared_inter = _first(cfg, "shared_expert_intermediate_size", default=None)
+        kv_per_token = n_layers * 2 * kv_heads * head_dim
+    n_shared = f.int("n_shared_experts", "num_shared_experts", default=0, low=0)
+    shared_inter = f.int("shared_expert_intermediate_size", low=0)
     shared_params = 0
     if shared_inter:  # Qwen2-MoE: one shared expert of its own width
-        shared_params = 3 * hidden * int(shared_inter)
+        shared_params = 3 * hidden * shared_inter
         n_shared = max(n_shared, 1)
     elif n_shared:
-        shared_params = n_shared * 3 * hidden * int(inter)
-    router = hidden * int(n_exp)
-    n_dense_layers = int(n_layers) - len(moe_idx)
+        shared_params = n_shared * 3 * hidden * inter
+    router = hidden * n_exp
+    n_dense_layers = n_layers - len(moe_idx)
     dense = (
-        int(n_layers) * attn
+        n_layers * attn
         + len(moe_idx) * (router + shared_params)
-        + n_dense_layers * 3 * hidden * int(dense_inter)
+        + n_dense_layers * 3 * hidden * dense_inter
         + vocab * hidden
     )  # LM head (tied or not, it is read once per pass)
     activation, expert_bias = _expert_mlp(model_type)
-    if dtype is None:
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    bpw = DTYPE_BYTES.get(dtype.lower(), 2.0) if isinstance(dtype, str) else float(dtype)
+    if dtype is not None:
+        bpw = dtype_bytes(dtype)
+    else:
+        key = next((k for k in ("torch_dtype", "dtype") if cfg.get(k) is not None), None)
+        stored = "bfloat16" if key is None or cfg[key] == "auto" else cfg[key]
+        if not isinstance(stored, str) or stored.lower() not in DTYPE_BYTES:
+            raise InputError(
+                f"{where}: config field {key!r} is {stored!r:.40}, not a known dtype "
+                f"(choose from {', '.join(DTYPE_BYTES)})"
+            )
+        bpw = DTYPE_BYTES[stored.lower()]
     return ModelSpec(
         name=str(label),
-        num_experts=int(n_exp),
-        top_k=int(top_k),
+        num_experts=n_exp,
+        top_k=top_k,
         num_moe_layers=len(moe_idx),
-        hidden_size=int(hidden),
-        expert_intermediate=int(inter),
+        hidden_size=hidden,
+        expert_intermediate=inter,
         bytes_per_weight=bpw,
         dense_params=int(dense),
         kv_elements_per_token=int(kv_per_token),
         activation=activation,
         expert_bias=expert_bias,
         num_shared_experts=n_shared,
-        num_hidden_layers=int(n_layers),
+        num_hidden_layers=n_layers,
         vocab_size=vocab,
         moe_layer_indices=moe_idx,
         source=source,
@@ -454,10 +517,9 @@ def resolve_spec(model: str | os.PathLike, *, dtype: str | float | None = None) 
             argument="model",
         )
     if path.is_file() and path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except ValueError as exc:
-            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        from specmoe.formats._common import read_json_capped
+
+        data = read_json_capped(path, "model spec", argument="model")
         if isinstance(data, dict) and "expert_intermediate" in data:  # a saved ModelSpec
             spec = ModelSpec.from_dict(data)
             return spec.with_dtype(dtype) if dtype is not None else spec

@@ -166,3 +166,45 @@ def test_unknown_model_type_gets_plain_swiglu():
     s = ModelSpec.from_hf_config(cfg)
     assert (s.activation, s.expert_bias) == ("swiglu", False)
     assert s.expert_params == 3 * 8 * 8
+
+
+@pytest.mark.parametrize(
+    ("dtype", "bytes_per_weight"),
+    [("fp8", 1.0), ("FP8", 1.0), ("float8_e4m3fn", 1.0), ("int4", 4.125 / 8), ("bf16", 2.0)],
+)
+def test_dtypes_count_their_own_bytes(dtype, bytes_per_weight, capsys):
+    s = get_preset("OLMoE-1B-7B-0125", dtype=dtype)
+    assert s.bytes_per_weight == bytes_per_weight
+    assert s.expert_bytes == s.expert_params * bytes_per_weight
+    assert resolve_spec("OLMoE-1B-7B-0125", dtype=dtype).bytes_per_weight == bytes_per_weight
+    assert get_preset("OLMoE-1B-7B-0125").with_dtype(dtype).bytes_per_weight == bytes_per_weight
+    from specmoe.cli import main
+
+    assert main(["spec", "OLMoE-1B-7B-0125", "--dtype", dtype, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes_per_weight"] == bytes_per_weight
+
+
+@pytest.mark.parametrize("dtype", ["garbage", "fp7", "", "int3"])
+def test_unknown_dtype_lists_the_valid_names(dtype, capsys):
+    for call in (
+        lambda: get_preset("OLMoE-1B-7B-0125", dtype=dtype),
+        lambda: get_preset("OLMoE-1B-7B-0125").with_dtype(dtype),
+    ):
+        with pytest.raises(InputError, match=r"choose from .*fp8.*int4") as info:
+            call()
+        assert info.value.argument == "dtype"
+    from specmoe.cli import main
+
+    for argv in (["spec", "OLMoE-1B-7B-0125", "--dtype", dtype], ["spec", "--dtype", dtype]):
+        assert main(argv) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert cap.out == "" and len(lines) == 1
+        assert lines[0].startswith(f"specmoe spec: error: --dtype: unknown dtype {dtype!r}")
+        assert "fp8" in lines[0] and "int4" in lines[0]
+
+
+@pytest.mark.parametrize("bpw", [0, -1.0, float("nan"), float("inf"), True])
+def test_bytes_per_weight_must_be_finite_positive(bpw):
+    with pytest.raises(InputError):
+        get_preset("OLMoE-1B-7B-0125").with_dtype(bpw)

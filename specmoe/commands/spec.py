@@ -7,7 +7,12 @@ from specmoe.spec import PRESET_CONFIGS, get_preset, resolve_spec
 
 def add_arguments(parser) -> None:
     parser.add_argument("model", nargs="?", help="preset name or path (default: list presets)")
-    parser.add_argument("--dtype", default=None, help="weight precision (e.g. bf16, fp32)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="weight precision: bf16, fp32, fp8, int8, int4, q8_0, q4_k_m, mxfp4, ... "
+        "(scales included; see specmoe.spec.DTYPE_BYTES)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 

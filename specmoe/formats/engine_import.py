@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.formats._common import model_spec, resolve_num_experts
+from specmoe.formats._common import model_spec, read_npy, resolve_num_experts, sniff
 from specmoe.formats.trace import RoutingTrace
 
 __all__ = ["import_routed_experts"]
@@ -47,16 +47,13 @@ def _natural_key(p: Path) -> list[Any]:
 
 
 def _load_npy(path: Path) -> np.ndarray:
-    try:
-        arr = np.load(path, allow_pickle=False)
-    except Exception as exc:  # numpy raises many types on corrupt files
-        raise InputError(
-            f"{path}: not a readable .npy array ({type(exc).__name__}: {exc})".splitlines()[0]
-        ) from None
-    if not isinstance(arr, np.ndarray):
-        arr.close()
+    kind = sniff(path)
+    if kind == "zip":
         raise InputError(f"{path}: a .npz archive, not one .npy array per request")
-    return arr
+    if kind != "npy":
+        raise InputError(f"{path}: not a .npy array (no .npy signature)")
+    with open(path, "rb") as fh:
+        return read_npy(fh, path.stat().st_size, str(path))
 
 
 def _from_response(obj: dict, base: str) -> list[tuple[str, list[Any], str | None]]:
@@ -114,6 +111,8 @@ def _collect(path: Path) -> list[tuple[str, list[Any], str | None]]:
         raise InputError(f"{path}: no such file or directory")
     if path.suffix == ".npy":
         return [(path.stem, [_load_npy(path)], None)]
+    if not path.is_file():
+        raise InputError(f"{path}: not a regular file (a device or pipe has no end to read to)")
     try:
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".jsonl":
@@ -164,12 +163,7 @@ def _decode(
         except (binascii.Error, ValueError):
             raise InputError(f"{name}: 'routed_experts' string is not base64") from None
         if raw[:6] == b"\x93NUMPY":
-            try:
-                arr = np.load(io.BytesIO(raw), allow_pickle=False)
-            except Exception as exc:
-                raise InputError(
-                    f"{name}: base64 .npy payload is corrupt ({type(exc).__name__})"
-                ) from None
+            arr = read_npy(io.BytesIO(raw), len(raw), f"{name}: base64 .npy payload")
         else:
             try:
                 dtype = (

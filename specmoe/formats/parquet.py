@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.formats._common import model_spec, resolve_num_experts
+from specmoe.formats._common import model_spec, parse_json, resolve_num_experts, sniff
 from specmoe.formats.trace import RoutingTrace, TraceReader
 
 __all__ = ["load_parquet", "save_parquet", "write_parquet"]
@@ -132,6 +132,8 @@ def load_parquet(
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such Parquet file")
+    if sniff(path) != "parquet":
+        raise InputError(f"{path}: not a Parquet trace (no Parquet signature)")
     try:
         return _read_parquet(path, num_experts=num_experts, model=model)
     except InputError:
@@ -152,10 +154,7 @@ def _read_parquet(path: Path, *, num_experts: int | None, model: str | None) -> 
     md = table.schema.metadata or {}
     meta: dict[str, Any] = {}
     if _META_KEY in md:
-        try:
-            meta = json.loads(md[_META_KEY])
-        except (ValueError, RecursionError):
-            meta = None  # type: ignore[assignment]
+        meta = parse_json(md[_META_KEY], f"{name}: metadata 'specmoe.meta'", what="JSON object")
         if not isinstance(meta, dict):
             raise InputError(f"{name}: metadata 'specmoe.meta' is not a JSON object")
     spec = model_spec(model)

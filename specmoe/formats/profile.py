@@ -50,6 +50,7 @@ from typing import Any
 
 from specmoe._io import atomic_write_json, to_jsonable
 from specmoe.errors import InputError
+from specmoe.formats._common import read_json_capped
 
 SCHEMA = "specmoe.bandwidth_profile/1"
 KERNELS = ("per_slot", "dedup")
@@ -108,17 +109,30 @@ def _finite_list(name: str, path: str, values: Any, length: int | None = None) -
         if isinstance(v, list):
             out.append(_finite_list(f"{name}[{i}]", path, v))
             continue
-        if (
-            v is None
-            or isinstance(v, bool)
-            or not isinstance(v, int | float)
-            or not math.isfinite(v)
-        ):
-            raise InputError(f"{path}: {name}[{i}] is {v!r}, not a finite number")
+        try:
+            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        except OverflowError:  # an integer beyond any float
+            ok = False
+        if not ok:
+            raise InputError(f"{path}: {name}[{i}] is {v!r:.40}, not a finite number")
         out.append(float(v))
     if length is not None and len(out) != length:
         raise InputError(f"{path}: {name} has {len(out)} entries, expected {length}")
     return out
+
+
+def _is_int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _kernel_objects(name: str, path: str, value: Any) -> dict[str, dict[str, Any]]:
+    """``value`` as ``{"per_slot": {...}, "dedup": {...}}``; anything else names the field."""
+    if not isinstance(value, dict) or not set(KERNELS) <= set(value):
+        raise InputError(f"{path}: {name} must be an object giving per_slot and dedup")
+    for p in KERNELS:
+        if not isinstance(value[p], dict):
+            raise InputError(f"{path}: {name}.{p} must be an object, got {type(value[p]).__name__}")
+    return value
 
 
 def _implementations(value: Any, path: str) -> dict[str, dict[str, Any]]:
@@ -164,8 +178,22 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     missing = [k for k in required if k not in d]
     if missing:
         raise InputError(f"{path}: missing {', '.join(missing)}")
+    model = d["model"]
+    if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+        raise InputError(f"{path}: model must be a ModelSpec object with a name")
+    for key in ("num_experts", "top_k", "hidden_size", "expert_intermediate"):
+        if key in model and not _is_int(model[key], 1):
+            raise InputError(
+                f"{path}: model.{key} must be a positive integer, got {model[key]!r:.40}"
+            )
+    for key in ("device", "dtype", "device_name"):
+        if key in d and not isinstance(d[key], str):
+            raise InputError(f"{path}: {key} must be a string, got {type(d[key]).__name__}")
+    for key in ("source", "extra"):
+        if key in d and not isinstance(d[key], dict):
+            raise InputError(f"{path}: {key} must be an object, got {type(d[key]).__name__}")
     n = d["n"]
-    if not isinstance(n, list) or not n or any(not isinstance(x, int) or x < 1 for x in n):
+    if not isinstance(n, list) or not n or not all(_is_int(x, 1) for x in n):
         raise InputError(f"{path}: n must be a non-empty list of positive integers")
     k = len(n)
     (ceiling,) = _finite_list("ceiling_gbps", path, [d["ceiling_gbps"]])
@@ -184,17 +212,15 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
     eps = dict(zip(KERNELS, _finite_list("epsilon", path, [eps[p] for p in KERNELS])))
     if any(not 0 <= v < 1 for v in eps.values()):
         raise InputError(f"{path}: epsilon must lie in [0, 1), got {eps}")
-    fits = d["fits"]
-    if not isinstance(fits, dict) or set(fits) < set(KERNELS):
-        raise InputError(f"{path}: fits must give per_slot and dedup")
+    fits = _kernel_objects("fits", path, d["fits"])
     fits = {
         p: dict(zip(fits[p], _finite_list(f"fits.{p}", path, list(fits[p].values()))))
         for p in KERNELS
     }
-    op = d["op_time"]
-    if not isinstance(op, dict) or set(op) < set(KERNELS):
-        raise InputError(f"{path}: op_time must give per_slot and dedup")
+    op = _kernel_objects("op_time", path, d["op_time"])
     layers = d["layers"]
+    if not isinstance(layers, list) or not layers or not all(_is_int(x, 0) for x in layers):
+        raise InputError(f"{path}: layers must be a non-empty list of layer indices (integers)")
     op_time = {}
     for p in KERNELS:
         op_time[p] = {}
@@ -207,14 +233,16 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
                     raise InputError(f"{path}: op_time.{p}.{which}[{i}] has a non-positive time")
             op_time[p][which] = rows
     cross = d.get("crossover")
-    if cross is not None and (not isinstance(cross, int) or cross not in n):
+    if cross is not None and (not _is_int(cross, 1) or cross not in n):
         raise InputError(f"{path}: crossover {cross!r} is not one of n")
     rc = d.get("reread_cost")
     if rc is not None:
         (rc,) = _finite_list("reread_cost", path, [rc])
-    model = d["model"]
-    if not isinstance(model, dict) or "name" not in model:
-        raise InputError(f"{path}: model must be a ModelSpec object")
+    peak = d.get("peak_gflops")
+    if peak is not None:
+        (peak,) = _finite_list("peak_gflops", path, [peak])
+        if peak <= 0:
+            raise InputError(f"{path}: peak_gflops must be positive, got {peak}")
     return BandwidthProfile(
         model=model,
         device=str(d["device"]),
@@ -229,22 +257,26 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
         op_time=op_time,
         layers=list(layers),
         device_name=str(d.get("device_name", "")),
-        peak_gflops=d.get("peak_gflops"),
+        peak_gflops=peak,
         implementations=_implementations(d.get("implementations", {}), path),
         source=dict(d.get("source", {})),
         extra=dict(d.get("extra", {})),
     )
 
 
-def load_profile(path: str | os.PathLike, *, spec: Any = None) -> BandwidthProfile:
+def load_profile(
+    path: str | os.PathLike, *, spec: Any = None, argument: str | None = None
+) -> BandwidthProfile:
     """Read and validate a profile; with ``spec``, check that it was measured for that model.
+
+    Every problem is one ``InputError`` line naming the file and the field (a file over the
+    16 MiB JSON limit or nested deeper than 100 levels included); ``argument`` (the caller's
+    argument that gave ``path``) is carried by read errors.
 
     A profile matches a spec when N, m, hidden size and expert width agree (the timed shapes).
     """
-    from specmoe._io import read_json
-
     path = Path(path)
-    d = read_json(path, "bandwidth profile")
+    d = read_json_capped(path, "bandwidth profile", argument=argument)
     prof = profile_from_dict(d, path=str(path))
     if spec is not None:
         check_profile_matches(prof, spec, path=str(path))
