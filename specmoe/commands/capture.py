@@ -79,7 +79,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, str]:
             net = models.tiny_random_model(model_type, seed=args.seed)
         except InputError as exc:
             raise exc.as_flag(f"--model {spec}") from None
-        net.to(args.device)
+        net.to(models.check_device(args.device))
         return net, models.byte_tokenizer(), f"random-{model_type}"
     path = models.resolve_model_dir(spec)
     net = models.load_model(path, dtype=args.dtype, device=args.device)

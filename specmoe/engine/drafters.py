@@ -185,7 +185,8 @@ class NgramDrafter:
 def load_draft_model(
     path: str | Path | None = None, *, device: str = "cpu", dtype: str | None = None
 ) -> Any:
-    """A causal LM from a local directory (default: the bundled draft model), eval mode."""
+    """A causal LM from a local directory (default: the bundled draft model), eval mode, from
+    safetensors only (:func:`specmoe.engine.models.from_pretrained`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -200,9 +201,12 @@ def load_draft_model(
     path = Path(path)
     if not (path / "config.json").is_file():
         raise InputError(f"{path}: no config.json (expected an HF model folder)", argument="path")
-    from specmoe.engine.models import from_pretrained
+    from specmoe.engine.models import check_device, from_pretrained
 
-    torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
+    check_device(device)
+    torch_dtype = torch.float32 if dtype is None else getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise InputError(f"{dtype!r} is not a torch dtype name", argument="dtype")
     return from_pretrained(
         AutoModelForCausalLM, path, dtype=torch_dtype, device=device, argument="path"
     )

@@ -25,6 +25,7 @@ from specmoe.spec import ModelSpec
 __all__ = [
     "FAMILIES",
     "byte_tokenizer",
+    "check_device",
     "family_of",
     "from_pretrained",
     "load_model",
@@ -70,16 +71,33 @@ def resolve_model_dir(model: str | os.PathLike | None = "bundled") -> Path:
     return path
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    import json
+def _read_config(path: Path, *, argument: str = "model") -> dict[str, Any]:
+    from specmoe.formats._common import read_json_capped
+
+    file = path / "config.json"
+    cfg = read_json_capped(file, "model config", argument=argument)
+    if not isinstance(cfg, dict):
+        raise InputError(f"{file}: config must be a JSON object", argument=argument)
+    return cfg
+
+
+def check_device(device: str) -> str:
+    """``device`` as torch names it; an unknown or unavailable device is an ``InputError``."""
+    import torch
 
     try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path / 'config.json'}: not a readable JSON config ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise InputError(f"{path / 'config.json'}: config must be a JSON object")
-    return cfg
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(
+            f"{device!r} is not a torch device (cpu, cuda, cuda:N, mps, ...)", argument="device"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"{device!r}: CUDA is not available on this machine", argument="device")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise InputError(f"{device!r}: MPS is not available on this machine", argument="device")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise InputError(f"{device!r}: specmoe runs on cpu, cuda or mps", argument="device")
+    return str(device)
 
 
 def load_model(
@@ -93,11 +111,16 @@ def load_model(
     import torch
     import transformers
 
+    check_device(device)
     path = resolve_model_dir(model)
+    cfg = _read_config(path)
     try:
-        family = family_of(_read_config(path))
+        family = family_of(cfg)
+        # every size field typed and checked, naming the file (ModelSpec's own parse)
+        ModelSpec.from_hf_config(cfg, source=str(path / "config.json"))
     except InputError as exc:
-        raise InputError(f"{path / 'config.json'}: {exc}", argument="model") from None
+        msg = exc.message if exc.message.startswith(str(path)) else f"{path / 'config.json'}: {exc}"
+        raise InputError(msg, argument="model") from None
     cls = getattr(transformers, family.class_name)
     if dtype is None:
         torch_dtype: Any = torch.float32 if str(device).startswith("cpu") else "auto"
@@ -111,16 +134,43 @@ def load_model(
 def from_pretrained(
     cls: Any, path: str | os.PathLike, *, dtype: Any, device: str, argument: str = "path"
 ) -> Any:
-    """``cls.from_pretrained`` offline, moved to ``device`` in eval mode; a load failure is
-    one ``InputError`` line naming the folder, as the caller's ``argument``."""
+    """``cls.from_pretrained`` offline and from safetensors only, moved to ``device`` in eval
+    mode. The checkpoint is checked first (:mod:`specmoe.engine.checkpoint`: a pickle-only
+    folder, a truncated or corrupt file and bad config fields are refused, never unpickled);
+    weights the checkpoint lacks, or non-finite ones, are refused after the load. Every failure
+    is one ``InputError`` line naming the folder or file, as the caller's ``argument``."""
+    import torch
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    from specmoe.engine.checkpoint import check_checkpoint, check_config_fields
+
+    path = Path(path)
+    check_config_fields(
+        _read_config(path, argument=argument), path / "config.json", argument=argument
+    )
+    check_checkpoint(path, argument=argument)
     try:
-        net = cls.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as exc:
+        net, info = cls.from_pretrained(
+            path,
+            local_files_only=True,
+            dtype=dtype,
+            use_safetensors=True,
+            output_loading_info=True,
+        )
+    except (OSError, ValueError, TypeError, SafetensorError, StrictDataclassError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"{path}: cannot load weights ({first})", argument=argument) from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
         raise InputError(
-            f"{path}: cannot load weights "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+            f"{path}: the checkpoint lacks {len(missing)} weights ({', '.join(missing[:3])}); "
+            "they would be random",
             argument=argument,
-        ) from None
+        )
+    for name, p in net.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            raise InputError(f"{path}: weight {name} holds NaN or inf", argument=argument)
     net.to(device)
     net.eval()
     return net
