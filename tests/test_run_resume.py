@@ -180,9 +180,9 @@ def _interrupt(out, sig, delay):
 def _signal_then_rerun(reference, tmp_path, sig, delay):
     out = tmp_path / f"out-{sig}-{delay:.3f}"
     rc = _interrupt(out, sig, delay)
-    assert rc in (0, 130, -signal.SIGKILL), rc
+    # -SIGINT: the signal came after the run, at the interpreter's exit
+    assert rc in (0, 130, -signal.SIGINT, -signal.SIGKILL), rc
     done = _whole(out)  # no unfinished generation reads as finished
-    assert rc == 0 or done < GENERATIONS
     assert main(["run", *BASE, "--out", str(out)]) == 0  # the same command again
     _same_rows(out / "rounds", reference / "rounds")
     return rc, done
@@ -191,8 +191,8 @@ def _signal_then_rerun(reference, tmp_path, sig, delay):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_a_signal_then_a_rerun_equals_a_clean_run(reference, tmp_path, sig):
     delay = float(np.random.default_rng(int(sig)).uniform(0.0, 0.4))
-    rc, _ = _signal_then_rerun(reference, tmp_path, sig, delay)
-    assert rc != 0  # it was interrupted
+    rc, done = _signal_then_rerun(reference, tmp_path, sig, delay)
+    assert rc != 0 and done < GENERATIONS  # it was interrupted while decoding
 
 
 @pytest.mark.slow
