@@ -533,3 +533,55 @@ def test_random_hf_model_traces(tmp_path, tiny_moe, byte_tok):
         err = np.abs(pred.mean_predicted / emp - 1)
         base = np.abs(pred.popularity_baseline.mean(axis=0) / emp - 1)
         assert np.all(err[1:] < 0.5 * base[1:])
+
+
+def test_ipf_work_beyond_the_stated_limit_is_refused_up_front():
+    """Finding 10: the cost grows as laws x 2^n x n(n-1)/2; beyond IPF_MAX_UPDATES (or the
+    table bytes) predict_union refuses on max_n before solving anything."""
+    from specmoe.routing.ipf import IPF_MAX_UPDATES, check_ipf_cost, ipf_cost
+
+    assert ipf_cost(1, 3) == (4 * 1 + 8 * 3, 8 * 8 * (1 + 4 * 3 * 2))
+    u12, _ = ipf_cost(864, 12)  # the bundled trace, documents pooled: still allowed
+    u13, _ = ipf_cost(864, 13)
+    assert u12 <= IPF_MAX_UPDATES < u13 and u13 > 2 * u12
+    check_ipf_cost(864, 12)
+    with pytest.raises(
+        InputError, match=r"^max_n: 13 with 864 laws needs .*\(limit 4e\+08\)"
+    ) as exc:
+        check_ipf_cost(864, 13)
+    assert exc.value.argument == "max_n"
+    with pytest.raises(InputError, match="2\\^100"):
+        check_ipf_cost(1, 100)
+
+
+def test_stats_file_popularity_must_sum_to_top_k(tmp_path):
+    """Finding 12 / 8: popularities summing to 8 with top_k 2, all zero, or of the wrong type
+    are refused, each in one line naming the file and the field."""
+    import json
+
+    from specmoe.routing.ipf import load_moments, save_moments
+
+    good = save_moments(_moments_for_file(), tmp_path / "good.json")
+    obj = json.loads(good.read_text())
+    load_moments(good)
+    cases = {
+        "sum.json": ({**obj, "top_k": obj["top_k"] - 1}, "popularity.*sum to"),
+        "zero.json": (
+            {**obj, "popularity": [[0.0] * obj["num_experts"]] * obj["num_layers"]},
+            "popularity.*all zero",
+        ),
+        "type.json": ({**obj, "top_k": "two"}, "'top_k' must be an integer"),
+        "pop.json": ({**obj, "popularity": {"a": 1}}, "'popularity' must"),
+    }
+    for name, (bad, pattern) in cases.items():
+        p = tmp_path / name
+        p.write_text(json.dumps(bad))
+        with pytest.raises(InputError, match=pattern) as exc:
+            load_moments(p)
+        assert str(exc.value).startswith(str(p)) and "\n" not in str(exc.value)
+
+
+def _moments_for_file():
+    from specmoe.routing.ipf import fit_moments
+
+    return fit_moments(sticky_trace(300, 2, 16, 2, [0.5, 0.2], seed=4), max_lag=3)

@@ -485,3 +485,28 @@ def test_plan_file_errors_name_the_plan_argument(tmp_path):
     with pytest.raises(InputError) as exc:
         read_plan(tmp_path / "missing.json")
     assert exc.value.argument == "plan" and "missing.json" in str(exc.value)
+
+
+def test_a_bad_cached_profile_names_the_cache_file_and_rebench(tmp_path, monkeypatch, capsys):
+    """Finding 8: a damaged profile in the cache stops a plain `specmoe plan` with one line that
+    names the cached file and says --rebench measures again (and no benchmark runs)."""
+    import specmoe.bench.run as bench_run
+    from specmoe.cli import main
+    from specmoe.commands.plan import _default_trace, cached_profile_path, trace_hash
+    from specmoe.spec import resolve_spec
+
+    def no_bench(*a, **k):
+        raise AssertionError("benchmarked instead of refusing the cached profile")
+
+    monkeypatch.setattr(bench_run, "run_benchmark", no_bench)
+    monkeypatch.setenv("SPECMOE_CACHE_DIR", str(tmp_path / "cache"))
+    spec = resolve_spec("OLMoE-1B-7B-0125")
+    cached = cached_profile_path(spec, "cpu", "float32", trace_hash(_default_trace()))
+    assert cached.is_relative_to(tmp_path / "cache" / "profiles")
+    cached.parent.mkdir(parents=True)
+    cached.write_text('{"model": {"name": 3}, "n": "nine"}')
+    assert main(["plan", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specmoe plan: error: the cached bandwidth profile "), err
+    assert str(cached) in err[-1] and "--rebench" in err[-1]
+    assert not (tmp_path / "out").exists()

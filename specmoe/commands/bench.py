@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specmoe._io import atomic_write_json, dumps_json
+from specmoe.commands._common import check_int, check_out_dir, check_seed
 from specmoe.errors import InputError
 from specmoe.formats.profile import BandwidthProfile, load_profile
 
@@ -63,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--windows", type=int, default=None, help="recorded windows per layer and n"
     )
     parser.add_argument("--layers", type=int, default=None, help="timed trace layers (at most)")
-    parser.add_argument("--n-max", type=int, default=None, help="largest pass size (default 9)")
+    parser.add_argument(
+        "--n-max", type=int, default=None, help="largest pass size (default 9, at most 64)"
+    )
     parser.add_argument(
         "--from",
         dest="from_profile",
@@ -180,9 +183,30 @@ def _print_table(prof: BandwidthProfile) -> None:
         print(f"implementations: {ran}")
 
 
+MAX_N = 64  # the largest pass size a benchmark times
+MAX_REPS = 10_000
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    check_seed(args.seed)
+    check_int(args.n_max, "--n-max", low=1, high=MAX_N)
+    check_int(args.reps, "--reps", low=1, high=MAX_REPS)
+    check_int(args.windows, "--windows", low=1, high=MAX_REPS)
+    check_int(args.threads, "--threads", low=1, high=4096)
+    if args.dtype is not None and not args.from_profile:
+        from specmoe.kernels._contract import DTYPES
+
+        if str(args.dtype).lower() not in DTYPES:
+            raise InputError(
+                f"--dtype: unknown {args.dtype!r} (choose from float32, bfloat16, float16)"
+            )
+    check_out_dir(args.out)
+
+
 def run(args: argparse.Namespace) -> int:
     from specmoe.spec import resolve_spec
 
+    _check_args(args)
     spec = resolve_spec(args.model)
     if args.from_profile:
         prof = load_profile(args.from_profile, spec=spec)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed
 from specmoe.errors import InputError
 
 DEFAULT_BATCHES = "1,2,4,8,16,32"
@@ -278,24 +279,30 @@ def _spec(args: Any) -> Any:
     return ModelSpec.from_hf_config(path)
 
 
+MAX_BATCH = 4096
+MAX_K = 64
+MAX_TOKENS = 10**7  # rows of one synthetic routing table
+
+
 def validate(args: Any) -> tuple[list[int], list[int]]:
     batches = parse_ints(args.batch, "--batch", low=1)
     ks = parse_ints(args.k, "--k", low=1)
-    if not 0.0 <= args.acceptance <= 1.0:
-        raise InputError(f"--acceptance {args.acceptance}: must lie in [0, 1]")
-    if args.draft_cost < 0:
-        raise InputError(f"--draft-cost {args.draft_cost}: must be >= 0")
-    for name in ("context", "repeats", "tokens"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name} {getattr(args, name)}: must be >= 1")
-    if args.warmup < 0:
-        raise InputError(f"--warmup {args.warmup}: must be >= 0")
+    check_int(batches[-1], "--batch", low=1, high=MAX_BATCH)
+    check_int(ks[-1], "--k", low=1, high=MAX_K)
+    check_float(args.acceptance, "--acceptance", low=0.0, high=1.0)
+    check_float(args.draft_cost, "--draft-cost", low=0.0, high=1e6)
+    check_int(args.context, "--context", low=1, high=1 << 20)
+    check_int(args.repeats, "--repeats", low=1, high=10_000)
+    check_int(args.tokens, "--tokens", low=1, high=MAX_TOKENS)
+    check_int(args.warmup, "--warmup", low=0, high=10_000)
+    check_int(args.layers, "--layers", low=1)
+    check_int(args.vocab, "--vocab", low=1)
+    check_seed(args.seed)
     if args.device not in ("cpu", "cuda") and not str(args.device).startswith("cuda:"):
         raise InputError(f"--device {args.device!r}: choose cpu or cuda")
     if args.clock == "cpu" and str(args.device) != "cpu":
         raise InputError(f"--clock cpu: times CPU runs only, not --device {args.device}")
-    if args.out is not None and Path(args.out).is_file():
-        raise InputError(f"--out {args.out}: is a file, expected a directory")
+    check_out_dir(args.out)
     return batches, ks
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from specmoe.commands._common import check_float, check_int, check_out_dir
 from specmoe.errors import InputError
 
 
@@ -53,7 +54,13 @@ def add_arguments(parser) -> None:
         "windows (default for a trace); trace: one law for the whole "
         "fit data (paper 003; the only choice for a STATS file)",
     )
-    parser.add_argument("--max-n", type=int, default=9, help="longest window (default 9)")
+    parser.add_argument(
+        "--max-n",
+        type=int,
+        default=9,
+        help="longest window (default 9); refused beyond 4e8 cell updates per IPF sweep or "
+        "2 GiB of tables (laws x 2^n x n(n-1)/2: on the bundled trace n <= 12)",
+    )
     parser.add_argument(
         "--tol",
         type=float,
@@ -170,6 +177,7 @@ def run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json, to_jsonable
     from specmoe.formats.trace import open_trace
     from specmoe.routing.ipf import (
+        check_ipf_cost,
         fit_document_moments,
         fit_moments,
         load_moments,
@@ -178,14 +186,11 @@ def run(args) -> int:
     )
     from specmoe.routing.stats import compute_stats
 
-    if args.max_n < 2:
-        raise InputError(f"--max-n must be >= 2, got {args.max_n}")
-    if args.bins < 1:
-        raise InputError(f"--bins must be >= 1, got {args.bins}")
-    if not args.tol > 0 or args.max_iter < 1:
-        raise InputError(f"--tol must be > 0 and --max-iter >= 1 (got {args.tol}, {args.max_iter})")
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise InputError(f"--out {args.out}: exists and is not a directory")
+    check_int(args.max_n, "--max-n", low=2)
+    check_int(args.bins, "--bins", low=1)
+    check_float(args.tol, "--tol", low=0.0, high=1.0, closed="(]")
+    check_int(args.max_iter, "--max-iter", low=1)
+    check_out_dir(args.out)
     fit_reader = moments = None
     if Path(args.trace).suffix.lower() == ".json":
         if args.pool == "documents":
@@ -202,6 +207,11 @@ def run(args) -> int:
         want = (fit_reader.num_experts, fit_reader.top_k, fit_reader.num_layers)
     if args.variant == "skewed" and args.bins > want[0]:
         raise InputError(f"--bins {args.bins} exceeds the N={want[0]} experts")
+    # the fewest laws IPF solves (one pooled law per layer and bin): refuse before any fit
+    # (windows longer than every document are refused by the fit itself, naming the documents)
+    longest = None if fit_reader is None else fit_reader.longest_document()
+    if longest is None or args.max_n - 1 < longest:
+        check_ipf_cost(want[2] * (1 if args.variant == "uniform" else args.bins), args.max_n)
     reader = None
     if args.validate is not None:
         reader = open_trace(args.validate)

@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 from specmoe._io import atomic_write_json, dumps_json
+from specmoe.commands._common import check_int, check_out_dir, check_seed
+
+MAX_BOOT = 100_000
 
 
 def add_arguments(parser) -> None:
@@ -47,7 +50,7 @@ def add_arguments(parser) -> None:
         "--n-boot",
         type=int,
         default=999,
-        help="bootstrap resamples by generation (default 999; 0: none)",
+        help="bootstrap resamples by generation (default 999; 0: none; at most 100000)",
     )
     parser.add_argument(
         "--no-regression",
@@ -98,11 +101,11 @@ def _table(d: dict) -> str:
 
 def run(args) -> int:
     from specmoe._io import to_jsonable
-    from specmoe.errors import InputError
     from specmoe.oracle.analysis import load_runs, oracle_analysis
 
-    if args.n_boot < 0:
-        raise InputError(f"--n-boot: {args.n_boot} (must be >= 0)")
+    check_int(args.n_boot, "--n-boot", low=0, high=MAX_BOOT)
+    check_seed(args.seed)
+    check_out_dir(args.out)
     print(f"reading {args.runs}", file=sys.stderr, flush=True)
     log = load_runs(args.runs)
     result = oracle_analysis(
@@ -116,6 +119,8 @@ def run(args) -> int:
         quiet=False,
     )
     d = to_jsonable(result.to_json())
+    for w in result.warnings:
+        print(f"specmoe oracle: warning: {w}", file=sys.stderr, flush=True)
     if args.out:
         out = Path(args.out)
         atomic_write_json(out / "oracle.json", d)

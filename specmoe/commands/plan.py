@@ -24,11 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from specmoe.commands._common import check_out_dir, check_small_file
 from specmoe.errors import InputError
 
 DEFAULT_MODEL = "OLMoE-1B-7B-0125"
 DEFAULT_ACCEPTANCE = "0:0.95:0.05,0.98"
 DEFAULT_EXPECTED = "0.7"
+MAX_K = 64  # --k-max: passes of at most 65 tokens
+MAX_ACCEPTANCE = 10_000  # values of an acceptance grid
 
 
 def add_arguments(parser) -> None:
@@ -78,7 +81,9 @@ def add_arguments(parser) -> None:
         metavar="A",
         help=f"acceptance for the engine settings (default {DEFAULT_EXPECTED})",
     )
-    parser.add_argument("--k-max", type=int, default=8, help="largest draft length (default 8)")
+    parser.add_argument(
+        "--k-max", type=int, default=8, help="largest draft length (default 8, at most 64)"
+    )
     parser.add_argument(
         "--context",
         type=int,
@@ -130,6 +135,10 @@ def parse_acceptance(text: str, name: str = "--acceptance") -> list[Fraction]:
             start, stop, step = (_fraction(p, name) for p in parts)
             if step <= 0:
                 raise InputError(f"{name}: step of {item!r} must be positive")
+            if stop >= start and (stop - start) / step + len(values) >= MAX_ACCEPTANCE:
+                raise InputError(
+                    f"{name}: range {item!r} has more than {MAX_ACCEPTANCE} values (the limit)"
+                )
             x = start
             while x <= stop:
                 values.append(x)
@@ -162,21 +171,22 @@ def parse_draft_time(text: str | None, k_max: int) -> tuple[np.ndarray, str]:
         if not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b < 0:
             raise InputError(f"--draft-time: a and b must be non-negative, got {text!r}")
         return linear_draft_time(a, b, k_max), f"draft time h(k) = {a:g} k + {b:g} ms, h(0) = 0"
+    check_small_file(path, "--draft-time", limit=1 << 20)
     try:
         raw = path.read_text()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the draft-time table ({exc})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--draft-time {path}: cannot read the draft-time table ({exc})") from None
     table: dict[int, float] = {}
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     if data is not None:
         if isinstance(data, dict):
             data = data.get("h_ms", data.get("draft_ms"))
         if not isinstance(data, list):
             raise InputError(
-                f"{path}: a JSON draft-time table is a list of ms per k (or an object with 'h_ms')"
+                f"--draft-time {path}: a JSON draft-time table is a list of ms per k (or an object with 'h_ms')"
             )
         table = dict(enumerate(data))
     else:
@@ -192,16 +202,20 @@ def parse_draft_time(text: str | None, k_max: int) -> tuple[np.ndarray, str]:
             except ValueError:
                 if not table and len(cells) == 2:
                     continue  # a header line
-                raise InputError(f"{path}: draft-time line {line!r} is not 'k ms'") from None
+                raise InputError(
+                    f"--draft-time {path}: draft-time line {line!r} is not 'k ms'"
+                ) from None
     missing = [k for k in range(k_max + 1) if k not in table]
     if missing:
-        raise InputError(f"{path}: draft-time table lacks k = {missing[0]} (needs 0..{k_max})")
+        raise InputError(
+            f"--draft-time {path}: draft-time table lacks k = {missing[0]} (needs 0..{k_max})"
+        )
     h = []
     for k in range(k_max + 1):
         v = table[k]
         if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v) or v < 0:
             raise InputError(
-                f"{path}: draft time at k = {k} must be a non-negative number of ms, got {v!r}"
+                f"--draft-time {path}: draft time at k = {k} must be a non-negative number of ms, got {v!r}"
             )
         h.append(float(v))
     return np.asarray(h), f"draft time h(k) from {path}"
@@ -278,6 +292,18 @@ def routing_union(trace_path: Path, spec: Any, k_max: int) -> tuple[np.ndarray, 
     return union, info, notes
 
 
+def cached_profile_path(spec: Any, device: str, dtype: str, thash: str) -> Path:
+    """Where the quick benchmark of ``spec`` on ``device``/``dtype`` with the routing of the
+    trace hashed ``thash`` is cached: keyed by all four."""
+    key = hashlib.sha256(
+        json.dumps(
+            {"model": spec.to_dict(), "device": device, "dtype": dtype, "trace": thash},
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
+    return cache_dir() / "profiles" / f"{spec.name}-{device}-{dtype}-{key}.json"
+
+
 def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any, dict]:
     """The bandwidth profile: --bandwidth, a cached one, or a quick benchmark (then cached)."""
     from specmoe.formats.profile import load_profile
@@ -285,20 +311,17 @@ def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any,
     if args.bandwidth is not None:
         prof = load_profile(args.bandwidth, spec=spec)
         return prof, {"path": str(args.bandwidth), "cached": False}
-    key = hashlib.sha256(
-        json.dumps(
-            {"model": spec.to_dict(), "device": args.device, "dtype": args.dtype, "trace": thash},
-            sort_keys=True,
-        ).encode()
-    ).hexdigest()[:16]
-    path = cache_dir() / "profiles" / f"{spec.name}-{args.device}-{args.dtype}-{key}.json"
+    path = cached_profile_path(spec, args.device, args.dtype, thash)
     if path.exists() and not args.rebench:
         try:
             prof = load_profile(path, spec=spec)
-            _err(f"plan: bandwidth profile from the cache {path}")
-            return prof, {"path": str(path), "cached": True}
-        except InputError as exc:
-            _err(f"plan: ignoring an unreadable cached profile ({exc})")
+        except InputError as exc:  # a stale or damaged cache: say which file and the way out
+            raise InputError(
+                f"the cached bandwidth profile {path} is unreadable ({exc}); "
+                "rerun with --rebench to measure again (or delete the file)"
+            ) from None
+        _err(f"plan: bandwidth profile from the cache {path}")
+        return prof, {"path": str(path), "cached": True}
     try:
         from specmoe.bench.run import run_benchmark
     except ImportError:
@@ -333,6 +356,8 @@ def make_plan(args) -> tuple[Any, dict]:
 
     if args.k_max < 1:
         raise InputError(f"--k-max: must be at least 1, got {args.k_max}")
+    if args.k_max > MAX_K:
+        raise InputError(f"--k-max: must be at most {MAX_K}, got {args.k_max}")
     if args.context < 0:
         raise InputError(f"--context: must be non-negative, got {args.context}")
     acceptance = parse_acceptance(args.acceptance)
@@ -390,6 +415,7 @@ def make_plan(args) -> tuple[Any, dict]:
 def run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
+    check_out_dir(args.out)
     plan, data = make_plan(args)
     text = summary(plan)
     if args.out:

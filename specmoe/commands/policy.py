@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 from specmoe._io import atomic_write_json, dumps_json
+from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed
+
+MAX_REPEATS = 1000
 
 
 def add_arguments(parser) -> None:
@@ -30,7 +33,7 @@ def add_arguments(parser) -> None:
         "--repeats",
         type=int,
         default=3,
-        help="simulations per policy, averaged over unrecorded draws (default 3)",
+        help="simulations per policy, averaged over unrecorded draws (default 3, at most 1000)",
     )
     parser.add_argument(
         "--decay",
@@ -45,16 +48,14 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from specmoe._io import to_jsonable
-    from specmoe.errors import InputError
     from specmoe.oracle.analysis import load_runs
     from specmoe.oracle.evaluate import evaluate_policies
 
-    if args.repeats < 1:
-        raise InputError(f"--repeats: {args.repeats} (must be >= 1)")
-    if not 0 < args.decay <= 1:
-        raise InputError(f"--decay: {args.decay} (must be in (0, 1])")
-    if args.l_max < 1:
-        raise InputError(f"--l-max: {args.l_max} (must be >= 1)")
+    check_int(args.repeats, "--repeats", low=1, high=MAX_REPEATS)
+    check_float(args.decay, "--decay", low=0.0, high=1.0, closed="(]")
+    check_int(args.l_max, "--l-max", low=1)
+    check_seed(args.seed)
+    check_out_dir(args.out)
     print(f"reading {args.runs}", file=sys.stderr, flush=True)
     log = load_runs(args.runs)
     d = to_jsonable(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from specmoe.commands._common import check_out_file
 from specmoe.report.html import write_report
 
 # what makes each kind of result, shown on the page where a kind is missing
@@ -39,6 +40,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from specmoe._io import dumps_json
 
+    check_out_file(args.out)
     out, figures, counts = write_report(args.dir, args.out, embed=not args.link, made_by=MADE_BY)
     print(f"report: wrote {out} ({len(figures)} figures)", file=sys.stderr)
     if args.json:

@@ -10,19 +10,23 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specmoe.commands._common import check_int, check_out_dir, check_seed
 from specmoe.errors import InputError
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("trace", help="routing trace: a .npz file or a directory of shards")
     parser.add_argument(
-        "--max-n", type=int, default=9, help="longest window of consecutive tokens (default 9)"
+        "--max-n",
+        type=int,
+        default=9,
+        help="longest window of consecutive tokens (default 9, at most 4096)",
     )
     parser.add_argument(
         "--max-lag",
         type=int,
         default=None,
-        help="longest overlap lag (default 16, or the longest document − 1)",
+        help="longest overlap lag (default 16, or the longest document − 1; at most 4096)",
     )
     parser.add_argument(
         "--model",
@@ -35,7 +39,7 @@ def add_arguments(parser) -> None:
         type=int,
         default=0,
         metavar="B",
-        help="document resamples for 95%% intervals (paper: 2000; default 0)",
+        help="document resamples for 95%% intervals (paper: 2000; default 0; at most 100000)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     parser.add_argument(
@@ -49,15 +53,16 @@ def add_arguments(parser) -> None:
     )
 
 
+MAX_WINDOW = 4096  # --max-n and --max-lag: far beyond any document the statistics need
+MAX_BOOTSTRAP = 100_000  # resamples (the paper uses 2000)
+
+
 def _check_args(args) -> None:
-    if args.max_n < 1:
-        raise InputError(f"--max-n must be >= 1, got {args.max_n}")
-    if args.max_lag is not None and args.max_lag < 1:
-        raise InputError(f"--max-lag must be >= 1, got {args.max_lag}")
-    if args.bootstrap < 0:
-        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise InputError(f"--out {args.out}: exists and is not a directory")
+    check_int(args.max_n, "--max-n", low=1, high=MAX_WINDOW)
+    check_int(args.max_lag, "--max-lag", low=1, high=MAX_WINDOW)
+    check_int(args.bootstrap, "--bootstrap", low=0, high=MAX_BOOTSTRAP)
+    check_seed(args.seed)
+    check_out_dir(args.out)
 
 
 def _fmt(x, spec: str = ".3f") -> str:

@@ -13,7 +13,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from specmoe.commands._common import check_int, check_out_file, check_seed
 from specmoe.errors import InputError
+
+MAX_TOKENS = 10**9
+MAX_WINDOW = 64  # the chain's IPF has 2^window patterns: far less is ever solvable
 
 # arguments of synthesize() that a flag of another name feeds (the rest share their names)
 _FLAG_OF = {
@@ -32,7 +36,12 @@ def add_arguments(parser) -> None:
         metavar="TRACE|STATS",
         help="a trace (.npz or shard directory) or a STATS .json file",
     )
-    parser.add_argument("--tokens", type=int, required=True, help="tokens to generate")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        required=True,
+        help="tokens to generate (at most 10^9, and tokens x layers x m at most 5e8)",
+    )
     parser.add_argument(
         "--model",
         default=None,
@@ -83,12 +92,19 @@ def run(args) -> int:
     from specmoe.routing.ipf import fit_moments, load_moments, save_moments
     from specmoe.routing.synth import synth_fidelity, synthesize
 
-    if args.tokens < 1:
-        raise InputError(f"--tokens must be >= 1, got {args.tokens}")
-    if args.bins < 1:
-        raise InputError(f"--bins must be >= 1, got {args.bins}")
-    if Path(args.out).is_dir():
-        raise InputError(f"--out {args.out}: is a directory, expected a .npz file name")
+    check_int(args.tokens, "--tokens", low=1, high=MAX_TOKENS)
+    check_int(args.bins, "--bins", low=1)
+    # the low ends of --window and --max-lag are synthesize's and fit_moments' own checks
+    for flag, value, high in (
+        ("--window", args.window, MAX_WINDOW),
+        ("--max-lag", args.max_lag, MAX_WINDOW - 1),
+    ):
+        if value is not None and value > high:
+            raise InputError(f"{flag}: must be at most {high}, got {value}")
+    check_int(args.doc_tokens, "--doc-tokens", low=1)
+    check_seed(args.seed)
+    check_out_file(args.out)
+    check_out_file(args.save_stats, "--save-stats")
     spec = None
     if args.model is not None:
         from specmoe.spec import resolve_spec

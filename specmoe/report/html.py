@@ -215,7 +215,8 @@ def build_report(
 
     root, out = Path(root), Path(out)
     if not root.is_dir():
-        raise InputError(f"{root}: no such results folder")
+        what = "is not a folder" if root.exists() else "no such results folder"
+        raise InputError(f"{root}: {what}")
     if out.is_dir():
         raise InputError(f"{out}: is a directory, not the page's file name", argument="out")
     found = discover(root)

@@ -70,9 +70,12 @@ __all__ = [
     "IPFSolution",
     "UnionPrediction",
     "bin_experts",
+    "check_ipf_cost",
+    "check_popularity",
     "coactivation_counts",
     "fit_document_moments",
     "fit_moments",
+    "ipf_cost",
     "ipf_pairwise",
     "load_moments",
     "pattern_bits",
@@ -125,11 +128,11 @@ class ExpertMoments:
                 f"{self.top_k} must lie in 1..N-1 (N={self.num_experts})", argument="top_k"
             )
         if not (np.all(np.isfinite(pop)) and np.all(np.isfinite(co))):
-            raise InputError("popularity/coactivation hold NaN or inf")
+            raise InputError("hold NaN or inf", argument="popularity/coactivation")
         # c_e(j) <= p_e need not hold exactly (pairs and tokens differ at document edges);
         # moments that no law meets show up as an IPF status, not here.
         if min(pop.min(), co.min()) < 0 or max(pop.max(), co.max()) > 1:
-            raise InputError("moments out of range: popularity and coactivation must lie in [0, 1]")
+            raise InputError("out of range: must lie in [0, 1]", argument="popularity/coactivation")
         object.__setattr__(self, "popularity", pop)
         object.__setattr__(self, "coactivation", co)
         if self.union is not None:
@@ -295,28 +298,96 @@ def save_moments(moments: ExpertMoments, path: str | os.PathLike) -> Path:
     return atomic_write_json(path, obj)
 
 
+STATS_MAX_BYTES = 256 << 20  # a STATS file of 256 MiB holds ~10^7 numbers: far beyond any model
+
+
+def _stats_array(obj: dict, key: str, ndim: int, path: Path) -> np.ndarray:
+    """Field ``key`` of a STATS file as a finite float array of ``ndim`` dimensions."""
+    value = obj[key]
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"{path}: field {key!r} must be a nested list of numbers, got {type(value).__name__}"
+        ) from None
+    if a.ndim != ndim:
+        raise InputError(f"{path}: field {key!r} must have {ndim} dimensions, got {a.ndim}")
+    if not np.all(np.isfinite(a)):
+        raise InputError(f"{path}: field {key!r} holds NaN or inf")
+    return a
+
+
+def _stats_int(obj: dict, key: str, path: Path, *, low: int) -> int:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(f"{path}: field {key!r} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def check_popularity(popularity: np.ndarray, top_k: int, *, tol: float = 1e-6) -> None:
+    """Each layer's popularities P(e ∈ S_t) sum to m (every token routes to m experts);
+    ``tol`` allows the 9-decimal rounding of a STATS file. Raises naming the layer."""
+    sums = np.asarray(popularity, dtype=np.float64).sum(axis=1)  # [L]
+    if not sums.size:
+        raise InputError("holds no layers", argument="popularity")
+    bad = np.nonzero(np.abs(sums - top_k) > tol * popularity.shape[1])[0]
+    if bad.size:
+        layer = int(bad[0])
+        what = "are all zero" if sums[layer] == 0 else f"sum to {sums[layer]:.6g}"
+        raise InputError(
+            f"layer {layer}: popularities {what}, not top_k = {top_k} "
+            f"({bad.size} of {sums.size} layers)",
+            argument="popularity",
+        )
+
+
 def load_moments(path: str | os.PathLike) -> ExpertMoments:
-    """Read a STATS file written by :func:`save_moments` (errors name the file)."""
+    """Read a STATS file written by :func:`save_moments`; every failure is one line naming the
+    file and the field: a regular file of at most ``STATS_MAX_BYTES``, integer N, m (m < N),
+    finite popularity [L, N] in [0, 1] summing to m per layer, co-activation [L, J, N]."""
     from specmoe._io import read_json
 
     path = Path(path)
-    obj = read_json(path, "statistics file")
+    if path.exists() and not path.is_file():
+        raise InputError(f"{path}: not a regular file (a statistics file is JSON)")
+    if path.is_file() and path.stat().st_size > STATS_MAX_BYTES:
+        raise InputError(
+            f"{path}: {path.stat().st_size} bytes, more than a statistics file's "
+            f"{STATS_MAX_BYTES >> 20} MiB limit"
+        )
+    try:
+        obj = read_json(path, "statistics file")
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested too deeply for a statistics file") from None
     if not isinstance(obj, dict) or obj.get("format") != STATS_FORMAT:
         raise InputError(f"{path}: not a specmoe statistics file (format != {STATS_FORMAT!r})")
     try:
-        return ExpertMoments(
-            num_experts=int(obj["num_experts"]),
-            top_k=int(obj["top_k"]),
-            popularity=np.asarray(obj["popularity"], dtype=np.float64),
-            coactivation=np.asarray(obj["coactivation"], dtype=np.float64),
-            tokens=int(obj.get("tokens", 0)),
-            union=None if obj.get("union") is None else np.asarray(obj["union"], dtype=float),
-            meta=dict(obj.get("meta") or {}),
+        num_experts = _stats_int(obj, "num_experts", path, low=2)
+        top_k = _stats_int(obj, "top_k", path, low=1)
+        popularity = _stats_array(obj, "popularity", 2, path)
+        coactivation = _stats_array(obj, "coactivation", 3, path)
+        union = None if obj.get("union") is None else _stats_array(obj, "union", 2, path)
+        tokens = _stats_int(obj, "tokens", path, low=0) if "tokens" in obj else 0
+        meta = obj.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise InputError(f"{path}: field 'meta' must be an object, got {type(meta).__name__}")
+        moments = ExpertMoments(
+            num_experts=num_experts,
+            top_k=top_k,
+            popularity=popularity,
+            coactivation=coactivation,
+            tokens=tokens,
+            union=union,
+            meta=dict(meta),
         )
+        check_popularity(moments.popularity, top_k)
     except KeyError as exc:
-        raise InputError(f"{path}: statistics file lacks {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{path}: {str(exc).splitlines()[0]}") from None
+        raise InputError(f"{path}: statistics file lacks field {exc}") from None
+    except InputError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise InputError(f"{path}: field {exc}") from None
+    return moments
 
 
 # ------------------------------------------------------------------------------------------
@@ -477,6 +548,40 @@ def solve_windows(p: np.ndarray, c: np.ndarray, n: int, **kw: Any) -> IPFSolutio
     return ipf_pairwise(stationary_moments(p, c, n), **kw)
 
 
+IPF_MAX_UPDATES = 4 * 10**8  # cell updates per sweep, summed over the window lengths
+IPF_MAX_BYTES = 2 << 30  # pattern tables of the longest window
+
+
+def ipf_cost(problems: int, max_n: int, min_n: int = 2) -> tuple[int, int]:
+    """(cell updates of one IPF sweep summed over n = min_n..max_n, bytes of the tables at
+    max_n): a sweep rescales the n(n−1)/2 pairwise tables over all 2^n patterns of each of
+    ``problems`` laws; the tables are the [2^n, problems] laws and the [2^n, 2n(n−1)] cell map.
+    Both double (and more) with each n."""
+    updates = sum(problems * 2**n * (n * (n - 1) // 2) for n in range(min_n, max_n + 1))
+    nbytes = 8 * 2**max_n * (problems + 4 * max_n * (max_n - 1))
+    return updates, nbytes
+
+
+def check_ipf_cost(problems: int, max_n: int, min_n: int = 2) -> None:
+    """Refuse (``InputError`` on ``max_n``) IPF work beyond ``IPF_MAX_UPDATES`` cell updates per
+    sweep or ``IPF_MAX_BYTES`` of tables (:func:`ipf_cost`)."""
+    if max_n > 40:  # 2^n itself is out of reach; no need to sum
+        raise InputError(
+            f"{max_n} needs 2^{max_n} activation patterns per law: far beyond the limit "
+            f"of {IPF_MAX_UPDATES:.0e} cell updates per sweep",
+            argument="max_n",
+        )
+    updates, nbytes = ipf_cost(problems, max_n, min_n)
+    if updates > IPF_MAX_UPDATES or nbytes > IPF_MAX_BYTES:
+        raise InputError(
+            f"{max_n} with {problems} laws needs {updates:.2g} cell updates per IPF sweep "
+            f"(limit {IPF_MAX_UPDATES:.0e}) and {nbytes / 2**30:.2g} GiB of tables (limit "
+            f"{IPF_MAX_BYTES >> 30} GiB); each n beyond doubles both: choose a smaller n, "
+            "fewer bins or one pooled law",
+            argument="max_n",
+        )
+
+
 # ------------------------------------------------------------------------------------------
 # Predicting the union
 
@@ -587,6 +692,7 @@ def predict_union(
             raise InputError("document statistics disagree on N, m or L", argument="moments")
     ns = np.arange(min_n, max_n + 1)
     D = len(parts)
+    check_ipf_cost(D * L * (1 if variant == "uniform" else min(bins, N)), max_n, min_n)
     targets = [_bin_targets(part, variant, bins) for part in parts]
     p = np.stack([t[0] for t in targets])  # [D, L, K]
     c = np.stack([t[1] for t in targets])  # [D, L, K, J]

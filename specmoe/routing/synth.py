@@ -43,6 +43,7 @@ from specmoe.routing.ipf import (
     VARIANTS,
     ExpertMoments,
     bin_experts,
+    check_ipf_cost,
     fit_moments,
     solve_windows,
 )
@@ -168,6 +169,9 @@ def rescale_to_sum(pi: np.ndarray, m: int) -> np.ndarray:
     return np.minimum(x, 1.0)
 
 
+MAX_ENTRIES = 5 * 10**8  # tokens x layers x m of one synthetic trace
+
+
 def synthesize(
     moments: ExpertMoments,
     num_tokens: int,
@@ -213,6 +217,16 @@ def synthesize(
     L = L_src if num_layers is None else int(num_layers)
     if L < 1:
         raise InputError(f"must be >= 1, got {L}", argument="num_layers")
+    if num_tokens * L * m > MAX_ENTRIES:
+        raise InputError(
+            f"{num_tokens} tokens x {L} layers x m={m} = {num_tokens * L * m:.3g} routing "
+            f"entries, more than the limit of {MAX_ENTRIES:.0e} (about 1 GiB)",
+            argument="num_tokens",
+        )
+    try:  # the chain's IPF: L*N laws on 2^window patterns
+        check_ipf_cost(L_src * N, window, window)
+    except InputError as exc:
+        raise InputError(exc.message, argument="window") from None
     trans, ctx_law, info = chain_tables(moments, window=window, variant=variant, bins=bins)
     lmap = _layer_map(L, L_src)
     trans, ctx_law = trans[lmap], ctx_law[lmap]  # [L, N, C]
