@@ -134,3 +134,32 @@ def test_report_has_every_table(log):
     cats = {row["category"] for row in r["by_category"]}
     assert cats == {"a", "b", "c"}
     assert all(abs(row["alpha"] - default_alpha(6)) < 0.03 for row in r["by_category"])
+
+
+def test_a_negative_fixed_time_is_a_warning_in_the_oracle_output():
+    """Finding 12: a fit with beta0 < 0 (unphysical) is said, in the result and on stderr."""
+    from specmoe.oracle.analysis import oracle_analysis
+    from specmoe.oracle.regression import fit_warnings
+
+    neg = synthetic_round_log(
+        budgets=(0, 2, 4),
+        n_prompts=6,
+        tokens=40,
+        seed=3,
+        beta0={0: 6.0, 2: -3.0, 4: 6.0},
+        alpha={0: 0.05, 2: 0.6, 4: 0.05},
+    )
+    assert (neg["t_verify_ms"] > 0).all()  # every pass still takes positive time
+    fits = fit_verify_by_k(neg)
+    assert fits[2].beta0 < 0
+    warns = fit_warnings(fits.values())
+    assert any(w.startswith("K=2: beta0 = -") and "unphysical" in w for w in warns), warns
+    res = oracle_analysis(neg, l_max=4, n_boot=0, tables=False)
+    assert res.to_json()["warnings"] == list(res.warnings) and res.warnings
+    clean = oracle_analysis(
+        synthetic_round_log(budgets=(0, 2, 4), n_prompts=6, tokens=40, seed=3),
+        l_max=4,
+        n_boot=0,
+        tables=False,
+    )
+    assert clean.warnings == ()

@@ -66,6 +66,7 @@ class OracleResult:
     counterfactual: dict
     l_max_recorded: int
     notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # unphysical fit constants (regression.fit_warnings)
 
     def to_json(self) -> dict:
         s = self.summaries
@@ -85,6 +86,7 @@ class OracleResult:
             "counterfactual": self.counterfactual,
             "regression": self.regression,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
 
 
@@ -115,7 +117,12 @@ def oracle_analysis(
     _say("building counterfactual reference sequences", quiet)
     cf = build_counterfactual(log, acceptance=acceptance)
     top = min(l_max, cf.k_max)
-    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k, regression_report
+    from specmoe.oracle.regression import (
+        fit_draft_time,
+        fit_verify_by_k,
+        fit_warnings,
+        regression_report,
+    )
 
     if tables:
         _say("fitting verification cost (per budget, robustness)", quiet)
@@ -161,4 +168,5 @@ def oracle_analysis(
             notes.append(f"no rounds at K={k}: its cost uses the fit (or median) at K={src}")
     for n in notes:
         _say(f"note: {n}", quiet)
-    return OracleResult(summaries, delta, report, model, info, cf.k_max, tuple(notes))
+    warn = tuple(fit_warnings(fits[k] for k in sorted(fits)))
+    return OracleResult(summaries, delta, report, model, info, cf.k_max, tuple(notes), warn)

@@ -145,6 +145,25 @@ class VerifyFit:
         return self.beta0 + self.alpha * np.asarray(u) + self.c * np.asarray(context)
 
 
+def fit_warnings(fits) -> list[str]:
+    """Unphysical constants of model (4) fits, one sentence each: a negative fixed time beta0
+    (no pass takes negative time: the line extrapolates below the measured Ū and L) or a
+    negative cost per expert (alpha) or per context token (c). Empty when all are >= 0."""
+    out = []
+    for f in fits:
+        for name, value, unit in (
+            ("beta0", f.beta0, "ms fixed time"),
+            ("alpha", f.alpha, "ms per unique expert"),
+            ("c", f.c, "ms per context token"),
+        ):
+            if np.isfinite(value) and value < 0:
+                out.append(
+                    f"K={f.k}: {name} = {value:.4g} {unit} is negative (unphysical: the "
+                    f"fit extrapolates beyond the measured rounds; its costs are suspect)"
+                )
+    return out
+
+
 def _frame(log: RoundLog) -> dict[str, np.ndarray]:
     gen, _ = log.codes("generation_id")
     run, _ = log.codes("run_id")
