@@ -5,7 +5,7 @@ Modules are imported only when their subcommand runs, so ``specmoe --help`` stay
 numpy-only command never imports torch.
 
 Exit status: 0 success, 2 bad input (``InputError``: one line naming the file or argument),
-1 any other failure. ``--debug`` shows the traceback. A library error that names a function
+1 any other failure. ``--debug`` shows the traceback (bad input still exits 2). A library error that names a function
 argument (``InputError(..., argument="k_max")``) is shown with the flag whose value fed it
 (``--k-max``): the flag of the parser action with that ``dest``.
 """
@@ -95,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         rc = module.run(args)
         return int(rc or 0)
     except InputError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, and still the exit status of bad input
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
         flag = _flag_of(parser, exc.argument) if exc.argument else None
         shown = exc.as_flag(flag) if flag else exc
         print(f"specmoe {verb}: error: {shown}", file=sys.stderr)
