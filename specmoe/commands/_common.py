@@ -83,6 +83,12 @@ def check_int(value: int | None, flag: str, *, low: int, high: int | None = None
         raise InputError(f"{flag}: must be {rng}, got {value}")
 
 
+def check_at_most(value: int | None, flag: str, high: int) -> None:
+    """A resource limit only (the low end is the library's own check)."""
+    if value is not None and value > high:
+        raise InputError(f"{flag}: must be at most {high}, got {value}")
+
+
 def check_float(value: float, flag: str, *, low: float, high: float, closed: str = "[]") -> None:
     """A finite ``value`` in the interval; ``closed`` says which ends belong to it."""
     ok = math.isfinite(value)

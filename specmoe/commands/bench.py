@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.commands._common import check_int, check_out_dir, check_seed
+from specmoe.commands._common import check_at_most, check_out_dir, check_seed
 from specmoe.errors import InputError
 from specmoe.formats.profile import BandwidthProfile, load_profile
 
@@ -189,10 +189,11 @@ MAX_REPS = 10_000
 
 def _check_args(args: argparse.Namespace) -> None:
     check_seed(args.seed)
-    check_int(args.n_max, "--n-max", low=1, high=MAX_N)
-    check_int(args.reps, "--reps", low=1, high=MAX_REPS)
-    check_int(args.windows, "--windows", low=1, high=MAX_REPS)
-    check_int(args.threads, "--threads", low=1, high=4096)
+    # the low ends are Settings.for_run's and benchmark's own checks; these are resource limits
+    check_at_most(args.n_max, "--n-max", MAX_N)
+    check_at_most(args.reps, "--reps", MAX_REPS)
+    check_at_most(args.windows, "--windows", MAX_REPS)
+    check_at_most(args.threads, "--threads", 4096)
     if args.dtype is not None and not args.from_profile:
         from specmoe.kernels._contract import DTYPES
 

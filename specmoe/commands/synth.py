@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specmoe.commands._common import check_int, check_out_file, check_seed
+from specmoe.commands._common import check_at_most, check_int, check_out_file, check_seed
 from specmoe.errors import InputError
 
 MAX_TOKENS = 10**9
@@ -95,12 +95,8 @@ def run(args) -> int:
     check_int(args.tokens, "--tokens", low=1, high=MAX_TOKENS)
     check_int(args.bins, "--bins", low=1)
     # the low ends of --window and --max-lag are synthesize's and fit_moments' own checks
-    for flag, value, high in (
-        ("--window", args.window, MAX_WINDOW),
-        ("--max-lag", args.max_lag, MAX_WINDOW - 1),
-    ):
-        if value is not None and value > high:
-            raise InputError(f"{flag}: must be at most {high}, got {value}")
+    check_at_most(args.window, "--window", MAX_WINDOW)
+    check_at_most(args.max_lag, "--max-lag", MAX_WINDOW - 1)
     check_int(args.doc_tokens, "--doc-tokens", low=1)
     check_seed(args.seed)
     check_out_file(args.out)
