@@ -526,3 +526,17 @@ def test_figures_from_the_validation_or_its_json(tmp_path):
         ]
     )
     assert all(p.read_bytes() == q.read_bytes() for p, q in zip(a, b))
+
+
+def test_the_preregistered_rule_file_is_the_one_the_committed_scores_used():
+    """The rule set is never edited in place: its bytes hash to the sha256 that the committed
+    validations of results/cpu recorded when they were scored."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256((root / "specmoe" / "validate" / "rules.json").read_bytes()).hexdigest()
+    for name in ("validation", "validation-olmoe-dummy-4L"):
+        recorded = json.loads((root / "results" / "cpu" / name / "validation.json").read_text())
+        assert recorded["rules_file"]["sha256"] == digest, name

@@ -51,7 +51,7 @@ __all__ = [
     "verify_error",
 ]
 
-RULES_SCHEMA = "specmoe.validate.rules/1"
+RULES_SCHEMA = "specmoe.validate_rules/1"  # the schema id predates the file's move; it stays
 VERSIONS = ("prediction", "measured_time", "calibrated")
 METRICS = (
     "kstar_within_one",
