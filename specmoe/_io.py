@@ -185,26 +185,88 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, dumps_json(obj) + "\n")
 
 
+JSON_LIMIT = 64 << 20  # bytes: the largest JSON file read whole, unless the caller gives less
+JSON_DEPTH = 100  # the deepest nesting of lists and objects accepted in a JSON file
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return False
+            stack.extend(
+                (v, depth + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return True
+
+
+def parse_json(
+    text: str | bytes, name: str, *, what: str = "JSON", argument: str | None = None
+) -> Any:
+    """``json.loads(text)``, nested at most :data:`JSON_DEPTH` deep; a failure is one
+    ``InputError`` line naming ``name`` (a file, or a file and its field)."""
+    from specmoe.errors import InputError
+
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        value = None
+        deep = True
+    except ValueError as exc:
+        raise InputError(
+            f"{name}: not a readable {what} ({exc})".splitlines()[0], argument=argument
+        ) from None
+    else:
+        deep = not _depth_ok(value, JSON_DEPTH)
+    if deep:
+        raise InputError(
+            f"{name}: {what} nested deeper than the limit of {JSON_DEPTH} levels",
+            argument=argument,
+        )
+    return value
+
+
 def read_json(
     path: str | os.PathLike,
     what: str = "JSON file",
     *,
     label: str | None = None,
     argument: str | None = None,
+    limit: int | None = None,
 ) -> Any:
-    """The JSON value in ``path``; a missing file or bad JSON is one ``InputError`` line:
-    "LABEL: no such WHAT" or "LABEL: not a readable JSON WHAT (reason)" (LABEL: the path).
-    ``argument``: the caller's argument that gave ``path``, carried by the error
-    (``InputError.argument``) so that a command can name its flag."""
+    """The JSON value in ``path``, read to at most ``limit`` bytes (default
+    :data:`JSON_LIMIT`, 64 MiB; a device such as ``/dev/zero`` is read to the limit and
+    refused) and nested at most :data:`JSON_DEPTH` deep. Every failure is one ``InputError``
+    line: "LABEL: no such WHAT", "LABEL: not a readable JSON WHAT (reason)", "LABEL: larger
+    than the limit of ... MiB for a WHAT", ... (LABEL: the path). ``argument``: the caller's
+    argument that gave ``path``, carried by the error (``InputError.argument``) so that a
+    command can name its flag."""
     from specmoe.errors import InputError
 
     p = Path(path)
     label = str(p) if label is None else label
+    cap = JSON_LIMIT if limit is None else limit
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        with open(p, "rb") as fh:
+            data = fh.read(cap + 1)
     except FileNotFoundError:
         raise InputError(f"{label}: no such {what}", argument=argument) from None
-    except (OSError, ValueError) as exc:
+    except IsADirectoryError:
+        raise InputError(f"{label}: is a directory, not a {what}", argument=argument) from None
+    except OSError as exc:
         raise InputError(
-            f"{label}: not a readable JSON {what} ({exc})".splitlines()[0], argument=argument
+            f"{label}: unreadable {what} ({exc.strerror})", argument=argument
         ) from None
+    if len(data) > cap:
+        raise InputError(
+            f"{label}: larger than the limit of {cap >> 20} MiB for a {what}", argument=argument
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(
+            f"{label}: not a readable JSON {what} (not UTF-8)", argument=argument
+        ) from None
+    return parse_json(text, label, what=f"JSON {what}", argument=argument)

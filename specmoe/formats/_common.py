@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specmoe import _io
 from specmoe.errors import InputError
 
 
@@ -49,79 +50,19 @@ def resolve_num_experts(num_experts: int | None, spec: Any, found: Any, *, name:
 # Bounded reads: JSON with a size and depth limit, .npy members checked before allocation
 
 JSON_LIMIT = 16 << 20  # bytes: the largest JSON file (profile, spec, config) read whole
-JSON_DEPTH = 100  # the deepest nesting of lists and objects accepted in a JSON file
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            if depth > limit:
-                return False
-            stack.extend(
-                (v, depth + 1) for v in (node.values() if isinstance(node, dict) else node)
-            )
-    return True
-
-
-def parse_json(
-    text: str | bytes, name: str, *, what: str = "JSON", argument: str | None = None
-) -> Any:
-    """``json.loads(text)``, nested at most :data:`JSON_DEPTH` deep; a failure is one
-    ``InputError`` line naming ``name`` (a file, or a file and its field)."""
-    import json
-
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        value = None
-        deep = True
-    except ValueError as exc:
-        raise InputError(
-            f"{name}: not a readable {what} ({exc})".splitlines()[0], argument=argument
-        ) from None
-    else:
-        deep = not _depth_ok(value, JSON_DEPTH)
-    if deep:
-        raise InputError(
-            f"{name}: {what} nested deeper than the limit of {JSON_DEPTH} levels",
-            argument=argument,
-        )
-    return value
+JSON_DEPTH = _io.JSON_DEPTH  # the deepest nesting of lists and objects accepted in a JSON file
+parse_json = _io.parse_json  # json.loads with the depth limit, one-line errors
 
 
 def read_json_capped(
     path: Any, what: str = "JSON file", *, argument: str | None = None, limit: int | None = None
 ) -> Any:
-    """The JSON value in ``path``, read to at most ``limit`` bytes (default
-    :data:`JSON_LIMIT`, 16 MiB) and nested at most :data:`JSON_DEPTH` deep (a device such as
-    ``/dev/zero`` is read to the limit and refused). Every failure is one ``InputError`` line
-    naming the file, carrying ``argument``."""
-    from pathlib import Path
-
-    p = Path(path)
-    cap = JSON_LIMIT if limit is None else limit
-    try:
-        with open(p, "rb") as fh:
-            data = fh.read(cap + 1)
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such {what}", argument=argument) from None
-    except IsADirectoryError:
-        raise InputError(f"{p}: is a directory, not a {what}", argument=argument) from None
-    except OSError as exc:
-        raise InputError(f"{p}: unreadable {what} ({exc.strerror})", argument=argument) from None
-    if len(data) > cap:
-        raise InputError(
-            f"{p}: larger than the limit of {cap >> 20} MiB for a {what}", argument=argument
-        )
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(
-            f"{p}: not a readable JSON {what} (not UTF-8)", argument=argument
-        ) from None
-    return parse_json(text, str(p), what=f"JSON {what}", argument=argument)
+    """:func:`specmoe._io.read_json` with the formats' smaller default limit
+    (:data:`JSON_LIMIT`, 16 MiB) and :data:`JSON_DEPTH` levels of nesting; every failure is
+    one ``InputError`` line naming the file, carrying ``argument``."""
+    return _io.read_json(
+        path, what, argument=argument, limit=JSON_LIMIT if limit is None else limit
+    )
 
 
 def sniff(path: Any) -> str:

@@ -353,7 +353,7 @@ def _part_meta(path: Path, metadata: Mapping[bytes, bytes] | None) -> Part:
         meta = json.loads(raw)
         opened = tuple(str(g) for g in meta.get("open", []))
         ended = {str(g): dict(v) for g, v in dict(meta.get("ended", {})).items()}
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         raise InputError(f"{path}: unreadable {META_KEY.decode()} metadata") from None
     return Part(path, opened, ended, True)
 

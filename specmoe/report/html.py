@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -91,10 +90,15 @@ class Found:
 
 
 def _read_json(path: Path) -> tuple[Any, str | None]:
+    """The JSON in ``path`` (size and depth limited by :func:`specmoe._io.read_json`), or
+    None and the one-line reason it cannot be read (shown in the report)."""
+    from specmoe._io import read_json
+    from specmoe.errors import InputError
+
     try:
-        return json.loads(path.read_text(encoding="utf-8")), None
-    except (OSError, ValueError) as exc:
-        return None, str(exc).splitlines()[0]
+        return read_json(path, "result file", label=path.name), None
+    except InputError as exc:
+        return None, exc.message
 
 
 def discover(root: str | os.PathLike) -> Found:
