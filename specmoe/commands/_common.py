@@ -1,12 +1,15 @@
 """Checks every command makes before it computes: ``--out`` can be written, seeds and counts
 are in range, a read file is a bounded regular file. Each failure is one ``InputError`` line
-naming the flag (exit 2)."""
+naming the flag (exit 2). :func:`out_folder` also holds an output folder against a second
+writer for as long as the command runs."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from specmoe.errors import InputError
@@ -52,6 +55,25 @@ def check_out_dir(path: str | os.PathLike | None, flag: str = "--out") -> Path |
         raise InputError(f"{flag}: {path}: exists and is not a directory")
     _prove_writable(_existing_ancestor(p, flag, str(path)), flag, str(path))
     return p
+
+
+@contextlib.contextmanager
+def out_folder(path: str | os.PathLike | None, flag: str = "--out") -> Iterator[Path | None]:
+    """``with out_folder(args.out): ...``: :func:`check_out_dir`, then the folder is held for
+    this process alone (:func:`specmoe._io.out_lock`) until the block ends: a second writer
+    exits 2 naming ``flag`` before it computes anything. ``None`` (no folder) holds nothing."""
+    from specmoe._io import out_lock
+
+    if path is None:
+        yield None
+        return
+    check_out_dir(path, flag)
+    with contextlib.ExitStack() as stack:
+        try:
+            folder = stack.enter_context(out_lock(path, argument=None))
+        except InputError as exc:
+            raise InputError(f"{flag}: {exc.message}") from None
+        yield folder
 
 
 def check_out_file(path: str | os.PathLike | None, flag: str = "--out") -> Path | None:

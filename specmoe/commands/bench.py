@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.commands._common import check_at_most, check_out_dir, check_seed
+from specmoe.commands._common import check_at_most, check_out_dir, check_seed, out_folder
 from specmoe.errors import InputError
 from specmoe.formats.profile import BandwidthProfile, load_profile
 
@@ -205,6 +205,12 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from specmoe.spec import resolve_spec
 
     _check_args(args)

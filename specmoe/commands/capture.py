@@ -18,6 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specmoe.commands._common import (
+    check_at_most,
+    check_out_dir,
+    check_out_file,
+    check_seed,
+    out_folder,
+)
 from specmoe.errors import InputError
 
 _SPLITS = ("train", "fit", "validation")
@@ -136,13 +143,29 @@ def _corpus_documents(args: argparse.Namespace, tokenizer: Any) -> list[tuple[st
     return corpus.documents(args.split)
 
 
+MAX_TOKENS = 10**9  # --tokens, --shard-tokens: a billion routed tokens is far past any capture
+MAX_GENERATE = 1 << 20  # --generate, --max-context: longer than any model's positions
+
+
 def _check(args: argparse.Namespace) -> None:
     for flag in ("tokens", "generate", "max_context", "shard_tokens"):
         v = getattr(args, flag)
         if v is not None and v < 1:
             raise InputError(f"--{flag.replace('_', '-')} must be a positive integer, got {v}")
+    check_at_most(args.tokens, "--tokens", MAX_TOKENS)
+    check_at_most(args.shard_tokens, "--shard-tokens", MAX_TOKENS)
+    check_at_most(args.generate, "--generate", MAX_GENERATE)
+    check_at_most(args.max_context, "--max-context", MAX_GENERATE)
     if args.overlap is not None and args.overlap < 0:
         raise InputError(f"--overlap must be a non-negative integer, got {args.overlap}")
+    check_seed(args.seed)
+    if args.out is not None:  # a .npz file, or a folder (a generation goes to DIR/generation.npz)
+        out = Path(args.out)
+        if out.suffix == ".npz":
+            check_out_file(out)
+            check_out_dir(out.with_name(out.name + ".parts"))  # the shards, merged at the end
+        else:
+            check_out_dir(out)
     if args.generate is not None and not args.prompts:
         raise InputError("--generate needs --prompts FILE")
     if args.prompts and args.generate is None:
@@ -250,14 +273,31 @@ def _documents(
     source: str,
     progress: bool,
 ) -> dict[str, Any]:
-    from specmoe.engine.capture import capture_documents
-    from specmoe.formats.trace import RoutingTrace, open_trace, save_trace
 
     if not docs:
         raise InputError(f"{source}: no documents to capture")
     out = Path(args.out or f"capture-{label}")
     single = out.suffix == ".npz"
     shard_dir = out.with_name(out.name + ".parts") if single else out
+    with out_folder(shard_dir):
+        return _capture(args, model, tokenizer, label, docs, out, shard_dir, source, progress)
+
+
+def _capture(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    label: str,
+    docs: list[tuple[str, str]],
+    out: Path,
+    shard_dir: Path,
+    source: str,
+    progress: bool,
+) -> dict[str, Any]:
+    from specmoe.engine.capture import capture_documents
+    from specmoe.formats.trace import RoutingTrace, open_trace, save_trace
+
+    single = out.suffix == ".npz"
     try:
         capture_documents(
             model,

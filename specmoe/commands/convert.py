@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specmoe.commands._common import check_out_file
 from specmoe.errors import InputError
 from specmoe.formats._common import model_spec, resolve_num_experts
 from specmoe.formats.engine_import import import_routed_experts
@@ -107,6 +108,7 @@ def run(args) -> int:
             raise InputError(f"{flag} must be a positive integer, got {v}")
     fmt_in = args.src or _infer_in(src)
     fmt_out = args.dst or _infer_out(dst)
+    check_out_file(dst, "OUT")  # before anything is read: OUT can be written
     if src.exists() and dst.exists() and src.resolve() == dst.resolve():
         raise InputError(f"{dst}: OUT is the input itself; write to another path")
     trace: RoutingTrace | TraceReader

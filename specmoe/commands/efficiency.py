@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed
+from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed, out_folder
 from specmoe.errors import InputError
 
 DEFAULT_BATCHES = "1,2,4,8,16,32"
@@ -307,6 +307,12 @@ def validate(args: Any) -> tuple[list[int], list[int]]:
 
 
 def run(args: Any) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args: Any) -> int:
     from specmoe._io import atomic_write_json, dumps_json
     from specmoe.cost.efficiency import summarise_efficiency
     from specmoe.engine.efficiency import build_model, measure_efficiency, model_bytes

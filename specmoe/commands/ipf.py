@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe.commands._common import check_float, check_int, check_out_dir
+from specmoe.commands._common import check_float, check_int, check_out_dir, out_folder
 from specmoe.errors import InputError
 
 
@@ -174,6 +174,12 @@ def summary(rec: dict[str, Any]) -> str:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json, to_jsonable
     from specmoe.formats.trace import open_trace
     from specmoe.routing.ipf import (

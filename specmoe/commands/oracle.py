@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.commands._common import check_int, check_out_dir, check_seed
+from specmoe.commands._common import check_int, check_out_dir, check_seed, out_folder
 
 MAX_BOOT = 100_000
 
@@ -100,6 +100,12 @@ def _table(d: dict) -> str:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import to_jsonable
     from specmoe.oracle.analysis import load_runs, oracle_analysis
 

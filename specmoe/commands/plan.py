@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe.commands._common import check_out_dir, check_small_file
+from specmoe.commands._common import check_out_dir, check_small_file, out_folder
 from specmoe.errors import InputError
 
 DEFAULT_MODEL = "OLMoE-1B-7B-0125"
@@ -413,6 +413,12 @@ def make_plan(args) -> tuple[Any, dict]:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
     check_out_dir(args.out)

@@ -30,6 +30,7 @@ import re
 import sys
 from pathlib import Path
 
+from specmoe.commands._common import check_out_dir, check_seed
 from specmoe.engine.runner import (
     K_MAX,
     acceptance_label,
@@ -296,9 +297,8 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")
-    out = Path(args.out) if args.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise InputError(f"--out {out}: exists and is not a directory")
+    check_seed(args.seed)
+    out = check_out_dir(args.out) if args.out else None
     with out_lock(out) if out is not None else contextlib.nullcontext():
         return _run(args, out)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from specmoe.commands._common import check_int, check_out_dir, check_seed
+from specmoe.commands._common import check_int, check_out_dir, check_seed, out_folder
 from specmoe.errors import InputError
 
 
@@ -116,6 +116,12 @@ def summary(stats, *, name: str = "trace") -> str:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json
     from specmoe.formats.trace import open_trace
     from specmoe.routing.stats import compute_stats

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specmoe.commands._common import out_folder
 from specmoe.errors import InputError
 from specmoe.validate.result import Validation
 from specmoe.validate.score import validate
@@ -84,6 +85,12 @@ def summary_text(v: Validation) -> str:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
     try:

@@ -221,6 +221,7 @@ class Plan:
         try:
             if d.get("schema") != SCHEMA:
                 raise KeyError("schema")
+            _check_types(d)
             eps, bw, b = d["epsilon"], d["bandwidth_gbps"], d["bytes"]
             policies = {p: _policy_from(d, p) for p in d["verify_ms"]}
             eng = d.get("engine")
@@ -279,6 +280,40 @@ class Plan:
             ) from None
         except (TypeError, AttributeError, ValueError) as exc:
             raise InputError(f"not a specmoe plan.json ({exc})", argument=where) from None
+
+
+_INTS = ("k_max", "context")
+_LISTS = {  # field -> the type of its members (None allowed where a value was not finite)
+    "n": "integers",
+    "acceptance": "numbers",
+    "draft_ms": "numbers",
+    "r": "numbers",
+    "saving_ms": "numbers",
+    "saving_band_ms": "numbers",
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def _check_types(d: dict[str, Any]) -> None:
+    """The scalar and list fields a reader uses hold what plan.json writes; a field of another
+    type is a ``ValueError`` naming it (reported by :meth:`Plan.from_dict`)."""
+    for key in _INTS:
+        if key in d and not _is_int(d[key]):
+            raise ValueError(f"field {key!r} must be an integer, got {d[key]!r:.40}")
+    for key, kind in _LISTS.items():
+        if key not in d:
+            continue
+        v = d[key]
+        ok = _is_int if kind == "integers" else _is_number
+        if not isinstance(v, list) or not all(ok(x) for x in v):
+            raise ValueError(f"field {key!r} must be a list of {kind}, got {v!r:.40}")
 
 
 def _policy_field(pp: PolicyPlan, name: str) -> Any:
