@@ -349,3 +349,31 @@ def test_policy_report_has_the_rate_only_oracle(synth):
     assert ro["speedup_on_recorded"] <= r["oracle"]["s_max"] * 1.02
     assert ro["share_of_oracle"] == pytest.approx(ro["speedup_on_recorded"] / r["oracle"]["s_max"])
     assert "marginal-calibrated" in r["policies"]  # the synthetic log has confidences
+
+
+def test_policy_reports_the_oracle_fit_warnings(tmp_path, synth, capsys):
+    """A fit with beta0 < 0 (unphysical) is said by ``specmoe policy`` as by ``specmoe
+    oracle``: one ``warning:`` line per constant on stderr and the ``warnings`` field."""
+    neg = synthetic_round_log(
+        budgets=(0, 2, 4),
+        n_prompts=6,
+        tokens=40,
+        seed=3,
+        beta0={0: 6.0, 2: -3.0, 4: 6.0},
+        alpha={0: 0.05, 2: 0.6, 4: 0.05},
+    )
+    for name, log in (("neg", neg), ("clean", synth)):
+        runs = tmp_path / name
+        for k in log.budgets:
+            write_round_log(log.select(log["k"] == k), runs / f"k{k}.parquet")
+    rc = main(["policy", "--runs", str(tmp_path / "neg"), "--json", "--repeats", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    d = json.loads(cap.out)
+    assert d["warnings"] and any(w.startswith("K=2: beta0 = -") for w in d["warnings"])
+    lines = [ln for ln in cap.err.splitlines() if ln.startswith("specmoe policy: warning: ")]
+    assert [ln.removeprefix("specmoe policy: warning: ") for ln in lines] == d["warnings"]
+    assert evaluate_policies(neg, repeats=1)["warnings"] == d["warnings"]
+    rc = main(["policy", "--runs", str(tmp_path / "clean"), "--json", "--repeats", "1"])
+    cap = capsys.readouterr()
+    assert rc == 0 and json.loads(cap.out)["warnings"] == [] and "warning:" not in cap.err

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed
+from specmoe.commands._common import check_float, check_int, check_out_dir, check_seed, out_folder
 
 MAX_REPEATS = 1000
 
@@ -47,6 +47,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    """Hold --out against a second writer for the whole command (out_folder)."""
+    with out_folder(args.out):
+        return _run(args)
+
+
+def _run(args) -> int:
     from specmoe._io import to_jsonable
     from specmoe.oracle.analysis import load_runs
     from specmoe.oracle.evaluate import evaluate_policies
@@ -69,6 +75,8 @@ def run(args) -> int:
             quiet=False,
         )
     )
+    for w in d["warnings"]:  # as `specmoe oracle` says them
+        print(f"specmoe policy: warning: {w}", file=sys.stderr, flush=True)
     if args.out:
         path = atomic_write_json(Path(args.out) / "policies.json", d)
         from specmoe.report.oracle_figures import plot_policies

@@ -180,6 +180,7 @@ class PolicyInputs:
     counterfactual: Counterfactual
     oracle: OracleSummary
     calibration: ConfidenceCalibration | None = None  # confidence -> P(accepted), if recorded
+    warnings: tuple[str, ...] = ()  # unphysical constants of the cost fits (fit_warnings)
 
     def staircase(self, **options) -> StaircasePolicy:
         return StaircasePolicy(self.step_times, prior=self.prior, **options)
@@ -199,13 +200,12 @@ def _calibration(cf: Counterfactual) -> ConfidenceCalibration | None:
 def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
     """Fit the per-budget costs and the draft time, build the counterfactual, solve the Oracle
     and read off λ and the prior: everything a policy needs, from ``log`` alone."""
-    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k
+    from specmoe.oracle.regression import fit_draft_time, fit_verify_by_k, fit_warnings
 
     cf = build_counterfactual(log)
     cf = cf.truncate(min(l_max, cf.k_max))
-    model = make_cost_model(
-        log, "model", cf.k_max, fits=fit_verify_by_k(log), draft=fit_draft_time(log)
-    )
+    fits = fit_verify_by_k(log)
+    model = make_cost_model(log, "model", cf.k_max, fits=fits, draft=fit_draft_time(log))
     cost = oracle_costs(cf, model)
     summary, sol, _ = summarise(cost, cf.q, cf.length)
     dl = delta_space(
@@ -228,6 +228,7 @@ def learn_policy_inputs(log: RoundLog, *, l_max: int = 8) -> PolicyInputs:
         counterfactual=cf,
         oracle=summary,
         calibration=_calibration(cf),
+        warnings=tuple(fit_warnings(fits[k] for k in sorted(fits))),
     )
 
 
@@ -261,7 +262,12 @@ def evaluate_policies(
     top = min(learned.counterfactual.k_max, cf_test.k_max)
     cf_test = cf_test.truncate(top)
     cf_train = learned.counterfactual.truncate(top)
-    test_model = make_cost_model(log, "model", top)
+    from specmoe.oracle.regression import fit_verify_by_k, fit_warnings
+
+    fits = fit_verify_by_k(log)  # the held-out costs: the fits of the whole log, as the Oracle's
+    test_model = make_cost_model(log, "model", top, fits=fits)
+    warnings = fit_warnings(fits[k] for k in sorted(fits))
+    warnings += [f"training prompts: {w}" for w in learned.warnings]
     cost_test = oracle_costs(cf_test, test_model)
     oracle_test, _, _ = summarise(cost_test, cf_test.q, cf_test.length)
     # the Oracle that knows each generation's acceptance rate, not which drafts will match
@@ -364,5 +370,6 @@ def evaluate_policies(
             "fixed_k_speedup": train_fixed,
         },
         "repeats": repeats,
+        "warnings": warnings,
         "seed": seed,
     }
