@@ -55,9 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--clock",
-        default="wall",
+        default=None,
         choices=("wall", "cpu"),
-        help="wall time, or the thread's CPU time (single-threaded CPU runs on a shared machine)",
+        help="wall time, or the thread's CPU time (single-threaded CPU runs on a shared "
+        "machine); default wall, and cpu with --whole-pass",
     )
     parser.add_argument("--reps", type=int, default=None, help="repetitions of each pass")
     parser.add_argument(
@@ -73,6 +74,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PROFILE",
         help="summarise a saved profile.json instead of measuring",
+    )
+    parser.add_argument(
+        "--whole-pass",
+        action="store_true",
+        help="time every other operation of a verify pass alone (embedding, norms, "
+        "projections, attention at each --depths, router, lm_head, the engine's overhead) and "
+        "fit each; --model is then bundled, a model folder or PRESET-dummy (--layers: its "
+        "decoder layers); with --from the field is added to that profile",
+    )
+    parser.add_argument(
+        "--depths",
+        default="512,2048",
+        help="--whole-pass: comma-separated KV-cache depths in tokens (default 512,2048)",
     )
     parser.add_argument("--no-figures", action="store_true", help="write no figures in --out")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
@@ -204,10 +218,105 @@ def _check_args(args: argparse.Namespace) -> None:
     check_out_dir(args.out)
 
 
+MAX_DEPTH = 1 << 20
+
+
+def parse_depths(text: str) -> list[int]:
+    """``--depths`` as sorted distinct integers in 1..2^20; anything else one line."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        vals = [int(p) for p in parts]
+    except ValueError:
+        raise InputError(f"--depths: {text!r} is not a comma-separated list of integers") from None
+    if not vals or any(v < 1 or v > MAX_DEPTH for v in vals):
+        raise InputError(f"--depths: every depth must lie in 1..{MAX_DEPTH}, got {text!r}")
+    return sorted(set(vals))
+
+
 def run(args: argparse.Namespace) -> int:
     """Hold --out against a second writer for the whole command (out_folder)."""
     with out_folder(args.out):
+        if getattr(args, "whole_pass", False):
+            return _run_whole_pass(args)
         return _run(args)
+
+
+def _print_ops(wp: dict[str, Any]) -> None:
+    ns = wp["n"]
+    print(f"{wp['model']}: {wp['layers']} layers, {wp['dtype']}, clock {wp['clock']}")
+    for note in wp.get("notes", []):
+        print(f"  {note}")
+    for di, d in enumerate(wp["d"]):
+        print(f"d = {d}: median ms per call; ε held-out relative error")
+        print(f"{'op':>15} {'per':>6} {'ε':>6}" + "".join(f" {n:>7}" for n in ns))
+        for name, op in wp["ops"].items():
+            mark = "" if op["in_sum"] else "*"
+            print(
+                f"{name + mark:>15} {op['per']:>6} {op['eps']:6.3f}"
+                + "".join(f" {v:7.3f}" for v in op["median_ms"][di])
+            )
+        print(f"{'layer':>15} {'':>6} {'':>6}" + "".join(f" {v:7.3f}" for v in wp["layer_ms"][di]))
+        print(f"{'model':>15} {'':>6} {'':>6}" + "".join(f" {v:7.3f}" for v in wp["model_ms"][di]))
+    print("* timed, not in the whole-pass sum (the expert fits give it)")
+
+
+def _run_whole_pass(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
+    check_at_most(args.n_max, "--n-max", MAX_N)
+    check_at_most(args.reps, "--reps", MAX_REPS)
+    if args.n_max is not None and args.n_max < 1:
+        raise InputError(f"--n-max: must be >= 1, got {args.n_max}")
+    if args.reps is not None and args.reps < 1:
+        raise InputError(f"--reps: must be >= 1, got {args.reps}")
+    depths = parse_depths(args.depths)
+    check_out_dir(args.out)
+    base = load_profile(args.from_profile) if args.from_profile else None
+    if args.device != "cpu":
+        raise InputError("--device: --whole-pass times CPU operations only, for now")
+    args.clock = args.clock or "cpu"
+    threads = args.threads or 1
+    if args.clock == "cpu" and threads != 1:
+        raise InputError("--threads: --clock cpu times one thread")
+    from specmoe.bench.ops import time_operations
+    from specmoe.engine.runner import load_target
+
+    try:
+        net, _, label, _ = load_target(args.model, layers=args.layers, seed=args.seed)
+    except InputError as exc:
+        raise exc.as_flag("--model") if exc.argument == "spec" else exc from None
+    res = time_operations(
+        net,
+        n_values=list(range(1, (args.n_max or 9) + 1)),
+        depths=depths,
+        dtype=args.dtype,
+        reps=args.reps or 7,
+        warmup=2,
+        clock=args.clock,
+        threads=threads,
+        seed=args.seed,
+        model_name=label,
+    )
+    wp = {**res.whole_pass, "wall_s": res.wall_s}
+    files = []
+    if args.out:
+        from specmoe.formats.profile import whole_pass_from_dict
+
+        whole_pass_from_dict(wp, "whole_pass")
+        out = Path(args.out)
+        if base is not None:
+            import dataclasses
+
+            files.append(str(dataclasses.replace(base, whole_pass=wp).save(out / "profile.json")))
+        else:
+            files.append(str(atomic_write_json(out / "whole_pass.json", {"whole_pass": wp})))
+    if args.json:
+        print(dumps_json({"whole_pass": wp, "files": files}))
+    else:
+        _print_ops(wp)
+        print(f"{res.wall_s:.1f} s")
+        for f in files:
+            print(f"wrote {f}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -246,7 +355,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=True,
                 kernels=_kernel_list(args.kernels, args.device),
                 threads=args.threads,
-                clock=args.clock,
+                clock=args.clock or "wall",
                 settings=settings,
             )
         prof, records = res.profile, res.records

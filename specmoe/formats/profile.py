@@ -38,6 +38,13 @@ Fields (paper 002 Section 2, Appendix E):
                     compiler (cpu) or Triton (cuda) status; ``{}`` in profiles written before
                     the field existed (nothing is known then)
 ``source``          what produced it (command, trace path, date)
+``whole_pass``      optional (null in profiles written before it existed): every other operation
+                    of a verify pass, timed alone (``specmoe bench --whole-pass``,
+                    :mod:`specmoe.bench.ops`): ``{"model", "layers", "dtype", "clock", "n", "d",
+                    "ops": {op: {"per": "layer"|"model", "count", "in_sum", "terms", "shape",
+                    "fit": {"t0_ms", "bytes_gbps", "gflops", "per_token_ms"}, "eps", "n", "d",
+                    "median_ms": [d][n], "p10_ms", "p90_ms"}}, "overhead_ms_per_layer": [d][n]}``;
+                    :func:`specmoe.cost.ops_fit.whole_pass_time` sums it
 """
 
 from __future__ import annotations
@@ -78,6 +85,7 @@ class BandwidthProfile:
     implementations: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    whole_pass: dict[str, Any] | None = None
 
     @property
     def model_name(self) -> str:
@@ -150,6 +158,62 @@ def _implementations(value: Any, path: str) -> dict[str, dict[str, Any]]:
             raise InputError(f"{path}: implementations.{name}.fallback must be a string or null")
         out[str(name)] = dict(rec)
     return out
+
+
+WHOLE_PASS_PER = ("layer", "model")
+WHOLE_PASS_TERMS = ("t0", "bytes", "flops", "tokens")
+
+
+def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
+    """Validate the ``whole_pass`` field; every problem is one line naming ``path`` and the key."""
+    if not isinstance(wp, dict):
+        raise InputError(f"{path}: whole_pass must be an object, got {type(wp).__name__}")
+    for key in ("model", "dtype", "clock"):
+        if not isinstance(wp.get(key), str):
+            raise InputError(f"{path}: whole_pass.{key} must be a string")
+    if not _is_int(wp.get("layers"), 1):
+        raise InputError(f"{path}: whole_pass.layers must be a positive integer")
+    ns, ds = wp.get("n"), wp.get("d")
+    if not isinstance(ns, list) or not ns or not all(_is_int(x, 1) for x in ns):
+        raise InputError(f"{path}: whole_pass.n must be a non-empty list of positive integers")
+    if not isinstance(ds, list) or not ds or not all(_is_int(x, 0) for x in ds):
+        raise InputError(f"{path}: whole_pass.d must be a non-empty list of depths (integers)")
+    ops = wp.get("ops")
+    if not isinstance(ops, dict) or not ops:
+        raise InputError(f"{path}: whole_pass.ops must be a non-empty object")
+    for name, op in ops.items():
+        where = f"whole_pass.ops.{name}"
+        if not isinstance(op, dict):
+            raise InputError(f"{path}: {where} must be an object")
+        if op.get("per") not in WHOLE_PASS_PER:
+            raise InputError(f"{path}: {where}.per must be 'layer' or 'model'")
+        if not _is_int(op.get("count", 1), 0) or not isinstance(op.get("in_sum", True), bool):
+            raise InputError(f"{path}: {where}: count must be an integer >= 0, in_sum a boolean")
+        terms = op.get("terms")
+        if (
+            not isinstance(terms, list)
+            or not terms
+            or any(t not in WHOLE_PASS_TERMS for t in terms)
+        ):
+            raise InputError(f"{path}: {where}.terms must list terms of {WHOLE_PASS_TERMS}")
+        fit, shape = op.get("fit"), op.get("shape", {})
+        if not isinstance(fit, dict) or not isinstance(shape, dict):
+            raise InputError(f"{path}: {where}.fit and .shape must be objects")
+        _finite_list(f"{where}.fit", path, [v for v in fit.values() if v is not None])
+        _finite_list(f"{where}.shape", path, list(shape.values()))
+        (eps,) = _finite_list(f"{where}.eps", path, [op.get("eps")])
+        if eps < 0:
+            raise InputError(f"{path}: {where}.eps must be >= 0, got {eps}")
+        if op.get("err_ms") is not None:
+            _finite_list(f"{where}.err_ms", path, [op["err_ms"]])
+        for key in ("median_ms", "p10_ms", "p90_ms"):
+            rows = _finite_list(f"{where}.{key}", path, op.get(key), len(ds))
+            if any(not isinstance(r, list) or len(r) != len(ns) for r in rows):
+                raise InputError(f"{path}: {where}.{key} must be [{len(ds)} depths][{len(ns)} n]")
+    ov = wp.get("overhead_ms_per_layer")
+    if ov is not None:
+        _finite_list("whole_pass.overhead_ms_per_layer", path, ov, len(ds))
+    return dict(wp)
 
 
 def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthProfile:
@@ -261,6 +325,9 @@ def profile_from_dict(d: dict[str, Any], *, path: str = "profile") -> BandwidthP
         implementations=_implementations(d.get("implementations", {}), path),
         source=dict(d.get("source", {})),
         extra=dict(d.get("extra", {})),
+        whole_pass=None
+        if d.get("whole_pass") is None
+        else whole_pass_from_dict(d["whole_pass"], path),
     )
 
 

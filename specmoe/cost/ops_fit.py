@@ -1,0 +1,204 @@
+"""Per-operation fits of a verification pass and their sum, the whole-pass time (numpy only).
+
+Legend: ``n`` tokens of the pass, ``d`` context depth (tokens already in the KV cache), ``L``
+decoder layers. Times in milliseconds, bytes in bytes, flops in floating-point operations.
+
+Each operation of one decoder layer (or of the model head) is fitted as
+
+    t_op(n, d) = t0 + bytes_op(n, d) / β_op + flops_op(n, d) / peak_op + n · c_tok,
+
+with only the terms the operation needs (:data:`TERMS`): a projection's flops grow with n and
+its weight bytes are the same at every n (so they sit in t0), attention's bytes grow with the
+depth d it reads and its flops with n·(d + n), the framework's per-layer overhead is a fixed
+time and a per-token time. The constants are non-negative least squares on relative error
+(each row divided by its measured time), on a subset of the measured (n, d); ε is scored on
+the shapes the fit did not see.
+
+:func:`whole_pass_time` sums the fits into a whole-pass time; it generalises the sum over
+layers by Eq. (22) (:func:`specmoe.cost.step.verify_time_from_op_times`) from the expert
+operation alone to every operation of the pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from specmoe.errors import InputError
+
+# term -> the fit key it becomes, and how a coefficient in ms per unit is turned into that key
+TERMS = ("t0", "bytes", "flops", "tokens")
+FIT_KEYS = {"t0": "t0_ms", "bytes": "bytes_gbps", "flops": "gflops", "tokens": "per_token_ms"}
+
+
+@dataclass(frozen=True)
+class OpFit:
+    """One operation's fit: ``coef`` (ms per unit of each term), its terms, and ``fit`` as the
+    profile stores it (t0_ms, bytes_gbps, gflops, per_token_ms; a rate is None when its
+    coefficient is zero: that term did not help the fit)."""
+
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+
+    @property
+    def fit(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for term, c in zip(self.terms, self.coef, strict=True):
+            if term in ("bytes", "flops"):  # ms per byte -> GB/s; ms per flop -> GFLOP/s
+                out[FIT_KEYS[term]] = None if c == 0 else 1e-6 / c
+            else:
+                out[FIT_KEYS[term]] = float(c)
+        return out
+
+    def predict(self, features: Mapping[str, np.ndarray | float]) -> np.ndarray:
+        """Predicted ms at the features (arrays of one shape; ``t0`` needs none)."""
+        total: np.ndarray | float = 0.0
+        for term, c in zip(self.terms, self.coef, strict=True):
+            total = total + (c if term == "t0" else c * np.asarray(features[term], float))
+        return np.asarray(total, float)
+
+
+def coef_from_fit(fit: Mapping[str, Any], terms: Sequence[str]) -> tuple[float, ...]:
+    """The ms-per-unit coefficients back from a stored ``fit`` (the inverse of ``OpFit.fit``)."""
+    out = []
+    for term in terms:
+        v = fit.get(FIT_KEYS[term])
+        if term in ("bytes", "flops"):
+            out.append(0.0 if v is None else 1e-6 / float(v))
+        else:
+            out.append(float(v or 0.0))
+    return tuple(out)
+
+
+def _nnls_small(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a few columns, exactly: the best of every column subset
+    whose unconstrained solution is non-negative (the optimum is one of them)."""
+    k = a.shape[1]
+    best, best_res = np.zeros(k), float(np.sum(b * b))
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(k)
+            x[list(cols)] = sol
+            res = float(np.sum((a @ x - b) ** 2))
+            if res < best_res * (1 - 1e-12):
+                best, best_res = x, res
+    return best
+
+
+def fit_op(
+    terms: Sequence[str],
+    features: Mapping[str, np.ndarray],
+    times_ms: np.ndarray,
+    *,
+    signed: bool = False,
+) -> OpFit:
+    """Fit ``t = Σ_term c_term · feature_term`` (``t0``'s feature is 1), c >= 0, minimising the
+    squared relative error. ``features[term]`` and ``times_ms`` are 1-D arrays of one length.
+    ``signed``: a difference of times (an overhead, which may be negative): ordinary least
+    squares on the absolute error, any sign."""
+    terms = tuple(terms)
+    bad = [t for t in terms if t not in TERMS]
+    if bad or not terms:
+        raise InputError(
+            f"unknown {bad or terms!r} (choose from {', '.join(TERMS)})", argument="terms"
+        )
+    t = np.asarray(times_ms, float).ravel()
+    if t.size < len(terms) or not np.all(np.isfinite(t)) or (not signed and np.any(t <= 0)):
+        raise InputError(
+            f"need at least {len(terms)} {'finite' if signed else 'positive finite'} times, "
+            f"got {t.size}",
+            argument="times_ms",
+        )
+    cols = [np.ones_like(t) if k == "t0" else np.asarray(features[k], float).ravel() for k in terms]
+    a = np.stack(cols, axis=1)
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling keeps lstsq conditioned
+    if signed:
+        x = np.linalg.lstsq(a / scale, t, rcond=None)[0] / scale
+    else:
+        x = _nnls_small((a / scale) / t[:, None], np.ones_like(t)) / scale
+    return OpFit(terms, tuple(float(v) for v in x))
+
+
+def relative_errors(fit: OpFit, features: Mapping[str, np.ndarray], times_ms: np.ndarray):
+    """|predicted − measured| / measured at each shape."""
+    t = np.asarray(times_ms, float)
+    return np.abs(fit.predict(features) - t) / t
+
+
+def held_out_split(n_values: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(fit n, held-out n): every third n from the second, and the largest n (extrapolation),
+    are held out; at least two n stay in the fit."""
+    ns = sorted(int(v) for v in n_values)
+    if len(ns) < 3:
+        return ns, []
+    held = {v for i, v in enumerate(ns) if i % 3 == 1} | {ns[-1]}
+    fit = [v for v in ns if v not in held]
+    return fit, sorted(held)
+
+
+# ---------------------------------------------------------------------------- the whole pass
+
+
+def op_features(op: Mapping[str, Any], n: float, d: float) -> dict[str, float]:
+    """The features of a stored op at (n, d): its ``shape`` coefficients (see bench.ops)."""
+    s = op.get("shape", {})
+    return {
+        "bytes": s.get("bytes0", 0.0)
+        + s.get("bytes_n", 0.0) * n
+        + s.get("bytes_nd", 0.0) * (d + n),
+        "flops": s.get("flops_n", 0.0) * n + s.get("flops_nd", 0.0) * n * (d + n),
+        "tokens": n * 1.0,
+    }
+
+
+def op_time(op: Mapping[str, Any], n: float, d: float) -> float:
+    """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied)."""
+    terms = tuple(op["terms"])
+    fit = OpFit(terms, coef_from_fit(op["fit"], terms))
+    return float(fit.predict(op_features(op, n, d)))
+
+
+def whole_pass_time(
+    profile_whole_pass: Mapping[str, Any], n: int, d: int, num_layers: int
+) -> tuple[float, float]:
+    """The whole pass without its expert operation, (τ_ms, ε), from per-operation fits.
+
+    Sums, by Eq. (22) generalised to every operation of the pass, the fit of each op whose
+    ``in_sum`` is true: ``per: "model"`` ops once (embedding lookup, final norm + lm_head),
+    ``per: "layer"`` ops ``num_layers`` times, each ``count`` times a layer (the two RMSNorms of
+    a layer are one op counted twice), plus ``overhead`` (the engine's per-layer framework
+    time: the whole layer's forward minus the sum of its timed parts) once per layer. Inside:
+    embed, norm, qkv, attention, o_proj, router, shared/dense MLP where the model has them,
+    head, overhead. Not inside: ``experts`` (timed for the overhead only) -- the caller adds
+    the expert operation from the expert fits (Eq. (4)/(E.1)) at the plan's bytes.
+
+    ε is the error bound of the sum when every op errs by its own held-out ε in the same
+    direction: (Σ ε_op · |t_op| + Σ err_ms) / Σ t_op, where an overhead (a difference of times,
+    which may be negative) carries its held-out error as ``err_ms`` per call instead.
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise InputError(f"must be a positive integer, got {num_layers!r}", argument="num_layers")
+    if not (isinstance(n, int) and n >= 1) or isinstance(n, bool):
+        raise InputError(f"must be a positive integer, got {n!r}", argument="n")
+    if not (isinstance(d, int) and d >= 0) or isinstance(d, bool):
+        raise InputError(f"must be a non-negative integer, got {d!r}", argument="d")
+    total = err = 0.0
+    for op in profile_whole_pass["ops"].values():
+        if not op.get("in_sum", True):
+            continue
+        reps = int(op.get("count", 1)) * (num_layers if op["per"] == "layer" else 1)
+        t = op_time(op, n, d) * reps
+        total += t
+        if op.get("err_ms") is not None:
+            err += float(op["err_ms"]) * reps
+        else:
+            err += float(op["eps"]) * abs(t)
+    return total, (err / total if total > 0 else math.nan)
