@@ -457,6 +457,27 @@ def _row(label: str, values, fmt: str | None = None, width: int = 24) -> str:
     return f"{label:<{width}}" + " ".join(cells)
 
 
+def _whole_pass_lines(wp: Any, n: Any, acc: Any) -> list[str]:
+    """The summary's section of the whole-pass prediction (a :class:`WholePassPlan`)."""
+    pol = wp.policies
+    lines = [
+        f"whole-pass prediction: every operation's fit at depth {wp.context} on "
+        f"{wp.num_layers} layers plus the expert operation; combined error up to "
+        f"{wp.epsilon_max:.3f}" + ("" if wp.delta is None else f" (delta = {wp.delta:.3f})"),
+        _row("  other ops ms", wp.ops_ms),
+        _row("  verify ms, per-slot", pol["per_slot"].verify_ms),
+        _row("  verify ms, dedup", pol["dedup"].verify_ms),
+        _row("  bound (17) +/-, best", pol["best"].verify_band_ms),
+        _row("  step points, best", pol["best"].step_points, "{:8.4f}"),
+    ]
+    if acc:
+        lines.append(_row("  k*(a), best", pol["best"].best_k, "{:8d}"))
+        sp = pol["best"].speedup
+        i = int(np.argmax(sp))
+        lines.append(f"  best speedup on the grid {sp[i]:.3f} at a = {acc[i]:g}")
+    return lines
+
+
 def summary(plan: Any) -> str:
     """A short readable summary of a :class:`~specmoe.cost.plan.Plan` (or its plan.json dict)."""
     from specmoe.cost.plan import Plan
@@ -543,6 +564,8 @@ def summary(plan: Any) -> str:
             + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})")
         )
         lines.append(head + tail)
+    if pl.whole_pass is not None:
+        lines += ["", *_whole_pass_lines(pl.whole_pass, n, acc)]
     eng = pl.engine
     if eng:
         k = eng.draft_length["best"]

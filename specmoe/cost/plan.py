@@ -7,6 +7,9 @@ Eq. (17), the step times V(k) = tau_p(k+1) + h(k), a0 (Eq. (B.4)), the staircase
 step points (Eq. (B.31)), the best speedup against a (Eq. (9)) with its bound (Eq. (21)), and for
 the deduplicating engine the reuse thresholds rho*_k(a) (Eq. (14)); plus the saving S(n)
 (Eq. (6)) with its band (Eq. (18)), the faster-kernel rule (Eqs. (7), (19)) and the crossover.
+When the profile carries the per-operation benchmark (its ``whole_pass`` field), the same
+per-policy quantities from the whole-pass prediction (:func:`_whole_pass`); the saving and the
+crossover are the plan's own there (the other operations are the same for both kernels).
 Equation numbers are those of paper 002.
 
 Choices where the paper leaves a quantity to the engine: t0 = 0 and phi_p = 0 (the profile's
@@ -20,6 +23,7 @@ The CLI is :mod:`specmoe.commands.plan`.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from fractions import Fraction
@@ -31,6 +35,7 @@ import numpy as np
 from specmoe.cost import bounds, theory
 from specmoe.cost._exact import check_acceptance
 from specmoe.cost.bytes import pass_bytes
+from specmoe.cost.ops_fit import whole_pass_time
 from specmoe.cost.plan_result import (
     SCHEMA,
     Bandwidths,
@@ -41,6 +46,7 @@ from specmoe.cost.plan_result import (
     PlanBytes,
     PolicyPlan,
     Saving,
+    WholePassPlan,
 )
 from specmoe.cost.step import (
     POLICIES,
@@ -106,6 +112,100 @@ def engine_settings(k: int, crossover: int | None) -> dict[str, Any]:
     return spec
 
 
+def _policy_plan(
+    tau_ms: np.ndarray,
+    band_ms: np.ndarray,
+    h: np.ndarray,
+    acc: Sequence[Fraction | float],
+    delta: float | None,
+) -> PolicyPlan:
+    """One policy's plan from its verify times tau_p(n) [ms] and their band: the step times
+    V(k) = tau_p(k+1) + h(k), a0 (Eq. (B.4)), the staircase and step points (Eq. (B.31)), and per
+    acceptance value the best draft length, its speedup (Eq. (9)) with bound (21) and whether
+    k_hat* = k* is certain (bound (20)); the bounds are None without ``delta``."""
+    Vl = (tau_ms + h).tolist()  # every theory call uses the step times plan.json holds
+    st = theory.staircase(Vl)
+    ks, sps, sbs, certain = [], [], [], []
+    for a in acc:
+        k = theory.best_draft_length(Vl, a)
+        s = float(theory.speedup(Vl, a, k))
+        ks.append(k)
+        sps.append(s)
+        if delta is None:
+            sbs.append(None)
+            certain.append(None)
+        else:
+            sbs.append(tuple(float(x) for x in bounds.speedup_interval(s, delta)))
+            certain.append(bounds.best_length_separated(theory.throughput(Vl, a), delta))
+    return PolicyPlan(
+        verify_ms=tuple(tau_ms.tolist()),
+        verify_band_ms=tuple(np.asarray(band_ms, dtype=np.float64).tolist()),
+        step_ms=tuple(Vl),
+        a0=float(theory.first_threshold(Vl)),
+        step_points=tuple(st.step_points),
+        staircase=tuple(Level(lo, hi, k) for lo, hi, k in st.levels),
+        best_k=tuple(ks),
+        speedup=tuple(sps),
+        speedup_bound=tuple(sbs),
+        best_k_certain=tuple(certain),
+    )
+
+
+def _whole_pass(
+    spec: Any,
+    profile: Any,
+    vm: Any,
+    eps: float,
+    h: np.ndarray,
+    acc: Sequence[Fraction | float],
+    context: int,
+) -> WholePassPlan | None:
+    """The whole-pass prediction (None when the profile has no ``whole_pass`` field):
+    tau_hat_p(n) = whole_pass_time(n, context, L) + E_p(n)/beta_p(n), the sum over every other
+    operation of the pass of its fit (:func:`specmoe.cost.ops_fit.whole_pass_time`, on all L
+    decoder layers of the spec) plus the plan's expert operation of Eq. (5) (the same term as
+    its verify times). Its error is the time-weighted sum of the operations' error and the
+    expert term's, eps/(1 - eps) by Eq. (C.1): the bound when every part errs by its own
+    error in the same direction. Bound (17) is eps_p(n)/(1 - eps_p(n)) tau_hat_p(n), delta is
+    Eq. (C.7) of the largest combined error (the step time V = tau + h errs at most as much as
+    tau, h being measured), and (20)/(21) follow from it."""
+    wp = getattr(profile, "whole_pass", None)
+    if wp is None:
+        return None
+    num_layers = int(spec.num_hidden_layers)
+    ops = [whole_pass_time(wp, int(n), int(context), num_layers) for n in vm.n]
+    ops_ms = np.array([t for t, _ in ops], dtype=np.float64)
+    ops_eps = np.array([e for _, e in ops], dtype=np.float64)
+    f_exp = float(bounds.relative_error_factor(eps)) if eps < 1 else math.inf
+    expert, epsilon, tau = {}, {}, {}
+    for p in POLICIES:
+        expert[p] = vm.expert[p] * MS
+        tau[p] = ops_ms + expert[p]
+        epsilon[p] = (ops_eps * ops_ms + f_exp * expert[p]) / tau[p]
+    eps_max = float(max(np.max(e) for e in epsilon.values()))
+    delta = float(bounds.delta_from_epsilon(eps_max)) if eps_max < 0.5 else None
+    policies = {}
+    for p in POLICIES:
+        band = [
+            float(bounds.verify_time_bound(float(t), float(e))) if e < 1 else math.inf
+            for t, e in zip(tau[p], epsilon[p], strict=True)
+        ]
+        policies[p] = _policy_plan(tau[p], np.asarray(band), h, acc, delta)
+    return WholePassPlan(
+        num_layers=num_layers,
+        context=int(context),
+        ops_ms=tuple(ops_ms.tolist()),
+        ops_eps=tuple(ops_eps.tolist()),
+        expert_ms={p: tuple(v.tolist()) for p, v in expert.items()},
+        expert_eps=f_exp,
+        epsilon={p: tuple(v.tolist()) for p, v in epsilon.items()},
+        epsilon_max=eps_max,
+        delta=delta,
+        loss_bound=float(bounds.throughput_loss_bound(delta)) if delta is not None else None,
+        policies=policies,
+    )
+
+
 def build_plan(
     spec: Any,
     union: Any,
@@ -162,35 +262,12 @@ def build_plan(
     band = bounds.saving_bound(vm.expert["per_slot"], vm.expert["dedup"], eps) * MS
     band[0] = 0.0  # one kernel runs a one-token pass: S(1) = 0 exactly
 
-    policies = {}
-    for p in POLICIES:
-        tau_ms = vm.tau[p] * MS
-        Vl = (tau_ms + h).tolist()  # every theory call uses the step times plan.json holds
-        st = theory.staircase(Vl)
-        ks, sps, sbs, certain = [], [], [], []
-        for a in acc:
-            k = theory.best_draft_length(Vl, a)
-            s = float(theory.speedup(Vl, a, k))
-            ks.append(k)
-            sps.append(s)
-            if delta is None:
-                sbs.append(None)
-                certain.append(None)
-            else:
-                sbs.append(tuple(float(x) for x in bounds.speedup_interval(s, delta)))
-                certain.append(bounds.best_length_separated(theory.throughput(Vl, a), delta))
-        policies[p] = PolicyPlan(
-            verify_ms=tuple(tau_ms.tolist()),
-            verify_band_ms=tuple((bounds.verify_time_bound(vm.memory[p], eps) * MS).tolist()),
-            step_ms=tuple(Vl),
-            a0=float(theory.first_threshold(Vl)),
-            step_points=tuple(st.step_points),
-            staircase=tuple(Level(lo, hi, k) for lo, hi, k in st.levels),
-            best_k=tuple(ks),
-            speedup=tuple(sps),
-            speedup_bound=tuple(sbs),
-            best_k_certain=tuple(certain),
+    policies = {
+        p: _policy_plan(
+            vm.tau[p] * MS, bounds.verify_time_bound(vm.memory[p], eps) * MS, h, acc, delta
         )
+        for p in POLICIES
+    }
 
     # Reuse thresholds of a deduplicating engine, Eq. (14); h enters as fixed work (App. B.2).
     m, W = pb.m, pb.W
@@ -272,6 +349,7 @@ def build_plan(
         verify_ms_eq22=None if eq22 is None else {p: tuple(v) for p, v in eq22.items()},
         reuse_threshold={"dedup": thr},
         engine=engine,
+        whole_pass=_whole_pass(spec, profile, vm, eps, h, acc, context),
         verify=vm,
     )
 

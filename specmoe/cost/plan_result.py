@@ -4,8 +4,10 @@
 band (Eq. (18) of paper 002) and the crossover, one :class:`PolicyPlan` per kernel policy
 (``per_slot``, ``dedup``, ``best``: verify times with the band of bound (17), step times, a0,
 the staircase, the best draft length and speedup with bound (21)), the reuse thresholds of a
-deduplicating engine (Eq. (14)) and the engine settings. :meth:`Plan.to_dict` gives plan.json
-(schema ``specmoe.plan/1``, keys in their order) and :meth:`Plan.from_dict` reads it back.
+deduplicating engine (Eq. (14)) and the engine settings; when the profile carries the
+per-operation benchmark, a :class:`WholePassPlan` (the same per-policy quantities from the
+whole-pass prediction). :meth:`Plan.to_dict` gives plan.json (schema ``specmoe.plan/1``, keys in
+their order; ``whole_pass`` only when present) and :meth:`Plan.from_dict` reads it back.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "PlanBytes",
     "PolicyPlan",
     "Saving",
+    "WholePassPlan",
 ]
 
 SCHEMA = "specmoe.plan/1"
@@ -123,6 +126,64 @@ class EnginePlan:
 
 
 @dataclass(frozen=True)
+class WholePassPlan:
+    """The whole-pass prediction: tau_hat_p(n) = the sum of every other operation's fit
+    (:func:`specmoe.cost.ops_fit.whole_pass_time` at depth ``context`` on ``num_layers``
+    layers, ``ops_ms`` [n_max] with its error ``ops_eps``) + the expert operation of the plan
+    (``expert_ms[p]`` = E_p(n)/beta_p(n), Eq. (5), error ``expert_eps`` = eps/(1 - eps),
+    Eq. (C.1)). ``epsilon[p]`` [n_max] is the combined error, the time-weighted sum
+    (ops_eps ops_ms + expert_eps expert_ms) / tau_hat_p; ``delta`` = Eq. (C.7) of its largest
+    value over n and policies (None when that is >= 1/2), ``loss_bound`` bound (20) of it.
+    ``policies`` as :attr:`Plan.policies`, from these verify times."""
+
+    num_layers: int
+    context: int
+    ops_ms: tuple[float, ...]
+    ops_eps: tuple[float, ...]
+    expert_ms: dict[str, tuple[float, ...]]
+    expert_eps: float
+    epsilon: dict[str, tuple[float, ...]]
+    epsilon_max: float
+    delta: float | None
+    loss_bound: float | None
+    policies: dict[str, PolicyPlan]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_layers": self.num_layers,
+            "context": self.context,
+            "ops_ms": list(self.ops_ms),
+            "ops_eps": list(self.ops_eps),
+            "expert_ms": {p: list(v) for p, v in self.expert_ms.items()},
+            "expert_eps": self.expert_eps,
+            "epsilon": {p: list(v) for p, v in self.epsilon.items()},
+            "epsilon_max": self.epsilon_max,
+            "delta": self.delta,
+            "loss_bound": self.loss_bound,
+            **{
+                name: {p: _policy_field(pp, name) for p, pp in self.policies.items()}
+                for name in POLICY_FIELDS
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WholePassPlan:
+        return cls(
+            num_layers=d["num_layers"],
+            context=d["context"],
+            ops_ms=tuple(d["ops_ms"]),
+            ops_eps=tuple(d["ops_eps"]),
+            expert_ms={p: tuple(v) for p, v in d["expert_ms"].items()},
+            expert_eps=d["expert_eps"],
+            epsilon={p: tuple(v) for p, v in d["epsilon"].items()},
+            epsilon_max=d["epsilon_max"],
+            delta=d["delta"],
+            loss_bound=d["loss_bound"],
+            policies={p: _policy_from(d, p) for p in d["verify_ms"]},
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything ``specmoe plan`` predicts for one model on one machine (times in ms).
 
@@ -151,6 +212,7 @@ class Plan:
     verify_ms_eq22: dict[str, tuple[float, ...]] | None
     reuse_threshold: dict[str, tuple[tuple[float, ...], ...]]
     engine: EnginePlan | None = None
+    whole_pass: WholePassPlan | None = None
     verify: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,6 +274,8 @@ class Plan:
                 out[p] = {"draft_length": e.draft_length[p], "speedup": e.speedup[p]}
             out["settings"] = e.settings
             d["engine"] = out
+        if self.whole_pass is not None:
+            d["whole_pass"] = self.whole_pass.to_dict()
         return d
 
     @classmethod
@@ -235,6 +299,7 @@ class Plan:
                     settings=eng["settings"],
                 )
             eq22 = d.get("verify_ms_eq22")
+            wp = d.get("whole_pass")
             return cls(
                 model=d["model"],
                 sources=d.get("sources", {}),
@@ -273,6 +338,7 @@ class Plan:
                     for p, rows in d.get("reuse_threshold", {}).items()
                 },
                 engine=engine,
+                whole_pass=None if wp is None else WholePassPlan.from_dict(wp),
             )
         except KeyError as exc:
             raise InputError(
