@@ -10,7 +10,13 @@ tau_hat_p(n) for the per-slot and the deduplicating kernel at n = 1..n_max:
   those windows (``op_time.measured``);
 * the **calibrated version**: the measured-time version plus the growth with n of the time
   outside the expert operation, taken from the measured verify time with deduplication off:
-  tau_cal_p(n) = tau_mt_p(n) + (tau_off(n) - tau_mt_slot(n)).
+  tau_cal_p(n) = tau_mt_p(n) + (tau_off(n) - tau_mt_slot(n));
+* the **whole-pass prediction** (only when the plan carries ``whole_pass``): every other
+  operation's fit from the per-operation benchmark at the configuration's depth
+  (:func:`specmoe.cost.ops_fit.whole_pass_time`) plus the plan's expert operation of Eq. (5);
+  it does not use tau_meas(1). A rule set whose ``scored_version`` is ``whole_pass``
+  (``rules-whole-pass.json``) decides its rules, which name version ``prediction``, on it, and
+  scores its verify error from ``definitions.verify_error_pass_sizes.min``.
 
 Eq. (22) is :func:`specmoe.cost.step.whole_model_verify_time`; the best draft length, the
 speedup and the bounds (18), (20), (21) come from :mod:`specmoe.cost`. Each configuration
@@ -63,6 +69,7 @@ from specmoe.validate.rules import (
     step_time_error,
     verify_error,
 )
+from specmoe.validate.whole_pass import scored_version, whole_pass_version
 
 __all__ = [
     "SCHEMA",
@@ -131,9 +138,16 @@ def prediction_versions(
 
 
 def score_configuration(
-    m: Measured, profile: Any, *, num_layers: int, eps: float, rules: RuleSet
+    m: Measured,
+    profile: Any,
+    *,
+    num_layers: int,
+    eps: float,
+    rules: RuleSet,
+    plan: Plan | None = None,
 ) -> ConfigurationScore:
-    """Every score of one configuration for the three versions, and each rule's verdict."""
+    """Every score of one configuration for the three versions (and the whole-pass version
+    when ``plan`` carries it), and each rule's verdict."""
     from specmoe.cost.step import crossover
 
     n_top = min(max(m.n), max(profile.n))
@@ -156,6 +170,13 @@ def score_configuration(
     off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
     tau1 = float(off[0])
     versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
+    scored_as = scored_version(rules)
+    if plan is not None:
+        wpv, note = whole_pass_version(plan, profile, m.depth, n_top)
+        if wpv is not None:
+            versions["whole_pass"] = wpv
+        if note:
+            notes.append(note)
     n_all = np.arange(1, n_top + 1)
     sc = slice(rules.n_min - 1, n_hi)  # the scored pass sizes
     n_sc = n_all[sc]
@@ -169,9 +190,14 @@ def score_configuration(
         samples = (m.per_prompt_off_ms - m.per_prompt_on_ms)[:, :n_top][:, sc]
 
     scores: dict[str, VersionScore] = {}
-    for version in VERSIONS:
+    for version in (*VERSIONS, *(["whole_pass"] if "whole_pass" in versions else [])):
         v = versions[version]
         tau = v["verify_ms"]
+        v_eps = v.get("epsilon", eps)
+        vsc = sc
+        if version == "whole_pass" and scored_as == "whole_pass":
+            lo = rules.definitions.get("verify_error_pass_sizes", {}).get("min", rules.n_min)
+            vsc = slice(int(lo) - 1, n_hi)
         S_hat = tau["per_slot"] - tau["dedup"]
         cross = crossover(S_hat[:n_hi], n_all[:n_hi])
         band = saving_band_scores(
@@ -179,10 +205,10 @@ def score_configuration(
             S[sc],
             v["expert_ms"]["per_slot"][sc],
             v["expert_ms"]["dedup"][sc],
-            eps,
+            v_eps,
             edge_inside=rules.band_edge_inside,
         )
-        verr = {p: verify_error(tau[p][sc], measured_tau[p][sc]) for p in tau}
+        verr = {p: verify_error(tau[p][vsc], measured_tau[p][vsc]) for p in tau}
         V_hat = (tau[kernel][: K + 1] + h).tolist()
         ks = kstar_scores(V_hat, T, acc)
         delta = step_time_error(V_hat, V)
@@ -270,10 +296,19 @@ def score_configuration(
         crossover_measured=cross_meas,
         measured=measured,
         versions=scores,
-        rules=decide(rules, {v: s.metrics() for v, s in scores.items()}),
+        rules=decide(rules, _rule_scores(scores, scored_as)),
         notes=tuple(notes),
         sources=dict(m.sources),
     )
+
+
+def _rule_scores(scores: dict[str, VersionScore], scored_as: str) -> dict[str, Any]:
+    """Each version's metrics for :func:`decide`; with ``scored_as`` other than prediction,
+    the rules' version ``prediction`` reads that version (no metrics: not scored)."""
+    out: dict[str, Any] = {v: s.metrics() for v, s in scores.items()}
+    if scored_as != "prediction":
+        out["prediction"] = out.get(scored_as, {})
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -379,7 +414,9 @@ def validate(
     for m in configs:
         _err(f"validate: scoring {m.name}")
         scored.append(
-            score_configuration(m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules)
+            score_configuration(
+                m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules, plan=plan
+            )
         )
     summary = tuple(
         RuleSummary(rule=r, per_configuration={c.name: c.rules[i].holds for c in scored})
