@@ -133,3 +133,13 @@ def check_small_file(path: str | os.PathLike, flag: str, *, limit: int = MAX_TEX
     if size > limit:
         raise InputError(f"{flag}: {path}: {size} bytes, more than the {limit >> 20} MiB limit")
     return p
+
+
+def add_runs_argument(parser) -> None:
+    """``--runs DIR``: the round logs that ``oracle`` and ``policy`` read."""
+    parser.add_argument(
+        "--runs",
+        required=True,
+        metavar="DIR",
+        help="round logs: a Parquet file or a directory of them",
+    )

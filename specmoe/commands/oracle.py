@@ -15,18 +15,19 @@ import sys
 from pathlib import Path
 
 from specmoe._io import atomic_write_json, dumps_json
-from specmoe.commands._common import check_int, check_out_dir, check_seed, out_folder
+from specmoe.commands._common import (
+    add_runs_argument,
+    check_int,
+    check_out_dir,
+    check_seed,
+    out_folder,
+)
 
 MAX_BOOT = 100_000
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--runs",
-        required=True,
-        metavar="DIR",
-        help="round logs: a Parquet file or a directory of them",
-    )
+    add_runs_argument(parser)
     parser.add_argument(
         "--l-max",
         type=int,

@@ -33,7 +33,7 @@ import torch
 
 from specmoe.errors import InputError
 from specmoe.kernels._contract import ACTIVATIONS, check_inputs, torch_dtype
-from specmoe.kernels._fallback import KernelFallbackWarning, KernelImpl
+from specmoe.kernels._fallback import FALLBACK, KernelFallbackWarning, KernelImpl
 from specmoe.kernels._fallback import watch as watch_fallbacks
 
 __all__ = [
@@ -173,7 +173,7 @@ def implementation(
     get_kernel(name, device)  # the same error for a device without an implementation
     module, attr = info.impl[device].split(":")
     mod = importlib.import_module(module)
-    if attr in getattr(mod, "FALLBACK", {}):
+    if attr in FALLBACK and hasattr(mod, "implementation_of"):  # a C or Triton kernel
         return mod.implementation_of(attr, device=device, dtype=torch_dtype(dtype), strided=strided)
     code = "transformers" if info.peer else "torch"
     return KernelImpl(name, device, requested=code, ran=code, kernel=name)

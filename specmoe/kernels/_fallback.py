@@ -97,3 +97,30 @@ def watch() -> Iterator[dict[str, KernelImpl]]:
         yield seen
     finally:
         _watchers.remove(seen)
+
+
+# C or Triton kernel -> the torch kernel of the same bytes it falls back to
+FALLBACK = {"per_slot": "per_slot_torch", "dedup": "dedup_torch"}
+
+
+def impl_of(
+    name: str, device: str, *, requested: str, reason: str | None, **status: Any
+) -> KernelImpl:
+    """The record of kernel ``name`` asking for ``requested`` code: that code when ``reason``
+    is None, else the torch kernel of :data:`FALLBACK` (``status``: ``compiler``/``triton``)."""
+    return KernelImpl(
+        name,
+        device,
+        requested=requested,
+        ran=requested if reason is None else "torch",
+        kernel=name if reason is None else FALLBACK[name],
+        fallback=reason,
+        **status,
+    )
+
+
+def run_fallback(impl: KernelImpl, fallback, x, w_gate_up, w_down, ids, weights, **options):
+    """Warn that ``impl`` fell back (at the caller of the public kernel), then run the torch
+    kernel ``fallback`` on the same inputs and contract options."""
+    fell_back(impl, stacklevel=5)
+    return fallback(x, w_gate_up, w_down, ids, weights, **options)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from specmoe.errors import InputError
 from specmoe.kernels import _cbuild
 from specmoe.kernels._contract import OAI_ALPHA, OAI_LIMIT, activate, check_inputs
-from specmoe.kernels._fallback import KernelImpl, fell_back
+from specmoe.kernels._fallback import KernelImpl, impl_of, run_fallback
 
 _WT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _threads: int | None = None
@@ -65,9 +65,6 @@ def c_status() -> dict:
     return _cbuild.build().status()
 
 
-FALLBACK = {"per_slot": "per_slot_torch", "dedup": "dedup_torch"}  # C kernel -> torch kernel
-
-
 def c_reason(*, device: str, dtype: torch.dtype, strided: bool) -> str | None:
     """Why the C kernels cannot take a call on ``device`` with weights of ``dtype`` (``strided``:
     a weight tensor's last dimension is not contiguous); None when they can."""
@@ -90,15 +87,7 @@ def implementation_of(
 ) -> KernelImpl:
     """The implementation the C kernel ``name`` (per_slot or dedup) runs for such inputs."""
     reason = c_reason(device=device, dtype=dtype, strided=strided)
-    return KernelImpl(
-        name,
-        device,
-        requested="c",
-        ran="c" if reason is None else "torch",
-        kernel=name if reason is None else FALLBACK[name],
-        fallback=reason,
-        compiler=c_status(),
-    )
+    return impl_of(name, device, requested="c", reason=reason, compiler=c_status())
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,19 +121,9 @@ def _c_expert_op(
     strided = w_gate_up.stride(2) != 1 or w_down.stride(2) != 1
     if c_reason(device=x.device.type, dtype=w_gate_up.dtype, strided=strided) is not None:
         impl = implementation_of(name, device=x.device.type, dtype=w_gate_up.dtype, strided=strided)
-        fell_back(impl, stacklevel=4)  # warn at the caller of per_slot / dedup
         fallback = per_slot_torch if mode == 0 else dedup_torch
-        return fallback(
-            x,
-            w_gate_up,
-            w_down,
-            ids,
-            weights,
-            activation=activation,
-            b_gate_up=b_gate_up,
-            b_down=b_down,
-            check=check,
-        )
+        opts = {"activation": activation, "b_gate_up": b_gate_up, "b_down": b_down}
+        return run_fallback(impl, fallback, x, w_gate_up, w_down, ids, weights, **opts, check=check)
     lib = _cbuild.load()
     xf = x.detach().to(torch.float32).contiguous()  # [n, h]
     idc = ids.detach().to(torch.int64).contiguous()  # [n, m]

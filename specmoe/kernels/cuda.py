@@ -23,9 +23,8 @@ import torch
 
 from specmoe.kernels import cpu
 from specmoe.kernels._contract import activate, check_inputs
-from specmoe.kernels._fallback import KernelImpl, fell_back
+from specmoe.kernels._fallback import KernelImpl, impl_of, run_fallback
 
-FALLBACK = cpu.FALLBACK  # Triton kernel -> the torch kernel it falls back to
 _triton_error: str | None = None  # why the Triton kernels could not be imported
 _failed: dict[str, str] = {}  # Triton kernel -> why its first call failed
 
@@ -85,15 +84,7 @@ def implementation_of(
     """The implementation the Triton kernel ``name`` (per_slot or dedup) runs for such inputs
     (``dtype`` does not change it)."""
     reason = triton_reason(name, device=device, strided=strided)
-    return KernelImpl(
-        name,
-        device,
-        requested="triton",
-        ran="triton" if reason is None else "torch",
-        kernel=name if reason is None else FALLBACK[name],
-        fallback=reason,
-        triton=triton_status(),
-    )
+    return impl_of(name, device, requested="triton", reason=reason, triton=triton_status())
 
 
 def _run_triton(
@@ -120,18 +111,9 @@ def _run_triton(
             _failed[name] = (
                 f"the Triton {name} kernel failed ({type(exc).__name__}: {_first_line(exc)})"
             )
-    fell_back(implementation_of(name, device=device, strided=strided), stacklevel=4)
-    return fallback(
-        x,
-        w_gate_up,
-        w_down,
-        ids,
-        weights,
-        activation=activation,
-        b_gate_up=b_gate_up,
-        b_down=b_down,
-        check=False,
-    )
+    impl = implementation_of(name, device=device, strided=strided)
+    opts = {"activation": activation, "b_gate_up": b_gate_up, "b_down": b_down}
+    return run_fallback(impl, fallback, x, w_gate_up, w_down, ids, weights, **opts, check=False)
 
 
 def per_slot(

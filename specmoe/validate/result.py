@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specmoe.errors import InputError
-from specmoe.validate.rules import Rule, RuleVerdict
+from specmoe.validate.rules import SUMMARY_ORDER, Rule, RuleVerdict, rule_fields
 
 __all__ = [
     "SCHEMA",
@@ -87,16 +87,8 @@ class RuleSummary:
         return len(self.per_configuration)
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.rule
         return {
-            "id": r.id,
-            "text": r.text,
-            "version": r.version,
-            "metric": r.metric,
-            "op": r.op,
-            "value": r.value,
-            "of": r.of,
-            "required": r.required,
+            **rule_fields(self.rule, SUMMARY_ORDER),
             "holds": self.holds,
             "configurations_holding": self.configurations_holding,
             "configurations": self.configurations,

@@ -114,6 +114,16 @@ class Rule:
         )
 
 
+# the rule's own fields, in the order each JSON record of validation.json writes them
+VERDICT_ORDER = ("id", "version", "metric", "op", "value", "of", "required", "text")
+SUMMARY_ORDER = ("id", "text", "version", "metric", "op", "value", "of", "required")
+
+
+def rule_fields(rule: Rule, order: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of ``rule`` named in ``order``, in that order (for the JSON records)."""
+    return {key: getattr(rule, key) for key in order}
+
+
 @dataclass(frozen=True)
 class RuleVerdict:
     """One rule against one configuration: the ``measured`` score (of ``total`` values for a
@@ -125,16 +135,8 @@ class RuleVerdict:
     holds: bool | None
 
     def to_dict(self) -> dict[str, Any]:
-        r = self.rule
         return {
-            "id": r.id,
-            "version": r.version,
-            "metric": r.metric,
-            "op": r.op,
-            "value": r.value,
-            "of": r.of,
-            "required": r.required,
-            "text": r.text,
+            **rule_fields(self.rule, VERDICT_ORDER),
             "measured": self.measured,
             "total": self.total,
             "holds": self.holds,
