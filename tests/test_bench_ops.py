@@ -165,6 +165,12 @@ def test_operations_of_a_tiny_model_are_timed_and_the_overhead_is_the_difference
     assert np.allclose(
         np.array(wp["overhead_ms_per_layer"]), np.array(ops["overhead"]["median_ms"])
     )
+    # the engine's pass (argmax and routing record on top of the model forward) was timed, and
+    # its overhead is the difference from the model forward, rep by rep
+    assert np.array(wp["pass_ms"]).shape == layer.shape
+    eng = ops["engine_overhead"]
+    assert eng["in_sum"] and eng["per"] == "model" and eng["eps_of"] == "pass"
+    assert np.all(np.isfinite(np.array(eng["median_ms"])))
     # the sum of the fits is finite and positive at every measured shape, with an error >= 0
     for d in wp["d"]:
         for n in wp["n"]:

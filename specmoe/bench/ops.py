@@ -26,7 +26,12 @@ model's own dtype, with the model's own modules and weights:
 * ``overhead``   the decoder layer's whole forward (the same captured arguments) minus the sum
                  of its parts: residual adds, reshapes, the MoE block's glue, Python dispatch;
 * ``model_overhead``  the whole model forward minus embed, head and L times the layer: the mask
-                 and rotary tables, the cache bookkeeping, the model's own loop.
+                 and rotary tables, the cache bookkeeping, the model's own loop;
+* ``engine_overhead``  the engine's whole pass (:meth:`specmoe.engine.speculative.Engine.forward`:
+                 the model forward, the argmax of every row and the routing record) minus the
+                 model forward. The engine's router recorder is installed for the whole timing
+                 (cleared after every call), so the router and layer times carry its hooks as
+                 the engine's passes do.
 
 Methods (as the expert benchmark, :mod:`specmoe.bench.run`): the machine's read ceiling first;
 when the model's weights exceed the last-level cache, a buffer of twice the cache is read
@@ -67,6 +72,7 @@ OPS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     "head": ("model", True, ("t0", "flops")),
     "overhead": ("layer", True, ("t0", "tokens")),
     "model_overhead": ("model", True, ("t0", "tokens")),
+    "engine_overhead": ("model", True, ("t0", "tokens")),
 }
 
 
@@ -207,12 +213,16 @@ def time_operations(
         from specmoe.engine.switch import KernelPolicy, KernelSwitch
 
         switch = KernelSwitch(model, KernelPolicy(kernel)).install()
+    from specmoe.engine.capture import RouterRecorder
+
+    recorder = RouterRecorder(model).install()  # the engine's hooks, as in its passes
     try:
         return _time(
             model, n_values, depths, dtype, reps, warmup, clock, seed, model_name, say,
-            ceiling, t_start, new_cache, crop_cache,
+            ceiling, t_start, new_cache, crop_cache, recorder,
         )  # fmt: skip
     finally:
+        recorder.remove()
         if switch is not None:
             switch.remove()
         torch.set_num_threads(prev_threads)
@@ -222,7 +232,7 @@ def time_operations(
 
 def _time(
     net, n_values, depths, dtype, reps, warmup, clock, seed, model_name, say, ceiling,
-    t_start, new_cache, crop_cache,
+    t_start, new_cache, crop_cache, recorder,
 ) -> OpsResult:  # fmt: skip
     inner = net.model
     cfg = net.config
@@ -271,7 +281,7 @@ def _time(
     names = ["embed", "norm", "qkv", "attention", "o_proj", "router", "experts"]
     names += ["shared_mlp"] if shared is not None else []
     names += ["dense_mlp"] if dense_mlp is not None else []
-    names += ["head", "layer", "model"]
+    names += ["head", "layer", "model", "pass"]
     times = {k: np.zeros((len(depths), len(n_values), reps)) for k in names}
     kv = new_cache(net)
     hq, kvh, hd = shapes.hq, shapes.kv, shapes.hd
@@ -302,6 +312,11 @@ def _time(
         layer_kw = {k: v for k, v in kw.items() if k != "hidden_states"}
         layer_kw.update({"cache": kv} if "cache" in layer_kw else {"past_key_values": kv})
 
+        def engine_pass():  # Engine.forward: the pass, every row's argmax, the routing record
+            logits = net(input_ids=ids, past_key_values=kv, use_cache=True).logits[0]
+            torch.topk(logits.float(), 2, dim=-1).indices[:, 0].tolist()
+            recorder.pop()
+
         def qkv_call():
             q, k, _ = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
             if hasattr(attn, "q_norm"):
@@ -326,9 +341,10 @@ def _time(
             "head": lambda: net.lm_head(inner.norm(x)),
             "layer": lambda: layer(x, **layer_kw),
             "model": lambda: net(input_ids=ids, past_key_values=kv, use_cache=True),
+            "pass": engine_pass,
         }
         rand_o = rand(1, n, hq * hd)
-        grows = {"attention", "layer", "model"}  # calls that add n tokens to a cache
+        grows = {"attention", "layer", "model", "pass"}  # calls that add n tokens to a cache
         for rep in range(-warmup, reps):
             for j in range(len(names)):
                 op = names[(j + max(rep, 0)) % len(names)]
@@ -337,7 +353,8 @@ def _time(
                 t0 = timer()
                 calls[op]()
                 dt = timer() - t0
-                if op == "model":
+                recorder.clear()
+                if op in ("model", "pass"):
                     crop_cache(kv, d)
                 elif op in grows:  # only the timed layer's cache grew
                     kv.layers[li].crop(-n)
@@ -377,7 +394,8 @@ def summarize_ops(
 ) -> dict[str, Any]:
     """Medians, spread, overheads and fits from ``times[op]`` [depths, n, reps] in ms."""
     med = {k: np.median(v, axis=2) for k, v in times.items()}
-    parts = [k for k in names if k not in ("layer", "model", "embed", "head", "dense_mlp")]
+    wholes = ("layer", "model", "pass", "embed", "head", "dense_mlp")
+    parts = [k for k in names if k not in wholes]
     counted = {k: (2 if k == "norm" else 1) for k in parts}
     layer_sum = sum(counted[k] * times[k] for k in parts)
     derived = {"overhead": times["layer"] - layer_sum}
@@ -385,10 +403,12 @@ def summarize_ops(
     if "dense_mlp" in times:
         model_parts = model_parts + dense_layers * times["dense_mlp"]
     derived["model_overhead"] = times["model"] - model_parts
+    if "pass" in times:
+        derived["engine_overhead"] = times["pass"] - times["model"]
     fit_n, held_n = OF.held_out_split(n_values)
     nn_, dd_ = np.meshgrid(np.asarray(n_values, float), np.asarray(depths, float))
     ops: dict[str, Any] = {}
-    for op in [k for k in names if k not in ("layer", "model")] + list(derived):
+    for op in [k for k in names if k not in ("layer", "model", "pass")] + list(derived):
         t = times[op] if op in times else derived[op]
         per, in_sum, terms = OPS[op]
         shape = shapes.of(op)
@@ -401,7 +421,7 @@ def summarize_ops(
         fit = OF.fit_op(terms, {k: v[fsel] for k, v in feats.items()}, m[fsel], signed=signed)
         err_ms = None
         if signed:  # a difference: its error over the whole it is part of
-            whole = med["layer" if op == "overhead" else "model"]
+            whole = med[{"overhead": "layer", "engine_overhead": "pass"}.get(op, "model")]
             absd = np.abs(fit.predict({k: v[hsel] for k, v in feats.items()}) - m[hsel])
             errs = absd / whole[hsel]
             err_ms = float(np.median(absd))
@@ -416,7 +436,9 @@ def summarize_ops(
             "fit": fit.fit,
             "eps": float(min(np.median(errs), 0.999)),
             "eps_max": float(np.max(errs)),
-            "eps_of": ("layer" if op == "overhead" else "model") if signed else op,
+            "eps_of": {"overhead": "layer", "engine_overhead": "pass"}.get(op, "model")
+            if signed
+            else op,
             "err_ms": err_ms,
             "fit_n": list(fit_n),
             "held_n": list(held_n),
@@ -430,6 +452,7 @@ def summarize_ops(
         "ops": ops,
         "layer_ms": med["layer"].tolist(),
         "model_ms": med["model"].tolist(),
+        **({"pass_ms": med["pass"].tolist()} if "pass" in med else {}),
         "overhead_ms_per_layer": np.median(derived["overhead"], axis=2).tolist(),
         "n": list(n_values),
         "d": list(depths),

@@ -257,6 +257,9 @@ def _print_ops(wp: dict[str, Any]) -> None:
             )
         print(f"{'layer':>15} {'':>6} {'':>6}" + "".join(f" {v:7.3f}" for v in wp["layer_ms"][di]))
         print(f"{'model':>15} {'':>6} {'':>6}" + "".join(f" {v:7.3f}" for v in wp["model_ms"][di]))
+        if "pass_ms" in wp:
+            row = "".join(f" {v:7.3f}" for v in wp["pass_ms"][di])
+            print(f"{'engine pass':>15} {'':>6} {'':>6}" + row)
     print("* timed, not in the whole-pass sum (the expert fits give it)")
 
 

@@ -177,7 +177,9 @@ def whole_pass_time(
     a layer are one op counted twice), plus ``overhead`` (the engine's per-layer framework
     time: the whole layer's forward minus the sum of its timed parts) once per layer. Inside:
     embed, norm, qkv, attention, o_proj, router, shared/dense MLP where the model has them,
-    head, overhead. Not inside: ``experts`` (timed for the overhead only) -- the caller adds
+    head, overhead, the model's and the engine's overheads (``model_overhead``: the model
+    forward minus its parts; ``engine_overhead``: the engine's pass minus the model forward --
+    every row's argmax and the routing record). Not inside: ``experts`` (timed for the overhead only) -- the caller adds
     the expert operation from the expert fits (Eq. (4)/(E.1)) at the plan's bytes.
 
     ε is the error bound of the sum when every op errs by its own held-out ε in the same
