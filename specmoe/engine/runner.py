@@ -248,8 +248,17 @@ def run_grid(
     extra: dict[str, Any] | None = None,
     depth: int | None = None,
     identity: Mapping[str, Any] | None = None,
+    shuffle_seed: int | None = None,
+    seed_by_acceptance: bool = False,
 ) -> list[dict[str, Any]]:
     """Run every (k, a, repetition) on every prompt; one summary dict per generation.
+
+    ``shuffle_seed``: run the (k, a) combinations of each repetition in an order shuffled by a
+    generator seeded by (shuffle_seed, repetition), so that no draft length is always timed
+    early or late (None: in order). ``seed_by_acceptance``: the oracle's corruption flags are
+    drawn from a generator seeded by (seed, repetition, acceptance) and the prompt's tokens
+    (docs/runs-protocol-whole-pass.md); otherwise by seed + 7919 * repetition and the prompt's
+    tokens, as the earlier runs were.
 
     With ``out``, each run's rounds go to ``out/rounds/<run id>/`` (a part file per
     generation, written when it finishes). A generation already finished there with the same
@@ -285,13 +294,20 @@ def run_grid(
     digests = [prompt_digest(ids) for _, ids in prompts]
     try:
         for rep in range(rep_offset, rep_offset + repeats):
-            for k, a in combos:
+            order = list(combos)
+            if shuffle_seed is not None:
+                import numpy as np
+
+                np.random.default_rng([int(shuffle_seed), rep]).shuffle(order)
+            for k, a in order:
                 if drafter == "oracle":
                     d = OracleDrafter(
                         engine.greedy,
                         acceptance=a,
                         vocab_size=engine.vocab_size,
-                        seed=seed + 7919 * rep,
+                        seed=_oracle_seed(seed, rep, a)
+                        if seed_by_acceptance
+                        else seed + 7919 * rep,
                         cache=refs,
                     )
                 elif drafter == "draft-model":
@@ -373,6 +389,15 @@ def run_grid(
 
 
 K_MAX = 15  # the switch covers passes up to 16 tokens
+
+
+def _oracle_seed(seed: int, rep: int, a: float | None) -> int:
+    """One integer from (seed, repetition, acceptance in millionths); the oracle drafter mixes
+    in the prompt's tokens itself."""
+    import numpy as np
+
+    micro = -1 if a is None else round(float(a) * 1e6)
+    return int(np.random.SeedSequence([int(seed), int(rep), micro + 1]).generate_state(1)[0])
 
 
 def generation_summary(
