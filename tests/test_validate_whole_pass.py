@@ -4,6 +4,7 @@ whole-pass rule set (its scored_version), absent otherwise."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,11 @@ def test_the_whole_pass_rule_set_decides_on_the_whole_pass_version(tmp_path):
     plan, runs = _world(tmp_path)
     (c,) = validate(plan, runs, rules_path=str(RULES_WP)).configurations
     v = c.versions["whole_pass"]
-    off, on = measured_verify_ms()
+    # definitions.measured: tau_p(n) is the mean over prompts of the per-prompt medians
+    cfg = json.loads((runs / "verify.json").read_text())["configurations"][0]
+    off = np.mean(cfg["per_prompt_ms"]["off"], axis=0)
+    on = np.mean(cfg["per_prompt_ms"]["on"], axis=0)
+    assert c.measured.verify_off_ms == pytest.approx(off, rel=1e-12)
     err = max(
         np.max(np.abs(np.asarray(v.verify_ms.per_slot) - off) / off),
         np.max(np.abs(np.asarray(v.verify_ms.dedup) - on) / on),

@@ -26,6 +26,26 @@ paper 002) or off; it picks the kernel of the predicted step time. Each configur
 carry ``"name"``, ``"device"`` and ``"engine"``. A single object with the fields of one
 configuration (no ``configurations`` list) is one configuration. Any problem is a one-line
 ``InputError`` naming the file.
+
+Samples for the whole-pass scoring (docs/runs-protocol-whole-pass.md), all optional; files
+without them load and score as before:
+
+* ``verify.json`` configuration: ``"prompts": [ids]`` (one per row of ``per_prompt_ms``), and
+  ``"per_prompt_repeats_ms": {"off": [P][n][R], "on": [P][n][R]}``, each recorded repetition
+  of each prompt's pass time. ``per_prompt_ms`` then holds each prompt's median over its
+  repetitions (it is derived from the repetitions when absent, and must agree with them when
+  given).
+* ``throughput.json`` configuration: ``"prompts": [ids]`` and ``"per_prompt_tokens_per_s":
+  [A][K][P][R]``, each generation's tokens per second (acceptance value, draft length, prompt,
+  repeat); the k = 0 column holds the same k = 0 generations at every acceptance value.
+  ``tokens_per_s`` [A, K] stays (the median over prompts x repeats).
+
+The innermost lists (repetitions) may differ in length between prompts; the arrays are padded
+with NaN there. A campaign record ``runs_campaign.json`` in the folder of the model folders (or
+in a model folder itself) may carry ``"predictions": {"<model folder name>": {"plan": PATH,
+"plan_sha256": HEX, "profile": PATH, "profile_sha256": HEX}}``, the prediction committed before
+that folder's runs: :func:`recorded_prediction` reads it, and ``specmoe validate`` refuses to
+score another plan or profile against those runs.
 """
 
 from __future__ import annotations
@@ -39,10 +59,19 @@ import numpy as np
 
 from specmoe.errors import InputError
 
-__all__ = ["THROUGHPUT_FILE", "VERIFY_FILE", "Measured", "load_runs"]
+__all__ = [
+    "CAMPAIGN_FILE",
+    "THROUGHPUT_FILE",
+    "VERIFY_FILE",
+    "Measured",
+    "RecordedPrediction",
+    "load_runs",
+    "recorded_prediction",
+]
 
 VERIFY_FILE = "verify.json"
 THROUGHPUT_FILE = "throughput.json"
+CAMPAIGN_FILE = "runs_campaign.json"
 
 
 @dataclass(frozen=True)
@@ -66,6 +95,11 @@ class Measured:
     throughput: np.ndarray  # [A, K] tokens/s
     throughput_dedup: bool = True
     sources: dict[str, str] = field(default_factory=dict)
+    verify_prompts: tuple[str, ...] | None = None  # [P] ids of per_prompt_ms's rows
+    per_prompt_repeats_off_ms: np.ndarray | None = None  # [P, n, R], NaN-padded
+    per_prompt_repeats_on_ms: np.ndarray | None = None  # [P, n, R], NaN-padded
+    throughput_prompts: tuple[str, ...] | None = None  # [P_t]
+    per_prompt_tokens_per_s: np.ndarray | None = None  # [A, K, P_t, R], NaN-padded
 
 
 def _read_json(path: Path) -> Any:
@@ -88,6 +122,93 @@ def _array(path: Path, name: str, v: Any, ndim: int, *, positive: bool = True) -
     if not positive and np.any(a < 0):
         raise InputError(f"{path}: {name} must be non-negative")
     return a
+
+
+def _samples(path: Path, name: str, v: Any, lead: tuple[int, ...]) -> np.ndarray:
+    """[*lead, R] from nested lists of shape ``lead`` whose innermost lists (the repetitions,
+    at least one positive finite number each) may differ in length: padded with NaN."""
+    cells: list[list[float]] = []
+
+    def walk(x: Any, depth: int, where: str) -> None:
+        if not isinstance(x, list):
+            raise InputError(f"{path}: {name}{where} is not a list")
+        if depth == len(lead):
+            if not x or any(isinstance(y, bool) or not isinstance(y, int | float) for y in x):
+                raise InputError(f"{path}: {name}{where} must be a non-empty list of numbers")
+            if not all(math.isfinite(y) and y > 0 for y in x):
+                raise InputError(f"{path}: {name}{where} must hold positive finite numbers")
+            cells.append([float(y) for y in x])
+            return
+        if len(x) != lead[depth]:
+            raise InputError(
+                f"{path}: {name} must be [{', '.join(map(str, lead))}, repeats], got "
+                f"{len(x)} entries at level {depth + 1}{where and ' (' + where.strip() + ')'}"
+            )
+        for i, y in enumerate(x):
+            walk(y, depth + 1, f"{where}[{i}]")
+
+    walk(v, 0, "")
+    r = max(len(c) for c in cells)
+    out = np.full((len(cells), r), np.nan)
+    for i, c in enumerate(cells):
+        out[i, : len(c)] = c
+    return out.reshape(*lead, r)
+
+
+def _prompts(path: Path, v: Any, count: int | None) -> tuple[str, ...] | None:
+    """The prompt ids (strings or integers, distinct), ``count`` of them when given."""
+    if v is None:
+        return None
+    if (
+        not isinstance(v, list)
+        or not v
+        or any(isinstance(x, bool) or not isinstance(x, str | int) for x in v)
+    ):
+        raise InputError(f"{path}: prompts must be a non-empty list of ids (strings or integers)")
+    ids = tuple(str(x) for x in v)
+    if len(set(ids)) != len(ids):
+        raise InputError(f"{path}: prompts holds an id twice")
+    if count is not None and len(ids) != count:
+        raise InputError(f"{path}: prompts names {len(ids)} prompts, the samples have {count}")
+    return ids
+
+
+def _second_level(v: Any) -> int:
+    """The prompt count of [A][K][P][R] samples without a prompts list (0 when malformed;
+    :func:`_samples` then names the problem)."""
+    try:
+        return len(v[0][0])
+    except (TypeError, IndexError, KeyError):
+        return 0
+
+
+def _verify_samples(
+    vpath: Path, c: dict, n: int, pp_off: np.ndarray | None, pp_on: np.ndarray | None
+) -> tuple[np.ndarray | None, ...]:
+    """(per_prompt_off [P, n], per_prompt_on, repeats_off [P, n, R], repeats_on): the
+    per-prompt medians derived from ``per_prompt_repeats_ms`` when absent, and checked
+    against it when given (relative 1e-6, for rounding in the file)."""
+    rep = c.get("per_prompt_repeats_ms")
+    if rep is None:
+        return pp_off, pp_on, None, None
+    if not isinstance(rep, dict) or "off" not in rep or "on" not in rep:
+        raise InputError(f"{vpath}: per_prompt_repeats_ms must give 'off' and 'on'")
+    P = len(rep["off"]) if isinstance(rep["off"], list) else 0
+    if pp_off is not None:
+        P = pp_off.shape[0]
+    r_off = _samples(vpath, "per_prompt_repeats_ms.off", rep["off"], (P, n))
+    r_on = _samples(vpath, "per_prompt_repeats_ms.on", rep["on"], (P, n))
+    med_off, med_on = np.nanmedian(r_off, axis=2), np.nanmedian(r_on, axis=2)
+    if pp_off is None:
+        return med_off, med_on, r_off, r_on
+    for kernel, got, want in (("off", pp_off, med_off), ("on", pp_on, med_on)):
+        if not np.allclose(got, want, rtol=1e-6, atol=0.0):
+            i = np.unravel_index(np.argmax(np.abs(got - want) / want), got.shape)
+            raise InputError(
+                f"{vpath}: per_prompt_ms.{kernel}[{i[0]}][{i[1]}] = {got[i]:.6g} is not the "
+                f"median of per_prompt_repeats_ms.{kernel}[{i[0]}][{i[1]}] ({want[i]:.6g})"
+            )
+    return pp_off, pp_on, r_off, r_on
 
 
 def _configs(path: Path, d: Any) -> tuple[dict, list[dict]]:
@@ -184,6 +305,8 @@ def _load_folder(folder: Path) -> list[Measured]:
                 raise InputError(
                     f"{vpath}: per_prompt_ms off and on must both be [prompts, {len(n)}]"
                 )
+        pp_off, pp_on, rep_off, rep_on = _verify_samples(vpath, c, len(n), pp_off, pp_on)
+        v_ids = _prompts(vpath, c.get("prompts"), None if pp_off is None else pp_off.shape[0])
         ks = t.get("k")
         if not isinstance(ks, list) or len(ks) < 2 or ks != list(range(len(ks))):
             raise InputError(f"{tpath}: k must be the draft lengths 0, 1, ..., k_max")
@@ -206,6 +329,11 @@ def _load_folder(folder: Path) -> list[Measured]:
                 f"{tpath}: tokens_per_s must be [{len(acc)} acceptance values, "
                 f"{len(ks)} draft lengths], got {list(T.shape)}"
             )
+        t_ids = _prompts(tpath, t.get("prompts"), None)
+        samples = t.get("per_prompt_tokens_per_s")
+        if samples is not None:
+            P_t = len(t_ids) if t_ids is not None else _second_level(samples)
+            samples = _samples(tpath, "per_prompt_tokens_per_s", samples, (len(acc), len(ks), P_t))
         h = c.get("draft_ms", t.get("draft_ms"))
         if h is not None:
             h = _array(vpath, "draft_ms", h, 1, positive=False)
@@ -234,9 +362,83 @@ def _load_folder(folder: Path) -> list[Measured]:
                 throughput=T,
                 throughput_dedup=bool(t.get("dedup", True)),
                 sources={"verify": str(vpath), "throughput": str(tpath)},
+                verify_prompts=v_ids,
+                per_prompt_repeats_off_ms=rep_off,
+                per_prompt_repeats_on_ms=rep_on,
+                throughput_prompts=t_ids,
+                per_prompt_tokens_per_s=samples,
             )
         )
     names = [m.name for m in out]
     if len(set(names)) != len(names):
         raise InputError(f"{folder}: two configurations share a name", argument="runs")
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# the prediction a campaign recorded for a runs folder
+
+
+@dataclass(frozen=True)
+class RecordedPrediction:
+    """The prediction that the campaign record ``record`` committed for the runs folder named
+    ``folder``: the plan and profile paths as written there (relative to the repository root
+    or to the record's folder) and their SHA-256 (None where the record gives none)."""
+
+    record: str
+    folder: str
+    plan: str | None
+    plan_sha256: str | None
+    profile: str | None
+    profile_sha256: str | None
+
+
+def _sha(record: Path, folder: str, entry: dict, key: str) -> str | None:
+    v = entry.get(key)
+    if v is None:
+        return None
+    if (
+        not isinstance(v, str)
+        or len(v) != 64
+        or any(ch not in "0123456789abcdef" for ch in v.lower())
+    ):
+        raise InputError(f"{record}: predictions.{folder}.{key} must be 64 hex digits")
+    return v.lower()
+
+
+def recorded_prediction(folder: str | Path) -> RecordedPrediction | None:
+    """The prediction recorded for the runs folder ``folder`` (one model's verify.json and
+    throughput.json) under ``predictions.<folder name>`` of ``runs_campaign.json`` in the
+    folder above it, else in the folder itself; None when neither records one. A malformed
+    entry is an ``InputError`` naming the record."""
+    f = Path(folder)
+    for record in (f.resolve().parent / CAMPAIGN_FILE, f / CAMPAIGN_FILE):
+        if not record.is_file():
+            continue
+        d = _read_json(record)
+        preds = d.get("predictions") if isinstance(d, dict) else None
+        if preds is None:
+            continue
+        if not isinstance(preds, dict):
+            raise InputError(f"{record}: predictions must be an object keyed by runs folder")
+        entry = preds.get(f.resolve().name)
+        if entry is None:
+            continue
+        name = f.resolve().name
+        if not isinstance(entry, dict):
+            raise InputError(f"{record}: predictions.{name} must be an object")
+        paths = {}
+        for key in ("plan", "profile"):
+            v = entry.get(key)
+            if v is not None and not isinstance(v, str):
+                raise InputError(f"{record}: predictions.{name}.{key} must be a path")
+            paths[key] = v
+        return RecordedPrediction(
+            record=str(record),
+            folder=name,
+            plan=paths["plan"],
+            plan_sha256=_sha(record, name, entry, "plan_sha256"),
+            profile=paths["profile"],
+            profile_sha256=_sha(record, name, entry, "profile_sha256"),
+        )
+    return None

@@ -4,8 +4,12 @@
 SHA-256, eps), one :class:`ConfigurationScore` per configuration (model x depth x
 engine/device) and one :class:`RuleSummary` per rule. A configuration holds its measurements
 (:class:`MeasuredCurves`), one :class:`VersionScore` per version of the prediction
-(``prediction``, ``measured_time``, ``calibrated``) and one
-:class:`~specmoe.validate.rules.RuleVerdict` per rule.
+(``prediction``, ``measured_time``, ``calibrated``, and ``whole_pass`` when the plan carries it)
+and one :class:`~specmoe.validate.rules.RuleVerdict` per rule. Under a rule set with
+``definitions.measured`` (``rules-whole-pass.json``) the measurements carry their bootstrap
+intervals (:class:`MeasuredIntervals`), each version its scores' intervals
+(:class:`VersionIntervals`), each verdict its interval and ``decided``; these keys are absent
+from a validation under a rule set without it, which reads and writes as before.
 Values that validation.json repeats (a configuration's headline scores, a rule's count of
 configurations, the verdicts) are properties computed from the fields, not stored twice.
 
@@ -16,7 +20,7 @@ order) and :meth:`Validation.from_dict` reads it back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specmoe.errors import InputError
@@ -26,10 +30,12 @@ __all__ = [
     "SCHEMA",
     "ConfigurationScore",
     "MeasuredCurves",
+    "MeasuredIntervals",
     "PerKernel",
     "RuleSummary",
     "RulesFile",
     "Validation",
+    "VersionIntervals",
     "VersionScore",
 ]
 
@@ -50,6 +56,16 @@ def _rows(v: Sequence[Sequence] | None) -> tuple[tuple, ...] | None:
     return None if v is None else tuple(tuple(r) for r in v)
 
 
+def _nested(v: Any) -> Any:
+    """Lists (of lists ...) as tuples; None stays."""
+    return tuple(_nested(x) for x in v) if isinstance(v, list | tuple) else v
+
+
+def _listed(v: Any) -> Any:
+    """Tuples (of tuples ...) as lists, for JSON; None stays."""
+    return [_listed(x) for x in v] if isinstance(v, list | tuple) else v
+
+
 # ------------------------------------------------------------------------------------------
 # rules
 
@@ -57,10 +73,13 @@ def _rows(v: Sequence[Sequence] | None) -> tuple[tuple, ...] | None:
 @dataclass(frozen=True)
 class RuleSummary:
     """One rule over every configuration: ``per_configuration`` maps a configuration's name to
-    its verdict; the rule holds when it holds in each (None when any was not scored)."""
+    its verdict; the rule holds when it holds in each (None when any was not scored).
+    ``decided_per_configuration`` (under a rule set with intervals) maps it to whether the
+    verdict's interval decided it."""
 
     rule: Rule
     per_configuration: dict[str, bool | None]
+    decided_per_configuration: dict[str, bool | None] | None = None
 
     @property
     def holds(self) -> bool | None:
@@ -75,18 +94,36 @@ class RuleSummary:
     def configurations(self) -> int:
         return len(self.per_configuration)
 
+    @property
+    def decided(self) -> bool | None:
+        """Every configuration's verdict decided by its interval (None without intervals, or
+        when one configuration's could not be judged)."""
+        if self.decided_per_configuration is None:
+            return None
+        vals = list(self.decided_per_configuration.values())
+        return None if any(v is None for v in vals) else all(vals)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             **rule_fields(self.rule, SUMMARY_ORDER),
             "holds": self.holds,
             "configurations_holding": self.configurations_holding,
             "configurations": self.configurations,
             "per_configuration": dict(self.per_configuration),
         }
+        if self.decided_per_configuration is not None:
+            d["decided"] = self.decided
+            d["decided_per_configuration"] = dict(self.decided_per_configuration)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuleSummary:
-        return cls(rule=Rule.from_dict(d), per_configuration=dict(d["per_configuration"]))
+        dp = d.get("decided_per_configuration")
+        return cls(
+            rule=Rule.from_dict(d),
+            per_configuration=dict(d["per_configuration"]),
+            decided_per_configuration=None if dp is None else dict(dp),
+        )
 
 
 @dataclass(frozen=True)
@@ -123,6 +160,71 @@ def _plain(v: Any) -> Any:
 
 def _frozen(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
+
+
+Pair = tuple[float | None, float | None]
+
+
+@dataclass(frozen=True)
+class VersionIntervals:
+    """The 95% (``definitions.intervals.level``) bootstrap intervals of one version's scores,
+    resampling prompts: ``metrics`` [lo, hi] per score the rules can name (None where the runs
+    lack the samples, or the score has no resampled value, as the sign share), ``loss`` [A, 2]
+    the loss at k_hat*(a), ``kstar_share`` [A] the share of resamples whose measured k* is
+    within one of k_hat*(a). The prediction is held fixed, except that the paper's versions are
+    re-anchored on each resample's tau(1) (prediction, measured-time) or tau_off(n)
+    (calibrated), which they take from the runs; k_hat* is held at its point value."""
+
+    metrics: dict[str, Pair | None]
+    loss: tuple[Pair, ...] | None
+    kstar_share: tuple[float, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **{k: _listed(v) for k, v in self.metrics.items()},
+            "loss": _listed(self.loss),
+            "kstar_share": _listed(self.kstar_share),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> VersionIntervals:
+        return cls(
+            metrics={k: _nested(v) for k, v in d.items() if k not in ("loss", "kstar_share")},
+            loss=_nested(d["loss"]),
+            kstar_share=_nested(d["kstar_share"]),
+        )
+
+
+@dataclass(frozen=True)
+class MeasuredIntervals:
+    """How the measured side was computed (``tau``, ``throughput``: the statistic, or the
+    summary the runs gave when they lack the samples), from how many prompts and repetitions
+    (the largest count per prompt), and its percentile bootstrap intervals at ``level`` over
+    ``resamples`` draws of the prompts (seed ``seed``): tau_off(n) and tau_on(n) [n, 2], the
+    saving S(n) [n, 2], T(k, a) [A, K, 2] and the measured k*(a) [A, 2]; None where the runs
+    lack the samples."""
+
+    level: float
+    resamples: int
+    seed: int
+    tau: str
+    throughput: str
+    verify_prompts: int | None
+    verify_repeats: int | None
+    throughput_prompts: int | None
+    throughput_repeats: int | None
+    verify_off_ms: tuple[Pair, ...] | None
+    verify_on_ms: tuple[Pair, ...] | None
+    saving_ms: tuple[Pair, ...] | None
+    tokens_per_s: tuple[tuple[Pair, ...], ...] | None
+    k_star: tuple[Pair, ...] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _listed(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MeasuredIntervals:
+        return cls(**{f.name: _nested(d[f.name]) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -164,6 +266,7 @@ class VersionScore:
     saving_error_ms: float | None
     delta: float
     outside_growth_ms: tuple[float, ...] | None = None
+    intervals: VersionIntervals | None = None
 
     def metrics(self) -> dict[str, Any]:
         """The scores by name, as :func:`specmoe.validate.rules.decide` reads them."""
@@ -195,6 +298,8 @@ class VersionScore:
         }
         if self.outside_growth_ms is not None:
             d["outside_growth_ms"] = list(self.outside_growth_ms)
+        if self.intervals is not None:
+            d["intervals"] = self.intervals.to_dict()
         return d
 
     @classmethod
@@ -221,6 +326,9 @@ class VersionScore:
             speedup_factor=d["speedup_factor"],
             sign_counted=d["sign_counted"],
             outside_growth_ms=_tup(d.get("outside_growth_ms")),
+            intervals=(
+                None if d.get("intervals") is None else VersionIntervals.from_dict(d["intervals"])
+            ),
             **{f: d[f] for f in METRIC_FIELDS},
         )
 
@@ -229,7 +337,9 @@ class VersionScore:
 class MeasuredCurves:
     """A configuration's measurements as scored: tau_off(n), tau_on(n) and the saving S(n)
     [n], h(k), V(k) and the best draft length k*(a) [A], throughput [A, K], the best measured
-    speedup [A] and the saving's interval [scored n, 2] (None without per-prompt times)."""
+    speedup [A] and the saving's interval [scored n, 2] (None without per-prompt times).
+    Under ``definitions.measured`` tau and the throughput are its statistics (the mean over
+    prompts of per-prompt medians, the median over prompts x repeats), with ``intervals``."""
 
     verify_off_ms: tuple[float, ...]
     verify_on_ms: tuple[float, ...]
@@ -240,9 +350,10 @@ class MeasuredCurves:
     tokens_per_s: tuple[tuple[float, ...], ...]
     throughput_best_speedup: tuple[float, ...]
     saving_interval_ms: tuple[tuple[float, float], ...] | None
+    intervals: MeasuredIntervals | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "verify_ms": {"off": list(self.verify_off_ms), "on": list(self.verify_on_ms)},
             "saving_ms": list(self.saving_ms),
             "draft_ms": list(self.draft_ms),
@@ -256,6 +367,9 @@ class MeasuredCurves:
                 else [list(r) for r in self.saving_interval_ms]
             ),
         }
+        if self.intervals is not None:
+            d["intervals"] = self.intervals.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MeasuredCurves:
@@ -269,6 +383,9 @@ class MeasuredCurves:
             tokens_per_s=_rows(d["tokens_per_s"]),
             throughput_best_speedup=tuple(d["throughput_best_speedup"]),
             saving_interval_ms=_rows(d.get("saving_interval_ms")),
+            intervals=(
+                None if d.get("intervals") is None else MeasuredIntervals.from_dict(d["intervals"])
+            ),
         )
 
 
@@ -276,9 +393,10 @@ class MeasuredCurves:
 class ConfigurationScore:
     """Every score of one configuration: its pass sizes ``n`` (``scored_n`` those the rules
     score), acceptance values [A] and draft lengths ``k``, the kernel its throughput runs used,
-    the measurements, each version's scores (keyed by ``specmoe.validate.rules.VERSIONS``) and each rule's verdict.
-    The headline scores (k_hat* within one, loss, band share, predicted crossover) are the
-    prediction's."""
+    the measurements, each version's scores (keyed by ``specmoe.validate.rules.VERSIONS``, and
+    ``whole_pass``) and each rule's verdict. The headline scores (k_hat* within one, loss, band
+    share, predicted crossover) are those of ``scored_version``, the version the rules decide
+    on: the prediction, or the whole-pass prediction under a rule set that names it."""
 
     name: str
     model: str
@@ -296,26 +414,32 @@ class ConfigurationScore:
     rules: tuple[RuleVerdict, ...]
     notes: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
+    scored_version: str = "prediction"
 
     @property
     def prediction(self) -> VersionScore:
         return self.versions["prediction"]
 
     @property
+    def scored(self) -> VersionScore:
+        """The version the rules decide on (``scored_version``)."""
+        return self.versions.get(self.scored_version, self.prediction)
+
+    @property
     def kstar_within_one(self) -> int:
-        return self.prediction.kstar_within_one
+        return self.scored.kstar_within_one
 
     @property
     def max_loss(self) -> float | None:
-        return self.prediction.max_loss
+        return self.scored.max_loss
 
     @property
     def saving_in_band_share(self) -> float | None:
-        return self.prediction.saving_in_band_share
+        return self.scored.saving_in_band_share
 
     @property
     def crossover_predicted(self) -> int | None:
-        return self.prediction.crossover
+        return self.scored.crossover
 
     def by_version(self, name: str) -> dict[str, Any]:
         """``name`` (a VersionScore field) of each version, keyed by version."""
@@ -353,6 +477,11 @@ class ConfigurationScore:
             "all_hold": self.all_hold,
             "notes": list(self.notes),
             "sources": dict(self.sources),
+            **(
+                {}
+                if self.scored_version == "prediction"
+                else {"scored_version": self.scored_version}
+            ),
         }
 
     @classmethod
@@ -374,6 +503,7 @@ class ConfigurationScore:
             rules=tuple(RuleVerdict.from_dict(r) for r in d["rules"]),
             notes=tuple(d.get("notes", ())),
             sources=dict(d.get("sources", {})),
+            scored_version=d.get("scored_version", "prediction"),
         )
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from specmoe.cost import bounds, theory
 from specmoe.errors import InputError
+from specmoe.validate.intervals import decided
 
 __all__ = [
     "METRICS",
@@ -127,25 +128,42 @@ def rule_fields(rule: Rule, order: tuple[str, ...]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class RuleVerdict:
     """One rule against one configuration: the ``measured`` score (of ``total`` values for a
-    count rule) and whether it holds (None: not scored)."""
+    count rule) and whether it holds (None: not scored). Under a rule set with
+    ``definitions.intervals`` (``with_interval``) also the metric's bootstrap ``interval``
+    [lo, hi] and whether it ``decided`` the verdict (it lies on one side of the rule's value);
+    ``holds`` stays the point estimate's verdict."""
 
     rule: Rule
     measured: Any
     total: int | None
     holds: bool | None
+    interval: tuple[float, float] | None = None
+    decided: bool | None = None
+    with_interval: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             **rule_fields(self.rule, VERDICT_ORDER),
             "measured": self.measured,
             "total": self.total,
             "holds": self.holds,
         }
+        if self.with_interval:
+            d["interval"] = None if self.interval is None else list(self.interval)
+            d["decided"] = self.decided
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RuleVerdict:
+        iv = d.get("interval")
         return cls(
-            rule=Rule.from_dict(d), measured=d["measured"], total=d["total"], holds=d["holds"]
+            rule=Rule.from_dict(d),
+            measured=d["measured"],
+            total=d["total"],
+            holds=d["holds"],
+            interval=None if iv is None else (iv[0], iv[1]),
+            decided=d.get("decided"),
+            with_interval="interval" in d,
         )
 
 
@@ -165,6 +183,26 @@ class RuleSet:
     sign_seed: int
     band_edge_inside: bool
     definitions: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def measured_side(self) -> dict[str, Any] | None:
+        """``definitions.measured`` (the statistics of the measured side, e.g. tau_p(n) as the
+        mean over prompts of per-prompt medians), or None: the rule set predates it and the
+        runs' summaries are scored as given."""
+        m = self.definitions.get("measured")
+        return m if isinstance(m, dict) else None
+
+    @property
+    def interval_settings(self) -> tuple[float, int, int]:
+        """(level, resamples, seed) of ``definitions.intervals``, else of ``sign_interval``."""
+        iv = self.definitions.get("intervals")
+        if not isinstance(iv, dict):
+            return self.sign_level, self.sign_resamples, self.sign_seed
+        return (
+            float(iv.get("level", self.sign_level)),
+            int(iv.get("resamples", self.sign_resamples)),
+            int(iv.get("seed", self.sign_seed)),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -232,6 +270,17 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     level = float(sign.get("level", 0.95))
     if not 0 < level < 1:
         raise _bad(name, "sign_interval.level must lie in (0, 1)")
+    iv = defs.get("intervals")
+    if iv is not None:
+        if not isinstance(iv, dict):
+            raise _bad(name, "definitions.intervals must be an object")
+        lv, nb, sd = iv.get("level", 0.95), iv.get("resamples", 2000), iv.get("seed", 0)
+        if isinstance(lv, bool) or not isinstance(lv, int | float) or not 0 < lv < 1:
+            raise _bad(name, "definitions.intervals.level must lie in (0, 1)")
+        if isinstance(nb, bool) or not isinstance(nb, int) or nb < 1:
+            raise _bad(name, "definitions.intervals.resamples must be a positive integer")
+        if isinstance(sd, bool) or not isinstance(sd, int) or sd < 0:
+            raise _bad(name, "definitions.intervals.seed must be a non-negative integer")
     rules = []
     seen = set()
     for i, r in enumerate(_get(d, "rules", name, list)):
@@ -289,16 +338,36 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     )
 
 
-def decide(rules: RuleSet, scores: Mapping[str, Mapping[str, Any]]) -> tuple[RuleVerdict, ...]:
+def decide(
+    rules: RuleSet,
+    scores: Mapping[str, Mapping[str, Any]],
+    intervals: Mapping[str, Mapping[str, Any]] | None = None,
+) -> tuple[RuleVerdict, ...]:
     """Each rule against one configuration's ``scores[version][metric]`` (a count metric also
-    reads ``scores[version][metric + '_of']``, the number of values counted)."""
+    reads ``scores[version][metric + '_of']``, the number of values counted). With
+    ``intervals[version][metric]`` ([lo, hi] or None) each verdict also carries the interval
+    and whether it decides the rule (:func:`specmoe.validate.intervals.decided`)."""
     out = []
     for r in rules.rules:
         s = scores.get(r.version, {})
         measured = s.get(r.metric)
         total = s.get(f"{r.metric}_of")
+        holds = r.holds(measured, total)
+        if intervals is None:
+            out.append(RuleVerdict(rule=r, measured=measured, total=total, holds=holds))
+            continue
+        iv = intervals.get(r.version, {}).get(r.metric)
+        iv = None if iv is None else (float(iv[0]), float(iv[1]))
         out.append(
-            RuleVerdict(rule=r, measured=measured, total=total, holds=r.holds(measured, total))
+            RuleVerdict(
+                rule=r,
+                measured=measured,
+                total=total,
+                holds=holds,
+                interval=iv,
+                decided=None if holds is None else decided(r, iv, total),
+                with_interval=True,
+            )
         )
     return tuple(out)
 

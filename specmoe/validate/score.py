@@ -33,6 +33,7 @@ The rules and tolerances are read from ``specmoe/validate/rules.json``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -69,7 +70,13 @@ from specmoe.validate.rules import (
     step_time_error,
     verify_error,
 )
-from specmoe.validate.whole_pass import scored_version, whole_pass_version
+from specmoe.validate.whole_pass import (
+    check_recorded_prediction,
+    measured_side,
+    scored_version,
+    version_intervals,
+    whole_pass_version,
+)
 
 __all__ = [
     "SCHEMA",
@@ -163,11 +170,17 @@ def score_configuration(
         notes.append(f"draft lengths cut to k <= {n_top - 1}: verify times reach n = {n_top}")
         K = n_top - 1
     acc = m.acceptance
-    T = m.throughput[:, : K + 1]
     h = np.zeros(K + 1) if m.draft_ms is None else m.draft_ms[: K + 1]
     if m.draft_ms is None:
         notes.append("no measured draft time: h(k) = 0")
-    off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+    side = None
+    if rules.measured_side is not None:  # definitions.measured: the statistics, with intervals
+        side = measured_side(m, rules, n_top=n_top, K=K, n_hi=n_hi)
+        off, on, T = side.off, side.on, side.T
+        notes.extend(side.notes)
+    else:
+        off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+        T = m.throughput[:, : K + 1]
     tau1 = float(off[0])
     versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
     scored_as = scored_version(rules)
@@ -229,6 +242,24 @@ def score_configuration(
         )
         loss_bound = float(bounds.throughput_loss_bound(delta))  # bound (20)
         growth = v.get("outside_growth_ms")
+        vint = None
+        if side is not None:
+            vint = version_intervals(
+                side,
+                rules,
+                version=version,
+                tau_hat=tau,
+                S_hat=S_hat,
+                band=np.asarray(band["band_ms"], float),
+                sc=sc,
+                vsc=vsc,
+                n_hi=n_hi,
+                cross_pred=cross,
+                k_hat=ks["k_hat"],
+                kernel=kernel,
+                h=h,
+                acceptance=acc,
+            )
         scores[version] = VersionScore(
             verify_ms=PerKernel(tuple(tau["per_slot"].tolist()), tuple(tau["dedup"].tolist())),
             expert_ms=PerKernel(
@@ -263,6 +294,7 @@ def score_configuration(
             saving_error_ms=band["saving_error_ms"],
             delta=delta,
             outside_growth_ms=None if growth is None else tuple(growth.tolist()),
+            intervals=vint,
         )
     interval = sign_scores(
         S[sc],
@@ -281,7 +313,19 @@ def score_configuration(
         tokens_per_s=tuple(tuple(r) for r in T.tolist()),
         throughput_best_speedup=tuple((T / T[:, :1]).max(axis=1).tolist()),
         saving_interval_ms=None if interval is None else tuple(tuple(r) for r in interval),
+        intervals=None if side is None else side.intervals,
     )
+    verdicts = decide(
+        rules,
+        _rule_scores(scores, scored_as),
+        None if side is None else _rule_intervals(scores, scored_as),
+    )
+    for r in verdicts:
+        if r.decided and r.holds is not None and r.rule.holds(r.interval[0], r.total) != r.holds:
+            notes.append(
+                f"{r.rule.id}: the point estimate lies outside its interval, which decides "
+                f"the other way (holds stays the point estimate's verdict)"
+            )
     return ConfigurationScore(
         name=m.name,
         model=m.model,
@@ -296,9 +340,10 @@ def score_configuration(
         crossover_measured=cross_meas,
         measured=measured,
         versions=scores,
-        rules=decide(rules, _rule_scores(scores, scored_as)),
+        rules=verdicts,
         notes=tuple(notes),
         sources=dict(m.sources),
+        scored_version=scored_as if scored_as in scores else "prediction",
     )
 
 
@@ -306,6 +351,16 @@ def _rule_scores(scores: dict[str, VersionScore], scored_as: str) -> dict[str, A
     """Each version's metrics for :func:`decide`; with ``scored_as`` other than prediction,
     the rules' version ``prediction`` reads that version (no metrics: not scored)."""
     out: dict[str, Any] = {v: s.metrics() for v, s in scores.items()}
+    if scored_as != "prediction":
+        out["prediction"] = out.get(scored_as, {})
+    return out
+
+
+def _rule_intervals(scores: dict[str, VersionScore], scored_as: str) -> dict[str, Any]:
+    """Each version's score intervals for :func:`decide`, read as :func:`_rule_scores`."""
+    out: dict[str, Any] = {
+        v: ({} if s.intervals is None else s.intervals.metrics) for v, s in scores.items()
+    }
     if scored_as != "prediction":
         out["prediction"] = out.get(scored_as, {})
     return out
@@ -410,16 +465,26 @@ def validate(
     profile = load_profile(ppath)
     check_profile_matches(profile, spec, path=str(ppath))
     eps = max(float(profile.epsilon["per_slot"]), float(profile.epsilon["dedup"]))
+    folders = {m.name: str(Path(m.sources["verify"]).parent) for m in configs}
+    checked = check_recorded_prediction(plan_path, ppath, sorted(set(folders.values())))
     scored = []
     for m in configs:
         _err(f"validate: scoring {m.name}")
-        scored.append(
-            score_configuration(
-                m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules, plan=plan
-            )
+        c = score_configuration(
+            m, profile, num_layers=spec.num_moe_layers, eps=eps, rules=rules, plan=plan
         )
+        if folders[m.name] in checked:
+            c = dataclasses.replace(c, notes=(*c.notes, checked[folders[m.name]]))
+        scored.append(c)
+    with_iv = rules.measured_side is not None
     summary = tuple(
-        RuleSummary(rule=r, per_configuration={c.name: c.rules[i].holds for c in scored})
+        RuleSummary(
+            rule=r,
+            per_configuration={c.name: c.rules[i].holds for c in scored},
+            decided_per_configuration=(
+                {c.name: c.rules[i].decided for c in scored} if with_iv else None
+            ),
+        )
         for i, r in enumerate(rules.rules)
     )
     return Validation(

@@ -9,6 +9,9 @@ it does not use the measured tau(1). :func:`scored_version` reads a rule set's
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,20 @@ from specmoe._io import read_json
 from specmoe.cost.ops_fit import whole_pass_time
 from specmoe.cost.plan_result import Plan
 from specmoe.errors import InputError
-from specmoe.validate.rules import RuleSet
+from specmoe.formats.runs import Measured, recorded_prediction
+from specmoe.validate import intervals as iv
+from specmoe.validate.result import MeasuredIntervals, VersionIntervals
+from specmoe.validate.rules import METRICS, RuleSet, crossover_distance
 
-__all__ = ["scored_version", "whole_pass_version"]
+__all__ = [
+    "ANCHOR",
+    "MeasuredSide",
+    "check_recorded_prediction",
+    "measured_side",
+    "scored_version",
+    "version_intervals",
+    "whole_pass_version",
+]
 
 
 def whole_pass_version(
@@ -66,3 +80,251 @@ def scored_version(rules: RuleSet) -> str:
         return "prediction"
     v = raw.get("scored_version", "prediction") if isinstance(raw, dict) else "prediction"
     return v if isinstance(v, str) else "prediction"
+
+
+# ------------------------------------------------------------------------------------------
+# the measured side of definitions.measured, with its intervals (definitions.intervals)
+
+# what each version takes from the runs, re-applied on every resample: tau(1) (Eq. (22)),
+# tau_off(n) (the calibration) or nothing (the whole-pass prediction)
+ANCHOR = {
+    "prediction": "tau1",
+    "measured_time": "tau1",
+    "calibrated": "off",
+    "whole_pass": None,
+}
+
+
+@dataclass(frozen=True)
+class MeasuredSide:
+    """The measured side of one configuration under ``definitions.measured``: point estimates
+    tau_off(n), tau_on(n) [n] and T(k, a) [A, K]; their resamples ``tau_b`` {per_slot, dedup}
+    [B, n] and ``T_b`` [B, A, K] (None without per-prompt samples); the measured crossover
+    of each resample [B] (None as n_hi + 1); the serialisable ``intervals`` and notes."""
+
+    off: np.ndarray
+    on: np.ndarray
+    T: np.ndarray
+    tau_b: dict[str, np.ndarray] | None
+    T_b: np.ndarray | None
+    cross_b: tuple[int | None, ...] | None
+    level: float
+    intervals: MeasuredIntervals
+    notes: tuple[str, ...]
+
+
+def _pairs(iv: np.ndarray | None) -> Any:
+    """[..., 2] intervals as nested tuples, NaN as None."""
+    if iv is None:
+        return None
+    a = np.asarray(iv, dtype=np.float64)
+    if a.ndim == 1:
+        return tuple(None if not np.isfinite(x) else float(x) for x in a)
+    return tuple(_pairs(r) for r in a)
+
+
+def _repeats(x: np.ndarray | None) -> int | None:
+    """The largest number of recorded repetitions of one cell of ``x`` [..., R] (NaN pads)."""
+    return None if x is None else int(np.max(np.sum(~np.isnan(x), axis=-1)))
+
+
+def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int) -> MeasuredSide:
+    """The statistics of ``rules.measured_side`` on the runs ``m`` at n = 1..n_top and
+    k = 0..K, with prompts resampled as ``definitions.intervals`` says. Without per-prompt
+    verify times tau is ``verify_ms`` as given, without per-generation throughputs T is
+    ``tokens_per_s`` as given (each said in a note), and their intervals are None."""
+    from specmoe.cost.step import crossover
+
+    level, resamples, seed = rules.interval_settings
+    notes = []
+    tau_b = None
+    if m.per_prompt_off_ms is not None and m.per_prompt_on_ms is not None:
+        pp = {"per_slot": m.per_prompt_off_ms[:, :n_top], "dedup": m.per_prompt_on_ms[:, :n_top]}
+        off, on = (iv.mean_of_medians(pp[p]) for p in ("per_slot", "dedup"))
+        idx = iv.resample_prompts(pp["dedup"].shape[0], resamples=resamples, seed=seed)
+        tau_b = {p: iv.mean_of_medians(x, idx) for p, x in pp.items()}
+        tau_how = "mean over prompts of per-prompt medians"
+    else:
+        off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+        tau_how = "verify_ms of the runs (no per-prompt times)"
+        notes.append("no per-prompt verify times: tau(n) is verify_ms as given, no interval")
+    T_b = None
+    if m.per_prompt_tokens_per_s is not None:
+        X = m.per_prompt_tokens_per_s[:, : K + 1]
+        T = iv.median_of_generations(X)
+        idx = iv.resample_prompts(X.shape[2], resamples=resamples, seed=seed)
+        T_b = iv.median_of_generations(X, idx)
+        thr_how = "median over prompts x repeats of per-generation tokens/s"
+    else:
+        T = m.throughput[:, : K + 1]
+        thr_how = "tokens_per_s of the runs (no per-generation samples)"
+        notes.append("no per-generation throughputs: T(k, a) is tokens_per_s as given, no interval")
+    n_all = np.arange(1, n_hi + 1)
+    cross_b = None
+    saving_iv = None
+    if tau_b is not None:
+        S_b = tau_b["per_slot"] - tau_b["dedup"]
+        cross_b = tuple(crossover(s[:n_hi], n_all) for s in S_b)
+        saving_iv = iv.percentile_interval(S_b, level)
+    intervals = MeasuredIntervals(
+        level=level,
+        resamples=resamples,
+        seed=seed,
+        tau=tau_how,
+        throughput=thr_how,
+        verify_prompts=None if tau_b is None else int(m.per_prompt_off_ms.shape[0]),
+        verify_repeats=_repeats(m.per_prompt_repeats_off_ms),
+        throughput_prompts=None if T_b is None else int(m.per_prompt_tokens_per_s.shape[2]),
+        throughput_repeats=_repeats(m.per_prompt_tokens_per_s),
+        verify_off_ms=None
+        if tau_b is None
+        else _pairs(iv.percentile_interval(tau_b["per_slot"], level)),
+        verify_on_ms=None
+        if tau_b is None
+        else _pairs(iv.percentile_interval(tau_b["dedup"], level)),
+        saving_ms=_pairs(saving_iv),
+        tokens_per_s=None if T_b is None else _pairs(iv.percentile_interval(T_b, level)),
+        k_star=None
+        if T_b is None
+        else _pairs(iv.percentile_interval(iv.kstar_samples(T_b).astype(float), level)),
+    )
+    return MeasuredSide(
+        off=np.asarray(off, float),
+        on=np.asarray(on, float),
+        T=np.asarray(T, float),
+        tau_b=tau_b,
+        T_b=T_b,
+        cross_b=cross_b,
+        level=level,
+        intervals=intervals,
+        notes=tuple(notes),
+    )
+
+
+def version_intervals(
+    side: MeasuredSide,
+    rules: RuleSet,
+    *,
+    version: str,
+    tau_hat: dict[str, np.ndarray],
+    S_hat: np.ndarray,
+    band: np.ndarray,
+    sc: slice,
+    vsc: slice,
+    n_hi: int,
+    cross_pred: int | None,
+    k_hat: Sequence[int],
+    kernel: str,
+    h: np.ndarray,
+    acceptance: Sequence[float],
+) -> VersionIntervals:
+    """The intervals of one version's scores (:class:`VersionIntervals`): each score of
+    :mod:`specmoe.validate.rules` recomputed on every resample of the measured side, the
+    version re-anchored as :data:`ANCHOR` says, k_hat* fixed."""
+    from specmoe.cost import bounds
+
+    level = side.level
+    out: dict[str, Any] = dict.fromkeys(METRICS)
+    loss_iv = share = None
+    K1 = len(h)
+    if side.tau_b is not None:
+        tb = side.tau_b
+        anchor = ANCHOR.get(version)
+        if anchor == "tau1":
+            shift = np.broadcast_to(tb["per_slot"][:, :1] - side.off[0], tb["per_slot"].shape)
+        elif anchor == "off":
+            shift = tb["per_slot"] - side.off
+        else:
+            shift = np.zeros_like(tb["per_slot"])
+        th = {p: np.asarray(tau_hat[p], float)[None, :] + shift for p in ("per_slot", "dedup")}
+        err = np.max(
+            [
+                np.max(np.abs(th[p][:, vsc] - tb[p][:, vsc]) / tb[p][:, vsc], axis=1)
+                for p in rules.verify_error_kernels
+            ],
+            axis=0,
+        )
+        out["verify_error"] = err
+        out["crossover_distance"] = np.array(
+            [crossover_distance(cross_pred, c, n_hi) for c in side.cross_b], float
+        )
+        S_b = tb["per_slot"] - tb["dedup"]
+        e = np.abs(np.asarray(S_hat, float)[sc][None, :] - S_b[:, sc])
+        inside = e <= band[None, :] if rules.band_edge_inside else e < band[None, :]
+        out["saving_in_band_share"] = inside.mean(axis=1)
+        out["saving_error_ms"] = e.max(axis=1)
+        V_b = tb[kernel][:, :K1] + h
+        Vh_b = th[kernel][:, :K1] + h
+        delta = np.max(np.abs(Vh_b - V_b) / V_b, axis=1)
+        out["delta"] = delta
+        if rules.speedup_reference == "step_times":
+            pred = iv.best_speedup_samples(Vh_b, acceptance)
+            meas = iv.best_speedup_samples(V_b, acceptance)
+            f = np.array([float(bounds.speedup_factor(d)) if d < 1 else np.nan for d in delta])
+            ok = (meas / f[:, None] <= pred) & (pred <= meas * f[:, None])
+            out["speedup_in_bound_share"] = np.where(np.isfinite(f), ok.mean(axis=1), np.nan)
+    if side.T_b is not None:
+        k_b = iv.kstar_samples(side.T_b)
+        within = np.abs(k_b - np.asarray(k_hat)[None, :]) <= 1
+        out["kstar_within_one"] = within.sum(axis=1).astype(float)
+        loss = iv.loss_samples(side.T_b, k_hat)
+        out["max_loss"] = loss.max(axis=1)
+        loss_iv = _pairs(iv.percentile_interval(loss, level))
+        share = tuple(float(x) for x in iv.within_one_share(k_b, k_hat))
+    metrics = {
+        k: None if v is None else _pairs(iv.percentile_interval(v, level)) for k, v in out.items()
+    }
+    metrics = {k: None if v is None or None in v else v for k, v in metrics.items()}
+    return VersionIntervals(metrics=metrics, loss=loss_iv, kstar_share=share)
+
+
+# ------------------------------------------------------------------------------------------
+# the prediction the campaign recorded before its runs
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_recorded_prediction(
+    plan_path: str | Path, profile_path: str | Path, runs_folders: Sequence[str | Path]
+) -> dict[str, str]:
+    """For each runs folder whose campaign record names its prediction
+    (:func:`specmoe.formats.runs.recorded_prediction`): the plan file scored (``plan_path``,
+    or plan.json in that folder) and the profile it reads (``profile_path``) must have the
+    SHA-256 recorded there; a mismatch is an ``InputError`` naming the file (a committed
+    prediction is never rescored). Returns a note per checked folder."""
+    plan_file = Path(plan_path)
+    if plan_file.is_dir():
+        plan_file = plan_file / "plan.json"
+    notes: dict[str, str] = {}
+    for folder in runs_folders:
+        rec = recorded_prediction(folder)
+        if rec is None:
+            continue
+        checked = []
+        for what, file, want, recorded_as in (
+            ("plan", plan_file, rec.plan_sha256, rec.plan),
+            ("profile", Path(profile_path), rec.profile_sha256, rec.profile),
+        ):
+            if want is None:
+                continue
+            got = _sha256(file)
+            if got != want:
+                raise InputError(
+                    f"{file}: sha256 {got[:16]} is not the {want[:16]} that {rec.record} "
+                    f"recorded for the {what} of the runs in {rec.folder}"
+                    + (f" ({recorded_as})" if recorded_as else "")
+                    + "; a committed prediction is scored as committed, never recomputed"
+                )
+            checked.append(what)
+        if checked:
+            notes[str(folder)] = (
+                f"prediction checked: the {' and '.join(checked)} scored have the sha256 "
+                f"that {rec.record} recorded before the runs"
+            )
+    return notes
