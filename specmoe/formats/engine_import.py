@@ -2,15 +2,19 @@
 
 Legend for shapes: ``T`` tokens, ``R`` layers an engine records, ``L`` MoE layers kept,
 ``m`` slots (experts per token), ``D`` documents. The formats are described in
-``docs/trace-format.md``; every import ends in :class:`RoutingTrace`, validated like a
-``.npz`` trace.
+``docs/trace-format.md``; the layouts of responses, streams and folders are read by
+:mod:`specmoe.formats.engine_layouts`; every import ends in :class:`RoutingTrace`, validated
+like a ``.npz`` trace.
 
 Engines (``--enable-return-routed-experts``) return, per request, an integer array
-``[T, R, m]``: vLLM as a NumPy array (offline), nested lists or a base64 ``.npy`` (server);
-SGLang as base64 of the flattened row-major array (int32 unless ``routed_experts_dtype``
-says otherwise). ``R`` may count every decoder layer (dense ones hold placeholders): with a
-model spec the MoE layers are kept by index; without one, layers that hold one constant
-value (-1, or a value repeated across the m>1 slots) are dropped as placeholders.
+``[T, R, m]``: vLLM as a NumPy array (offline), nested lists (server, <= 0.21) or a base64
+``.npy`` (server, 0.33); SGLang as base64 of the flattened row-major array (int32 unless
+``routed_experts_dtype`` says uint16 or uint8). Both engines record every decoder layer
+(``R`` = the model's ``num_hidden_layers``), dense ones as zeros: with a model spec the MoE
+layers are kept by index and the dense ones must hold one constant value; without one, layers
+that hold one constant value (-1, or a value repeated across the m>1 slots) are dropped as
+placeholders. Requests without routing (aborted, or empty) are skipped: recorded in the
+trace's ``meta["skipped"]`` and said in one :class:`SkippedRequestsWarning`.
 """
 
 from __future__ import annotations
@@ -18,177 +22,85 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import os
-import re
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specmoe.errors import InputError
-from specmoe.formats._common import model_spec, read_npy, resolve_num_experts, sniff
+from specmoe.formats._common import model_spec, read_npy, resolve_num_experts
+from specmoe.formats.engine_layouts import collect
 from specmoe.formats.trace import RoutingTrace
 
-__all__ = ["import_routed_experts"]
+__all__ = ["SkippedRequestsWarning", "import_routed_experts", "skipped_summary"]
 
 ENGINES = ("vllm", "sglang")
+IDS_DTYPES = ("int32", "uint16", "uint8")  # SGLang's wire dtypes (routed_experts_wire.py)
 
 
-_RESPONSE_KEYS = {"choices", "meta_info", "routed_experts", "prompt_routed_experts"}
+class SkippedRequestsWarning(UserWarning):
+    """Some requests of an engine file carried no routing and were skipped."""
 
 
-# ------------------------------------------------------------------------------------------
-# engine imports: collect (document name, payload parts, dtype hint), decode, stack
-
-
-def _natural_key(p: Path) -> list[Any]:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    kind = sniff(path)
-    if kind == "zip":
-        raise InputError(f"{path}: a .npz archive, not one .npy array per request")
-    if kind != "npy":
-        raise InputError(f"{path}: not a .npy array (no .npy signature)")
-    with open(path, "rb") as fh:
-        return read_npy(fh, path.stat().st_size, str(path))
-
-
-def _from_response(obj: dict, base: str) -> list[tuple[str, list[Any], str | None]]:
-    """Documents of one engine response (vLLM or SGLang, native or OpenAI-compatible)."""
-    name = str(obj.get("id", base))
-    prompt = [obj["prompt_routed_experts"]] if obj.get("prompt_routed_experts") is not None else []
-    if isinstance(obj.get("choices"), list):
-        docs = []
-        for i, ch in enumerate(obj["choices"]):
-            if not isinstance(ch, dict):
-                raise InputError(f"{base}: choice {i} is not an object")
-            ext = ch.get("sgl_ext") if isinstance(ch.get("sgl_ext"), dict) else {}
-            payload = ch.get("routed_experts", ext.get("routed_experts"))
-            if payload is None:
-                raise InputError(
-                    f"{base}: choice {i} has no 'routed_experts' (was the server "
-                    f"started with --enable-return-routed-experts?)"
-                )
-            dtype = ch.get("routed_experts_dtype", ext.get("routed_experts_dtype"))
-            docs.append(
-                (name if len(obj["choices"]) == 1 else f"{name}/{i}", [*prompt, payload], dtype)
-            )
-        return docs
-    info = obj.get("meta_info") if isinstance(obj.get("meta_info"), dict) else obj
-    if info.get("routed_experts") is None:
-        raise InputError(
-            f"{base}: response has no 'routed_experts' (was the server started "
-            f"with --enable-return-routed-experts?)"
-        )
-    name = str(info.get("id", name))
-    return [(name, [*prompt, info["routed_experts"]], info.get("routed_experts_dtype"))]
-
-
-def _from_json_value(value: Any, base: str) -> list[tuple[str, list[Any], str | None]]:
-    if isinstance(value, dict) and _RESPONSE_KEYS & value.keys():
-        return _from_response(value, base)
-    if isinstance(value, list | str):
-        return [(base, [value], None)]
-    raise InputError(
-        f"{base}: expected nested lists, a base64 string or an engine response, "
-        f"got {type(value).__name__}"
+def _skipped_text(skipped: list[dict], total: int, shown: int = 8) -> str:
+    names = ", ".join(f"{s['request']} ({s['reason']})" for s in skipped[:shown])
+    more = f", and {len(skipped) - shown} more" if len(skipped) > shown else ""
+    return (
+        f"skipped {len(skipped)} of {total} request{'s' * (total != 1)} "
+        f"without routing: {names}{more}"
     )
 
 
-def _collect(path: Path) -> list[tuple[str, list[Any], str | None]]:
-    """One entry per document, in file order (a directory: natural order of names)."""
-    if path.is_dir():
-        files = sorted(
-            (p for p in path.glob("*.npy") if not p.name.startswith(".")), key=_natural_key
-        )
-        if not files:
-            raise InputError(f"{path}: directory holds no .npy files (one per request)")
-        return [(p.stem, [_load_npy(p)], None) for p in files]
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    if path.suffix == ".npy":
-        return [(path.stem, [_load_npy(path)], None)]
-    if not path.is_file():
-        raise InputError(f"{path}: not a regular file (a device or pipe has no end to read to)")
+def skipped_summary(path: Any, skipped: list[dict], total: int) -> str:
+    """One line: how many requests of ``total`` were skipped, which (the first 8), and why."""
+    return f"{path}: {_skipped_text(skipped, total)}"
+
+
+# ------------------------------------------------------------------------------------------
+# one payload -> integer array; shapes
+
+
+def _integer_dtype(value: Any) -> np.dtype | None:
+    """The integer dtype a record (or ``ids_dtype``) names, as SGLang reads it (stripped,
+    lower case); None when it names none."""
     try:
-        text = path.read_text(encoding="utf-8")
-        if path.suffix == ".jsonl":
-            values = [json.loads(line) for line in text.splitlines() if line.strip()]
-            top: Any = values
-        else:
-            top = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise InputError(
-            f"{path}: not readable JSON ({type(exc).__name__}: {exc})".splitlines()[0]
-        ) from None
-    if isinstance(top, dict) and not (_RESPONSE_KEYS & top.keys()):  # keyed by request id
-        items = [(str(k), v) for k, v in top.items()]
-    elif isinstance(top, list) and path.suffix != ".jsonl" and _int_depth(top) in (1, 3):
-        items = [(path.stem, top)]  # one request: [len, layers, top_k] or flattened
-    elif isinstance(top, list):
-        items = [(str(i), v) for i, v in enumerate(top)]
-    else:
-        items = [(path.stem, top)]
-    docs = [d for key, v in items for d in _from_json_value(v, f"{path}: {key}")]
-    if not docs:
-        raise InputError(f"{path}: holds no requests")
-    return [(n.removeprefix(f"{path}: "), parts, dt) for n, parts, dt in docs]
+        dtype = np.dtype(value.strip().lower()) if isinstance(value, str) else None
+    except Exception:  # numpy's parser raises several types on odd strings
+        dtype = None
+    return dtype if dtype is not None and dtype.kind in "iu" else None
 
 
-def _int_depth(value: Any) -> int:
-    """How deep lists nest above the first int (0 when the first leaf is not an int)."""
-    depth = 0
-    while isinstance(value, list) and value:
-        value, depth = value[0], depth + 1
-    return depth if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _decode(
-    payload: Any,
-    dtype_hint: str | None,
-    *,
-    layers: int | None,
-    top_k: int | None,
-    name: str,
-    from_spec: bool = False,
-) -> np.ndarray:
-    """One payload as [T, R, m] integers. A shape error names the argument ``layers`` or
-    ``top_k`` (``model`` when ``from_spec``: the importer took both from the model spec)."""
+def _raw(payload: Any, dtype_hint: Any, default: np.dtype, *, name: str) -> np.ndarray:
+    """One payload as an integer array of any shape (size 0 allowed: the caller skips it)."""
     if isinstance(payload, str):
         try:
             raw = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise InputError(f"{name}: 'routed_experts' string is not base64") from None
-        if raw[:6] == b"\x93NUMPY":
+        if raw[:6] == b"\x93NUMPY":  # vLLM: numpy2base64, an .npy file's bytes
             arr = read_npy(io.BytesIO(raw), len(raw), f"{name}: base64 .npy payload")
-        else:
-            try:
-                dtype = (
-                    np.dtype(dtype_hint or "int32") if isinstance(dtype_hint, str | None) else None
-                )
-            except (TypeError, ValueError):
-                dtype = None
-            if dtype is None or dtype.kind not in "iu":
+        else:  # SGLang: the flattened ids' bytes
+            dtype = default if dtype_hint is None else _integer_dtype(dtype_hint)
+            if dtype is None:
                 raise InputError(
-                    f"{name}: routed_experts_dtype {dtype_hint!r} is not an integer type"
-                ) from None
+                    f"{name}: routed_experts_dtype {dtype_hint!r:.40} is not an integer type"
+                )
             if len(raw) % dtype.itemsize:
                 raise InputError(
                     f"{name}: {len(raw)} bytes are not a whole number of {dtype} expert ids"
                 )
-            arr = np.frombuffer(raw, dtype=dtype)
+            arr = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
     else:
         try:
             arr = np.asarray(payload)
-        except (ValueError, TypeError, OverflowError):
+        except (ValueError, TypeError, OverflowError, RecursionError):
             raise InputError(
                 f"{name}: ragged nested lists (requests must be [len, layers, top_k])"
             ) from None
     if arr.size == 0:
-        raise InputError(f"{name}: no tokens (an empty routed_experts of shape {arr.shape})")
+        return arr
     if not np.issubdtype(arr.dtype, np.integer):
         raise InputError(
             f"{name}: expert ids must be integers, got dtype {arr.dtype} and shape {arr.shape}"
@@ -197,8 +109,21 @@ def _decode(
         if arr.max() > np.iinfo(np.int64).max:
             raise InputError(f"{name}: expert id {int(arr.max())} is out of any range")
         arr = arr.astype(np.int64)
+    return arr
 
-    # the argument to blame: the model spec when the shape came from it, else the one given
+
+def _fits(arr: np.ndarray, r: int, k: int) -> bool:
+    if arr.ndim == 1:
+        return arr.size % (r * k) == 0
+    return arr.ndim == 2 and arr.shape[1] == r * k
+
+
+def _reshape(
+    arr: np.ndarray, layers: int | None, top_k: int | None, *, name: str, from_spec: bool
+) -> np.ndarray:
+    """One payload as [T, R, m]. A shape error names the argument ``layers`` or ``top_k``
+    (``model`` when ``from_spec``: the importer took both from the model spec)."""
+
     def blame(arg: str) -> str:
         return "model" if from_spec else arg
 
@@ -236,6 +161,42 @@ def _decode(
     )
 
 
+def _constant_layers(experts: np.ndarray) -> np.ndarray:
+    """[R] bool: the layers whose every id (all tokens, all slots) is one value."""
+    return np.all(experts == experts[:1, :, :1], axis=(0, 2))
+
+
+def _spec_shape(raws: list[tuple[str, np.ndarray]], spec: Any) -> tuple[int | None, int | None]:
+    """(R, m) of flattened records from a model spec: every decoder layer (what vLLM 0.33 and
+    SGLang 0.5 record) or the MoE layers only, whichever splits every record; every decoder
+    layer first, unless its dense layers would not hold one constant value."""
+    k = spec.top_k
+    cands = list(dict.fromkeys((spec.num_hidden_layers, spec.num_moe_layers)))
+    flat = [(n, a) for n, a in raws if a.ndim < 3]
+    if not flat:  # [T, R, m] records: _moe_layers maps them
+        return None, None
+    fits = [r for r in cands if all(_fits(a, r, k) for _, a in flat)]
+    if not fits:
+        r = cands[0]
+        label, arr = next((n, a) for n, a in flat if not _fits(a, r, k))
+        if len(cands) == 1:  # unambiguous: the model is at fault
+            _reshape(arr, r, k, name=label, from_spec=True)
+        raise InputError(
+            f"{label}: {arr.size} ids split into neither the {cands[0]} decoder layers nor "
+            f"the {cands[1]} MoE layers of model {spec.name} at top_k {k}: need layers and "
+            "top_k for another layout",
+            argument="layers",
+        )
+    if len(fits) > 1 and fits[0] == spec.num_hidden_layers:
+        dense = [i for i in range(fits[0]) if i not in set(spec.moe_layer_indices)]
+        ok = all(
+            _constant_layers(a.reshape(-1, fits[0], k))[dense].all() for _, a in flat if a.size
+        )
+        if not ok:
+            return fits[1], k
+    return fits[0], k
+
+
 def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarray, list[int]]:
     """Keep the MoE layers of a [T, R, m] record: [T, L, m] and their model layer indices."""
     r, m = experts.shape[1:]
@@ -248,19 +209,30 @@ def _moe_layers(experts: np.ndarray, spec: Any, *, name: str) -> tuple[np.ndarra
         if r == spec.num_moe_layers:
             return experts, keep
         if r == spec.num_hidden_layers and max(keep) < r:
+            dense = [i for i in range(r) if i not in set(keep)]
+            varying = [i for i in dense if not _constant_layers(experts[:, [i]])[0]]
+            if varying:
+                raise InputError(
+                    f"{name}: layer {varying[0]} is dense in model {spec.name} but its ids vary "
+                    "(engines record a dense layer as one constant): is the record from this "
+                    "model?"
+                )
             return experts[:, keep], keep
         raise InputError(
             f"{name}: records {r} layers but model {spec.name} has "
             f"{spec.num_moe_layers} MoE layers of {spec.num_hidden_layers}"
         )
-    flat = experts.reshape(-1, r, m)
-    first = flat[:1, :, :1]
-    constant = np.all(flat == first, axis=(0, 2))  # [R]
+    first = experts[:1, :, :1]
+    constant = _constant_layers(experts)  # [R]
     placeholder = constant & ((first[0, :, 0] < 0) | (m > 1))
     keep = [i for i in range(r) if not placeholder[i]]
     if not keep:
         raise InputError(f"{name}: every recorded layer holds placeholders only")
     return (experts if len(keep) == r else experts[:, keep]), keep
+
+
+# ------------------------------------------------------------------------------------------
+# the import
 
 
 def import_routed_experts(
@@ -271,62 +243,99 @@ def import_routed_experts(
     model: str | None = None,
     layers: int | None = None,
     top_k: int | None = None,
+    start: int | None = None,
+    ids_dtype: str | None = None,
 ) -> RoutingTrace:
     """Read the routed experts an engine returned (one document per request).
 
-    ``path``: one ``.npy`` ``[T, R, m]``, a directory of them, or a JSON / JSON-lines file
-    (see the module docstring). ``num_experts`` (N) or ``model`` (a spec for
+    ``path``: one ``.npy`` ``[T, R, m]``; a JSON file (a response, a list of them, requests
+    keyed by id, nested lists); a JSON-lines file or saved server-sent-event stream (one
+    response or chunk per line, ``data:`` prefixes optional); or a folder of such files (see
+    :mod:`specmoe.formats.engine_layouts`). ``num_experts`` (N) or ``model`` (a spec for
     :func:`specmoe.spec.resolve_spec`) must be given; every id is checked against [0, N).
-    ``layers`` and ``top_k`` give the shape of flattened records (SGLang's base64). Errors in
-    an argument name it (``InputError.argument``); errors in the file name the file.
+    ``layers`` and ``top_k`` give the shape of flattened records (SGLang's base64); a model
+    spec gives it too. ``start``: the position of row 0 in each request's sequence where the
+    record does not say (the request's ``routed_experts_prompt_start`` in vLLM,
+    ``routed_experts_start_len`` in SGLang; default 0); ``meta["start_offsets"]`` holds each
+    document's. ``ids_dtype``: the dtype of raw base64 ids where the record names none
+    (default int32). Requests without routing are skipped (``meta["skipped"]`` and one
+    :class:`SkippedRequestsWarning`); a file with none usable is an error. Errors in an
+    argument name it (``InputError.argument``); errors in the file name the file.
     """
     if engine not in ENGINES:
         raise InputError(
             f"{engine!r} unknown (choose from {', '.join(ENGINES)})", argument="engine"
         )
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+        raise InputError(f"must be a non-negative integer, got {start!r:.40}", argument="start")
+    default = np.dtype(np.int32)
+    if ids_dtype is not None:
+        default = _integer_dtype(ids_dtype)
+        if default is None:
+            raise InputError(
+                f"{ids_dtype!r:.40} is not an integer type (SGLang sends {', '.join(IDS_DTYPES)})",
+                argument="ids_dtype",
+            )
     path = Path(path)
     spec = model_spec(model)
     n = resolve_num_experts(num_experts, spec, None, name=str(path))
-    from_spec = (
-        spec is not None
-        and layers is None
-        and top_k is None
-        and (spec.num_hidden_layers == spec.num_moe_layers)
-    )
-    if from_spec:  # flattened records: unambiguous
-        layers, top_k = spec.num_moe_layers, spec.top_k
-    arrays, names = [], []
-    for doc, parts, dtype in _collect(path):
-        label = f"{path}: request {doc}"
-        dec = [
-            _decode(p, dtype, layers=layers, top_k=top_k, name=label, from_spec=from_spec)
-            for p in parts
-        ]
+    requests, skipped_reqs = collect(path)
+    skipped = [{"request": s.name, "reason": s.reason} for s in skipped_reqs]
+
+    # decode every part; a request whose parts are all empty is skipped
+    decoded: list[tuple[Any, str, list[np.ndarray]]] = []
+    for req in requests:
+        label = f"{path}: request {req.name}"
+        parts = [_raw(p, req.dtype, default, name=label) for p in req.parts]
+        parts = [a for a in parts if a.size]
+        if not parts:
+            skipped.append({"request": req.name, "reason": "no tokens"})
+            continue
+        decoded.append((req, label, parts))
+    total = len(decoded) + len(skipped)
+    if not decoded:
+        if not skipped:
+            raise InputError(f"{path}: holds no requests")
+        raise InputError(
+            f"{path}: no request with routing ({_skipped_text(skipped, total)}; was the "
+            "server started with "
+            "--enable-return-routed-experts?)"
+        )
+
+    from_spec = spec is not None and layers is None and top_k is None
+    if from_spec:
+        layers, top_k = _spec_shape([(lb, a) for _, lb, ps in decoded for a in ps], spec)
+    arrays, names, starts = [], [], {}
+    for req, label, parts in decoded:
+        dec = [_reshape(a, layers, top_k, name=label, from_spec=from_spec) for a in parts]
         if len({a.shape[1:] for a in dec}) > 1:
             raise InputError(
                 f"{label}: prompt and output routing differ in shape {[a.shape for a in dec]}"
             )
         arr = dec[0] if len(dec) == 1 else np.concatenate(dec)
-        if arr.shape[0] == 0:
-            raise InputError(f"{label}: no tokens")
         if arrays and arr.shape[1:] != arrays[0].shape[1:]:
             raise InputError(
                 f"{label}: shape {arr.shape} disagrees with request {names[0]} "
                 f"{arrays[0].shape} in layers or top_k"
             )
         arrays.append(arr)
-        names.append(doc)
+        names.append(req.name)
+        starts[req.name] = req.start if req.start is not None else (start or 0)
     lengths = [a.shape[0] for a in arrays]
-    stacked = np.concatenate(arrays)
+    stacked = np.concatenate(arrays)  # [T, R, m]
     experts, kept = _moe_layers(stacked, spec, name=str(path))
-    meta = {
+    meta: dict[str, Any] = {
         "source": engine,
         "documents": names,
         "layers": kept,
         "engine_layers": int(stacked.shape[1]),
+        "start_offsets": starts,
     }
     if spec is not None:
         meta["model"] = spec.name
+    if skipped:
+        meta["skipped"] = skipped
+        warnings.warn(SkippedRequestsWarning(skipped_summary(path, skipped, total)), stacklevel=2)
     if 0 <= experts.min() and experts.max() < n:  # else validation names the bad id
         experts = experts.astype(np.int16 if n <= np.iinfo(np.int16).max else np.int32)
     return RoutingTrace(
