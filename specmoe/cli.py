@@ -32,7 +32,7 @@ COMMANDS: dict[str, str] = {
     "policy": "evaluate online draft-budget policies",
     "spec": "show a model spec (preset or HF config)",
     "efficiency": "target efficiency and speedup against batch size",
-    "acceptance": "estimate the acceptance rate from an engine's speculative metrics",
+    "acceptance": "acceptance rate from an engine's speculative metrics",
 }
 
 
