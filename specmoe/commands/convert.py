@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 
 from specmoe.commands._common import check_out_file
 from specmoe.errors import InputError
 from specmoe.formats._common import model_spec, resolve_num_experts
-from specmoe.formats.engine_import import import_routed_experts
+from specmoe.formats.engine_import import (
+    IDS_DTYPES,
+    SkippedRequestsWarning,
+    import_routed_experts,
+    skipped_summary,
+)
 from specmoe.formats.parquet import load_parquet, write_parquet
 from specmoe.formats.trace import RoutingTrace, TraceReader, open_trace, save_trace
 
@@ -27,7 +34,7 @@ def _infer_in(path: Path) -> str:
             return "npz"
         raise InputError(
             f"{path}: cannot tell the input format of this directory; give "
-            f"--from vllm or --from sglang for .npy requests"
+            f"--from vllm or --from sglang for engine requests (.npy, JSON, JSON lines)"
         )
     fmt = _SUFFIX_IN.get(path.suffix.lower())
     if fmt is None:
@@ -92,6 +99,22 @@ def add_arguments(parser) -> None:
         metavar="K",
         help="experts per token in a flattened engine record",
     )
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=None,
+        metavar="S",
+        help="position of row 0 in each request's sequence where the file does not say "
+        "(the request's routed_experts_prompt_start in vLLM, routed_experts_start_len in "
+        "SGLang; default 0)",
+    )
+    parser.add_argument(
+        "--ids-dtype",
+        choices=IDS_DTYPES,
+        default=None,
+        help="dtype of raw base64 ids where the response names none (SGLang with "
+        "SGLANG_ROUTED_EXPERTS_DTYPE set; default int32)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -106,6 +129,8 @@ def run(args) -> int:
     ):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be a positive integer, got {v}")
+    if args.start is not None and args.start < 0:
+        raise InputError(f"--start must be a non-negative integer, got {args.start}")
     fmt_in = args.src or _infer_in(src)
     fmt_out = args.dst or _infer_out(dst)
     check_out_file(dst, "OUT")  # before anything is read: OUT can be written
@@ -124,14 +149,23 @@ def run(args) -> int:
     elif fmt_in == "parquet":
         trace = load_parquet(src, num_experts=args.num_experts, model=args.model)
     else:
-        trace = import_routed_experts(
-            src,
-            engine=fmt_in,
-            num_experts=args.num_experts,
-            model=args.model,
-            layers=args.layers,
-            top_k=args.top_k,
-        )
+        with warnings.catch_warnings():  # said once below, from the trace's record
+            warnings.simplefilter("ignore", SkippedRequestsWarning)
+            trace = import_routed_experts(
+                src,
+                engine=fmt_in,
+                num_experts=args.num_experts,
+                model=args.model,
+                layers=args.layers,
+                top_k=args.top_k,
+                start=args.start,
+                ids_dtype=args.ids_dtype,
+            )
+        skipped = trace.meta.get("skipped", [])
+        if skipped:
+            total = trace.num_documents + len(skipped)
+            line = skipped_summary(src, skipped, total)
+            print(f"specmoe convert: warning: {line}", file=sys.stderr, flush=True)
     if fmt_out == "npz":
         head = trace if isinstance(trace, RoutingTrace) else trace.load()
         save_trace(head, dst)
@@ -153,6 +187,7 @@ def run(args) -> int:
     }
     if "engine_layers" in head.meta:
         result["dropped_layers"] = sorted(set(range(head.meta["engine_layers"])) - set(head.layers))
+        result["skipped_requests"] = head.meta.get("skipped", [])
     if args.json:
         print(dumps_json(result))
     else:
