@@ -514,6 +514,17 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple]] = [
     ("report-dir-file", "report {file} --out {out}/r.html", ("file.txt", "is not a folder"), ()),
     ("report-out-proc", "report {runs_empty} --out /proc/x/r.html", ("--out", "/proc/x"), ()),
     ("report-out-dir", "report {runs_empty} --out {folder}", ("--out", "folder.json"), ()),
+    # --- acceptance
+    ("acc-empty", "acceptance {empty} --out {out}", ("empty.json", "empty"), ()),
+    ("acc-text", "acceptance {file}", ("file.txt", "not an engine metrics file"), ()),
+    ("acc-nested", "acceptance {nested} --out {out}", ("nested.json",), ()),
+    ("acc-folder", "acceptance {folder} --out {out}", ("folder.json", "directory"), ()),
+    ("acc-plan", "acceptance {plan} --out {out}", ("plan.json", "no speculative"), ()),
+    ("acc-huge", "acceptance {huge} --out {out}", ("huge.json", "limit"), (CHILD,)),
+    ("acc-devzero", "acceptance /dev/zero --out {out}", ("/dev/zero",), (CHILD,)),
+    ("acc-k-0", "acceptance {plan} --draft-length 0 --out {out}", ("--draft-length",), ()),
+    ("acc-conf", "acceptance {plan} --confidence 1 --out {out}", ("--confidence",), ()),
+    ("acc-out-dir", "acceptance {plan} --out {folder}", ("--out", "folder.json"), ()),
     # --- efficiency (checked before any model is built)
     ("eff-batch-0", "efficiency --model {tiny_dir} --batch 0 --out {out}", ("--batch",), ()),
     ("eff-k-0", "efficiency --model {tiny_dir} --k 0 --out {out}", ("--k",), ()),
