@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install install-dev demo quick test lint slow-test chromium
+.PHONY: install install-dev demo quick test lint slow-test chromium llama-cpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,3 +49,8 @@ chromium:
 	else \
 	    echo "make chromium: not installed; as root: apt-get install chromium" >&2; exit 1; \
 	fi
+
+# llama.cpp from llama-cpp-python's sdist, built for this CPU into a cache keyed by version
+# (~/.cache/specmoe/llama.cpp/<version>; nothing when built): scripts/build_llama_cpp.sh
+llama-cpp: $(BIN)/python
+	PYTHON=$(BIN)/python bash scripts/build_llama_cpp.sh
