@@ -1,0 +1,9 @@
+"""Adapters to real engines, one module each, answering the same few questions: export a
+model, time a verification pass of n tokens on a KV cache of depth d, run speculative decoding
+with the engine's drafters writing specmoe round logs.
+
+``llamacpp``       llama.cpp built by ``make llama-cpp`` (GGUF export, llama-bench,
+                   llama-speculative-simple); ``llamacpp_logs`` parses its output.
+
+Submodules are imported on use; importing this package loads neither torch nor transformers.
+"""

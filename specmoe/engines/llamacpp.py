@@ -1,0 +1,343 @@
+"""llama.cpp as an engine: its build, GGUF export, verify-pass timing and speculative runs.
+
+llama.cpp is built by ``make llama-cpp`` (``scripts/build_llama_cpp.sh``) from the source that
+the PyPI sdist of llama-cpp-python :data:`VERSION` vendors, into
+``${SPECMOE_LLAMA_CPP_CACHE:-~/.cache/specmoe/llama.cpp}/<VERSION>/`` (``src/``, ``build/bin/``, and a
+``BUILT`` stamp written last). Nothing here downloads or builds: a missing build is an
+:class:`~specmoe.errors.InputError` saying ``make llama-cpp``.
+
+- :func:`export_gguf`: llama.cpp's own ``convert_hf_to_gguf.py`` (with its vendored gguf-py),
+  with :data:`PRE_TOKENIZERS` for BPE tokenizers whose pre-tokenizer hash it does not list.
+- :func:`bench_verify`: ``llama-bench -p n -n 0 -d d``: one batch of n tokens on a KV cache of
+  depth d, i.e. a verification pass of a draft of n - 1 tokens (its batch asks for the logits
+  of the last position only; a verification pass needs all n).
+- :func:`run_speculative`: ``llama-speculative-simple`` with a draft model, greedy, its debug
+  log in JSON lines; :func:`parse_speculative_log` turns that log into rounds.
+- :func:`write_round_log`: those rounds as a specmoe round log. llama.cpp's tools do not
+  report routing; the routing columns (``routing``, ``u_mean``, ``e_max``) come from replaying
+  the same passes (the same tokens at the same positions) in specmoe's own engine on the
+  Hugging Face model the GGUF was exported from, and ``target_tokens`` is left out.
+
+The parsers live in :mod:`specmoe.engines.llamacpp_logs` (no torch, tested on captured output).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from specmoe._io import atomic_path
+from specmoe.engines.llamacpp_logs import (
+    PassTime,
+    SpecRun,
+    parse_bench_json,
+    parse_speculative_log,
+    parse_token_ids,
+)
+from specmoe.errors import InputError
+
+__all__ = [
+    "OUTTYPES",
+    "PRE_TOKENIZERS",
+    "TOOLS",
+    "VERSION",
+    "bench_decode",
+    "bench_verify",
+    "cache_root",
+    "export_gguf",
+    "is_built",
+    "replay_routing",
+    "require_built",
+    "run_speculative",
+    "tokenize",
+    "tool",
+    "write_round_log",
+]
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is ggml 0.25.3
+TOOLS = (
+    "llama-bench",
+    "llama-speculative-simple",
+    "llama-server",
+    "llama-cli",
+    "llama-simple",
+    "llama-tokenize",
+    "test-backend-ops",
+)
+OUTTYPES = ("bf16", "f32", "f16", "q8_0")
+# chkhsh of convert_hf_to_gguf's probe text -> the llama.cpp pre-tokenizer with the same regex.
+# cdb62948...: the bundled models' tokenizer (ByteLevel BPE, add_prefix_space false, GPT-2's
+# split regex), which llama.cpp's list does not hold.
+PRE_TOKENIZERS = {"cdb62948c9a28812be5af6f1a91ad969c5c21fa96dc8f77689b2c9c46f0f79b6": "gpt-2"}
+_TIMEOUT_S = 1800
+
+
+def cache_root() -> Path:
+    """Where ``make llama-cpp`` builds :data:`VERSION`: ``$SPECMOE_LLAMA_CPP_CACHE/<VERSION>``
+    (default ~/.cache/specmoe/llama.cpp)."""
+    base = os.environ.get("SPECMOE_LLAMA_CPP_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "specmoe", "llama.cpp"
+    )
+    return Path(base) / VERSION
+
+
+def is_built() -> bool:
+    """The build stamp and every tool of :data:`TOOLS` are there."""
+    root = cache_root()
+    return (root / "BUILT").is_file() and all(
+        os.access(root / "build" / "bin" / t, os.X_OK) for t in TOOLS
+    )
+
+
+def require_built() -> Path:
+    """The cache root of a finished build, else one ``InputError`` line naming the fix."""
+    if not is_built():
+        raise InputError(
+            f"llama.cpp {VERSION} is not built (looked in {cache_root()}): run `make llama-cpp`"
+        )
+    return cache_root()
+
+
+def tool(name: str) -> Path:
+    """The path of one of :data:`TOOLS`."""
+    if name not in TOOLS:
+        raise ValueError(f"tool: unknown {name!r} (choose from {', '.join(TOOLS)})")
+    return require_built() / "build" / "bin" / name
+
+
+def _run(cmd: list[str], *, what: str, timeout: float = _TIMEOUT_S) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, errors="replace")
+    if proc.returncode != 0:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"{what} exited with status {proc.returncode}: {tail}")
+    return proc
+
+
+def _model_file(path: str | os.PathLike, argument: str = "model") -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{p}: no such GGUF file", argument=argument)
+    return p
+
+
+# ------------------------------------------------------------------------------------------
+# export
+
+
+def export_gguf(
+    model_dir: str | os.PathLike, out: str | os.PathLike, *, outtype: str = "bf16"
+) -> Path:
+    """Convert the Hugging Face model in ``model_dir`` to GGUF at ``out`` (written atomically)
+    with llama.cpp's converter, weights as ``outtype`` (:data:`OUTTYPES`)."""
+    if outtype not in OUTTYPES:
+        raise InputError(
+            f"unknown {outtype!r} (choose from {', '.join(OUTTYPES)})", argument="outtype"
+        )
+    src = require_built() / "src"
+    script = Path(__file__).with_name("_gguf_convert.py")
+    with atomic_path(out, suffix=".gguf") as tmp:
+        cmd = [sys.executable, str(script), str(src), json.dumps(PRE_TOKENIZERS), "--"]
+        cmd += [str(model_dir), "--outfile", str(tmp), "--outtype", outtype]
+        _run(cmd, what="convert_hf_to_gguf.py")
+    return Path(out)
+
+
+# ------------------------------------------------------------------------------------------
+# timing
+
+
+def _bench(model: Path, args: list[str], *, threads: int, repeats: int) -> list[PassTime]:
+    cmd = [str(tool("llama-bench")), "-m", str(model), "-t", str(threads), "-r", str(repeats)]
+    cmd += ["-fa", "off", "-o", "json", *args]
+    return parse_bench_json(_run(cmd, what="llama-bench").stdout)
+
+
+def bench_verify(
+    model: str | os.PathLike,
+    *,
+    n_values: tuple[int, ...] = tuple(range(1, 10)),
+    depth: int = 0,
+    repeats: int = 50,
+    threads: int = 1,
+) -> list[PassTime]:
+    """The time of one pass of n tokens on a KV cache of ``depth`` tokens, for each n of
+    ``n_values`` (``llama-bench -p n,... -n 0 -d depth -fa off``; flash attention, llama.cpp's
+    default, is several times slower on a CPU)."""
+    if not n_values or min(n_values) < 1:
+        raise InputError(f"need pass sizes >= 1, got {list(n_values)}", argument="n_values")
+    if depth < 0:
+        raise InputError(f"must be >= 0, got {depth}", argument="depth")
+    p = ",".join(str(int(n)) for n in n_values)
+    args = ["-p", p, "-n", "0", "-d", str(int(depth))]
+    return _bench(_model_file(model), args, threads=threads, repeats=repeats)
+
+
+def bench_decode(
+    model: str | os.PathLike,
+    *,
+    tokens: int = 128,
+    depth: int = 0,
+    repeats: int = 5,
+    threads: int = 1,
+) -> PassTime:
+    """Plain decoding: ``tokens`` one-token passes after ``depth`` (``llama-bench -p 0 -n``)."""
+    args = ["-p", "0", "-n", str(int(tokens)), "-d", str(int(depth))]
+    (res,) = _bench(_model_file(model), args, threads=threads, repeats=repeats)
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# tokens and speculative runs
+
+
+def tokenize(
+    model: str | os.PathLike, text: str, *, tmp_dir: str | os.PathLike | None = None
+) -> list[int]:
+    """llama.cpp's tokens of ``text`` (``llama-tokenize --ids``; no BOS the vocabulary does
+    not ask for), read from a file so that any text goes through unchanged."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", dir=tmp_dir, encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        cmd = [str(tool("llama-tokenize")), "-m", str(_model_file(model)), "-f", f.name]
+        cmd += ["--ids", "--no-escape", "--log-disable"]
+        return parse_token_ids(_run(cmd, what="llama-tokenize").stdout)
+
+
+def speculative_command(
+    target: str | os.PathLike,
+    draft: str | os.PathLike,
+    prompt_file: str | os.PathLike,
+    *,
+    k: int,
+    n_predict: int,
+    threads: int = 1,
+    ctx_size: int = 4096,
+) -> list[str]:
+    """The ``llama-speculative-simple`` command of :func:`run_speculative` (greedy, a draft of
+    exactly k tokens each round: n-min 0, p-min 0; debug log as timed JSON lines)."""
+    cmd = [str(tool("llama-speculative-simple")), "-m", str(target), "-md", str(draft)]
+    cmd += ["-f", str(prompt_file), "-n", str(int(n_predict)), "-c", str(int(ctx_size))]
+    cmd += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(int(k))]
+    cmd += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-t", str(int(threads))]
+    cmd += ["-td", str(int(threads)), "-fa", "off", "--temp", "0", "--no-escape", "--seed", "0"]
+    cmd += ["-lv", "5", "--log-timestamps", "--log-jsonl", "--log-colors", "off"]
+    return cmd
+
+
+def run_speculative(
+    target: str | os.PathLike,
+    draft: str | os.PathLike,
+    prompt: str,
+    *,
+    k: int,
+    n_predict: int,
+    threads: int = 1,
+    ctx_size: int = 4096,
+    log_path: str | os.PathLike | None = None,
+) -> SpecRun:
+    """One greedy speculative generation of about ``n_predict`` tokens after ``prompt``, the
+    draft model proposing ``k`` tokens a round; its rounds parsed from llama.cpp's own log
+    (kept at ``log_path`` when given)."""
+    import tempfile
+
+    if k < 1:
+        raise InputError(f"must be >= 1, got {k}", argument="k")
+    _model_file(target, "target"), _model_file(draft, "draft")
+    with tempfile.TemporaryDirectory(prefix="specmoe-llamacpp-") as tmp:
+        pf = Path(tmp) / "prompt.txt"
+        pf.write_text(prompt + "\n", encoding="utf-8")  # -f drops one trailing newline
+        cmd = speculative_command(
+            target, draft, pf, k=k, n_predict=n_predict, threads=threads, ctx_size=ctx_size
+        )
+        proc = _run(cmd, what="llama-speculative-simple")
+    log = proc.stdout + proc.stderr
+    if log_path is not None:
+        with atomic_path(log_path) as tmp_log:
+            tmp_log.write_text(log, encoding="utf-8")
+    return parse_speculative_log(log)
+
+
+# ------------------------------------------------------------------------------------------
+# round logs
+
+
+def replay_routing(model: Any, prompt_ids: list[int], run: SpecRun) -> list[Any]:
+    """Each round's pass replayed in specmoe's engine (the same tokens at the same positions,
+    teacher-forced): a :class:`specmoe.engine.speculative.Verified` per round, routing [P, L, m].
+
+    ``model`` is the Hugging Face model the GGUF was exported from. The cache after a round
+    keeps the round's accepted tokens, as llama.cpp's does."""
+    from specmoe.engine.speculative import Engine, crop_cache, new_cache
+
+    if not prompt_ids:
+        raise InputError("prompt: no tokens", argument="prompt_ids")
+    out = []
+    with Engine(model) as eng:
+        kv = new_cache(model)
+        eng.prefill(kv, prompt_ids[:-1])
+        current, ctx = prompt_ids[-1], len(prompt_ids) - 1
+        for r in run.rounds:
+            if r.context_len != ctx:
+                raise ValueError(
+                    f"replay_routing: round {r.index} at context {r.context_len}, expected {ctx}"
+                )
+            out.append(eng.forward(kv, [current, *r.draft_tokens]))
+            ctx += r.accepted + 1
+            crop_cache(kv, ctx)
+            current = r.last_token
+    return out
+
+
+def write_round_log(
+    run: SpecRun,
+    directory: str | os.PathLike,
+    *,
+    model: Any,
+    prompt_ids: list[int],
+    run_id: str,
+    prompt_id: str,
+    budget: int,
+    flush: bool = True,
+) -> Path:
+    """Append ``run``'s rounds to the round log in ``directory`` as one finished generation.
+
+    From llama.cpp: k, accepted, the draft tokens, the context length, t_verify_ms (from the
+    log line after drafting to the round's ``accepted`` line: the target's pass, the draft
+    model's pass over the same batch, and sampling) and t_draft_ms (from the previous round's
+    end to that line; null in round 0). Routing, u_mean and e_max: :func:`replay_routing`."""
+    from specmoe.formats.roundlog import RoundLogWriter
+
+    passes = replay_routing(model, prompt_ids, run)
+    cfg = model.config
+    defaults = {
+        "run_id": run_id,
+        "prompt_id": prompt_id,
+        "kernel": "llama.cpp",
+        "drafter": "draft-simple",
+        "budget": int(budget),
+        "num_experts": int(getattr(cfg, "num_experts", 0) or passes[0].routing.max() + 1),
+    }
+    writer = RoundLogWriter(directory, flush_every=None, defaults=defaults)
+    for r, v in zip(run.rounds, passes, strict=True):
+        row = {
+            "round": r.index,
+            "k": r.k,
+            "accepted": r.accepted,
+            "t_verify_ms": r.t_verify_ms,
+            "context_len": r.context_len,
+            "routing": v.routing,
+            "draft_tokens": list(r.draft_tokens),
+        }
+        if r.t_draft_ms == r.t_draft_ms:  # not NaN
+            row["t_draft_ms"] = r.t_draft_ms
+        writer.append(**row)
+    gid = f"{run_id}/{prompt_id}"
+    writer.end_generation(gid, tokens=run.n_predict, rounds=len(run.rounds))
+    path = writer.flush() if flush else None
+    return Path(path) if path is not None else Path(directory)
