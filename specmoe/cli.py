@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "policy": "evaluate online draft-budget policies",
     "spec": "show a model spec (preset or HF config)",
     "efficiency": "target efficiency and speedup against batch size",
+    "export": "write a model in another engine's format (GGUF for llama.cpp)",
     "acceptance": "acceptance rate from an engine's speculative metrics",
 }
 
