@@ -703,6 +703,11 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple]] = [
         (),
     ),
     ("run-out-proc", "run --model bundled --out /proc/x", ("--out", "/proc/x"), ()),
+    # --- export
+    ("export-outtype", "export --out {out}/m.gguf --outtype q4", ("--outtype", "q4"), ()),
+    ("export-out-proc", "export --out /proc/x/m.gguf", ("--out", "/proc/x"), ()),
+    ("export-out-dir", "export --out {folder}", ("--out", "folder.json"), ()),
+    ("export-model-file", "export --model {file} --out {out}/m.gguf", ("file.txt",), ()),
 ]
 
 
