@@ -123,6 +123,7 @@ class _Reader:
         self.label = label
         self.groups: list[_Group] = []
         self.by_name: dict[str, int] = {}
+        self.errors: list[Skipped] = []
 
     def group(self, name: str | None, fallback: str) -> _Group:
         if name is None:  # unnamed: a request of its own
@@ -152,6 +153,11 @@ class _Reader:
             return
         if isinstance(value, dict) and RESPONSE_KEYS & value.keys():
             self.response(value, pos, request=request)
+            return
+        if isinstance(value, dict) and "error" in value:  # an error event in a stream
+            err = value["error"]
+            msg = _dict(err).get("message", err) if err is not None else value.get("message")
+            self.errors.append(Skipped(pos, f"error: {str(msg)[:80]}".splitlines()[0]))
             return
         if isinstance(value, list | str):
             g = self.group(None, pos)
@@ -245,7 +251,7 @@ class _Reader:
                 skipped.extend(Skipped(f"{g.name}/{i}", _reason(g, i)) for i in g.seen)
             else:
                 skipped.append(Skipped(g.name, _reason(g, g.seen[0] if g.seen else None)))
-        return reqs, skipped
+        return reqs, skipped + self.errors
 
 
 def _reason(g: _Group, idx: int | None) -> str:
