@@ -108,7 +108,7 @@ def solve_truncated_geometric(mean: float, k: float) -> float:
         return 1.0
     return float(
         optimize.brentq(
-            lambda a: truncated_geometric_mean(a, k) - mean, 0.0, 1.0, xtol=1e-15, rtol=4e-16
+            lambda a: truncated_geometric_mean(a, k) - mean, 0.0, 1.0, xtol=1e-15, rtol=1e-15
         )
     )
 
@@ -134,7 +134,9 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     n, p = float(trials), successes / trials
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    lo = 0.0 if successes <= 0 else max(0.0, centre - half)
+    hi = 1.0 if successes >= trials else min(1.0, centre + half)
+    return (lo, hi)
 
 
 def _mean_length_interval(
