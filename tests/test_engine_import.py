@@ -207,6 +207,13 @@ def test_vllm_033_generate_stream_final_chunk(tmp_path, rng, prefixes):
         vllm_generate_stream("req-a", [[5], [6], [7]], a)
         + vllm_generate_stream("req-x", [[1], []], None, finish_reason="abort")
         + vllm_generate_stream("req-b", [[9, 9]], b)
+        # a request cut by an error: vllm/entrypoints/generate/base/serving.py (0.33.0)
+        # create_streaming_error_response: json.dumps(ErrorResponse(error=ErrorInfo(...)))
+        + 'data: {"request_id": "req-e", "usage": null, "output_mode": "tokens", "choices": '
+        + '[{"index": 0, "finish_reason": null, "token_ids": [3], "routed_experts": null}]}\n\n'
+        + "data: "
+        + json.dumps({"error": {"message": "Internal server error", "type": "x", "code": 500}})
+        + "\n\ndata: [DONE]\n\n"
     )
     if prefixes == "stripped":
         text = "\n".join(
@@ -219,7 +226,10 @@ def test_vllm_033_generate_stream_final_chunk(tmp_path, rng, prefixes):
     with pytest.warns(SkippedRequestsWarning, match=r"req-x \(aborted\)"):
         tr = import_routed_experts(path, engine="vllm", model=DSV2)
     assert_docs(tr, {"req-a": a, "req-b": b}, spec)
-    assert tr.meta["skipped"] == [{"request": "req-x", "reason": "aborted"}]
+    assert tr.meta["skipped"] == [
+        {"request": "req-x", "reason": "aborted"},
+        {"request": "req-e", "reason": "error: Internal server error"},
+    ]
 
 
 def test_vllm_033_prompt_start_from_the_request_or_the_argument(tmp_path, rng):

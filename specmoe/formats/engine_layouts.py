@@ -80,6 +80,7 @@ class _Group:
     null: bool = False  # a routed_experts field was present and null
     aborted: set = field(default_factory=set)  # choice indices (None: the response) aborted
     start: int | None = None
+    error: str | None = None  # the error event that ended its stream
 
 
 def _name_of(value: Any) -> str | None:
@@ -154,10 +155,15 @@ class _Reader:
         if isinstance(value, dict) and RESPONSE_KEYS & value.keys():
             self.response(value, pos, request=request)
             return
-        if isinstance(value, dict) and "error" in value:  # an error event in a stream
+        if isinstance(value, dict) and "error" in value:  # an error event ends a stream
             err = value["error"]
             msg = _dict(err).get("message", err) if err is not None else value.get("message")
-            self.errors.append(Skipped(pos, f"error: {str(msg)[:80]}".splitlines()[0]))
+            reason = f"error: {str(msg)[:80]}".splitlines()[0]
+            last = self.groups[-1] if self.groups else None
+            if last is not None and not (last.full or any(last.choices.values())):
+                last.error = reason  # the request whose chunks came just before
+            else:
+                self.errors.append(Skipped(pos, reason))
             return
         if isinstance(value, list | str):
             g = self.group(None, pos)
@@ -255,6 +261,8 @@ class _Reader:
 
 
 def _reason(g: _Group, idx: int | None) -> str:
+    if g.error is not None:
+        return g.error
     if idx in g.aborted or None in g.aborted:
         return "aborted"
     if g.null:
