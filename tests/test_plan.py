@@ -14,7 +14,7 @@ import pytest
 from specmoe.cli import main
 from specmoe.commands.plan import parse_acceptance, parse_draft_time, summary
 from specmoe.cost import bounds, theory
-from specmoe.cost.plan import build_plan, engine_settings
+from specmoe.cost.plan import build_plan
 from specmoe.errors import InputError
 from specmoe.spec import ModelSpec
 
@@ -117,9 +117,13 @@ def test_build_plan_against_theory():
             margin = d["bytes"]["mean_reuse"][k - 1] - thr
             if abs(margin) > 1e-9:
                 assert (margin > 0) == theory.speeds_up(Vd, a, k)
-    assert d["engine"]["settings"] == engine_settings(
-        d["engine"]["best"]["draft_length"], d["crossover"]
-    )
+    # each engine's settings at its own k*, from the step times under the kernel it runs
+    eng = d["engine"]
+    assert eng["settings"]["dedup_from_pass_size"] == d["crossover"]
+    for name in ("vllm", "sglang", "llama.cpp"):
+        k = theory.best_draft_length(d["engine_kernels"][name]["step_ms"], F(13, 20))
+        assert eng[name]["draft_length"] == eng["settings"][name]["draft_length"] == k
+    assert "kernel switch" in eng["best"]["kernel"]
     # Eq. (22) cross-check from the profile's operation times, tau(1) from Eq. (5)
     from specmoe.cost.step import whole_model_verify_time
 
@@ -129,7 +133,8 @@ def test_build_plan_against_theory():
     assert d["verify_ms_eq22"]["per_slot"][0] == pytest.approx(d["verify_ms"]["per_slot"][0])
     text = summary(d)
     assert "staircase" in text and "crossover" in text
-    assert ("llama.cpp" in text) == (d["engine"]["best"]["draft_length"] > 0)
+    assert ("--spec-type" in text) == (d["engine"]["llama.cpp"]["draft_length"] > 0)
+    assert "--draft-max" not in text and "kernel switch the engine would need" in text
 
 
 def test_build_plan_errors():

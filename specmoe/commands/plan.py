@@ -100,6 +100,49 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--rebench", action="store_true", help="ignore a cached benchmark profile and measure again"
     )
+    parser.add_argument(
+        "--engine",
+        dest="engines",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="engine whose settings to print: vllm, sglang, llama.cpp (repeat or comma list; "
+        "default all three)",
+    )
+    parser.add_argument(
+        "--drafter",
+        default="ngram",
+        choices=("ngram", "draft-model", "eagle", "eagle3"),
+        help="drafter kind of the engine settings (default ngram: needs no draft model; "
+        "draft-model, eagle and eagle3 need --draft-model)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="PATH",
+        help="the draft model or EAGLE head the engines load (a folder or Hugging Face id; "
+        "a .gguf file for llama.cpp)",
+    )
+    parser.add_argument(
+        "--target-model",
+        default=None,
+        metavar="PATH",
+        help="the model the engines serve (default: the preset's Hugging Face repository or "
+        "the --model folder; llama.cpp needs a .gguf file)",
+    )
+    parser.add_argument(
+        "--compute-capability",
+        default=None,
+        metavar="X.Y",
+        help="the GPU's compute capability for the engines' CUDA kernel rules (default: "
+        "from the profile's device name)",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        default="Q4_K",
+        metavar="TYPE",
+        help="the ggml type of llama.cpp's expert weights, for its CUDA kernel rule (default Q4_K)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -350,6 +393,47 @@ def resolve_profile(args, spec: Any, trace_path: Path, thash: str) -> tuple[Any,
 # the command
 
 
+def engine_request(args) -> Any:
+    """The engine settings' request from --engine, --drafter, --draft-model, --target-model,
+    --compute-capability and --gguf-type."""
+    from specmoe.cost.engine_kernels import ENGINES, parse_compute_capability
+    from specmoe.cost.engine_settings import EngineRequest
+
+    names: list[str] = []
+    for item in getattr(args, "engines", None) or []:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if name in ("llamacpp", "llama-cpp", "llama_cpp"):
+                name = "llama.cpp"
+            if name and name not in names:
+                names.append(name)
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown:
+        raise InputError(f"--engine: unknown engine {unknown[0]!r}; known: {', '.join(ENGINES)}")
+    drafter = getattr(args, "drafter", "ngram")
+    draft = getattr(args, "draft_model", None)
+    if drafter != "ngram" and not draft:
+        what = "an EAGLE head" if drafter.startswith("eagle") else "a draft model"
+        raise InputError(
+            f"--drafter {drafter} needs --draft-model PATH ({what}: a folder or Hugging Face "
+            "id, a .gguf file for llama.cpp)"
+        )
+    cc = getattr(args, "compute_capability", None)
+    if cc is not None:
+        try:
+            cc = parse_compute_capability(cc)
+        except InputError as exc:
+            raise exc.as_flag("--compute-capability") from None
+    return EngineRequest(
+        engines=tuple(names) or ENGINES,
+        drafter=drafter,
+        target_model=getattr(args, "target_model", None),
+        draft_model=draft,
+        compute_capability=cc,
+        weight_type=str(getattr(args, "gguf_type", "Q4_K") or "Q4_K").upper(),
+    )
+
+
 def make_plan(args) -> tuple[Any, dict]:
     from specmoe.cost.plan import build_plan
     from specmoe.spec import DTYPE_BYTES, resolve_spec
@@ -365,6 +449,7 @@ def make_plan(args) -> tuple[Any, dict]:
     if len(expected) != 1:
         raise InputError("--expected-acceptance: give one value")
     draft_ms, draft_note = parse_draft_time(args.draft_time, args.k_max)
+    request = engine_request(args)
     spec = resolve_spec(args.model)
     if getattr(args, "layers", None) is not None:
         try:
@@ -404,6 +489,7 @@ def make_plan(args) -> tuple[Any, dict]:
             expected_acceptance=expected[0],
             notes=notes,
             sources={"trace": trace_info, "bandwidth": prof_info},
+            engines=request,
         )
     except InputError as exc:
         if exc.argument == "draft_ms":  # build_plan's h(k), fed by --draft-time
@@ -431,15 +517,30 @@ def _run(args) -> int:
         from specmoe.report.plan_figures import write_plan_figures
 
         figs = write_plan_figures(plan, out)
+        extra = _write_engine_files(plan, out)
         _err(
             f"plan: wrote {out / 'plan.json'}, {out / 'summary.txt'} and "
-            f"{', '.join(p.name for p in figs)}"
+            f"{', '.join(p.name for p in [*figs, *extra])}"
         )
     if args.json:
         print(dumps_json(data))
     else:
         print(text)
     return 0
+
+
+def _write_engine_files(plan: Any, out: Path) -> list[Path]:
+    """The files the engine settings refer to (SGLang's adaptive config), written into --out."""
+    from specmoe._io import atomic_write_json
+
+    written = []
+    eng = plan.engine
+    dyn = ((eng.settings.get("sglang") or {}).get("dynamic") or {}) if eng else {}
+    if dyn.get("available") and dyn.get("file"):
+        path = out / dyn["file"]
+        atomic_write_json(path, dyn["config"])
+        written.append(path)
+    return written
 
 
 # ------------------------------------------------------------------------------------------
@@ -475,6 +576,74 @@ def _whole_pass_lines(wp: Any, n: Any, acc: Any) -> list[str]:
         sp = pol["best"].speedup
         i = int(np.argmax(sp))
         lines.append(f"  best speedup on the grid {sp[i]:.3f} at a = {acc[i]:g}")
+    return lines
+
+
+KERNEL_CELL = {"per_slot": "per-slot", "dedup": "grouped"}
+
+
+def _engine_kernel_lines(engine_kernels: dict, n: Any) -> list[str]:
+    """The kernel each engine runs per pass size, and its step points and k* under it."""
+    device = next(iter(engine_kernels.values())).kernel.device
+    lines = [
+        f"kernel each engine runs on {device} (its rule read from its source; "
+        "docs/engine-settings.md); grouped = the deduplicating kernel's bytes",
+        _row("tokens per pass n", n, "{:8d}"),
+    ]
+    for ep in engine_kernels.values():
+        ek = ep.kernel
+        if ek.kernel is None:
+            lines.append(f"  {ek.name:<22}unknown: {ek.note}")
+        else:
+            lines.append(_row(f"  {ek.name}", [KERNEL_CELL[x] for x in ek.kernel], "{:>8}"))
+    for ep in engine_kernels.values():
+        if ep.policy is not None:
+            lines.append(_row(f"  step points, {ep.kernel.name}", ep.policy.step_points, "{:8.4f}"))
+    return lines
+
+
+def _engine_lines(eng: Any, n: Any) -> list[str]:
+    """The engine settings at the expected acceptance: per engine its k* under its own kernel
+    and the command lines (fixed, and the dynamic form where the engine has one)."""
+    st = eng.settings
+    lines = [
+        f"engine settings at expected acceptance {eng.expected_acceptance:g}, drafter "
+        f"{eng.drafter or 'ngram'} (each engine at its own k*, under the kernel it runs):"
+    ]
+    for name in ("vllm", "sglang", "llama.cpp"):
+        s = st.get(name)
+        if not s:
+            continue
+        k = s["draft_length"]
+        if name in eng.speedup:
+            head = f"k* = {k}, predicted speedup {eng.speedup[name]:.3f}"
+        else:
+            head = f"k* = {k} (its kernel rule is unknown here)"
+        lines.append(f"  {s['name']} ({s['release'].split(' (')[0]}): {head}")
+        lines.append(f"    {s['shell']}" if s.get("shell") else "    no command: see the note")
+        dyn = s.get("dynamic") or {}
+        if dyn.get("available") and dyn.get("shell"):
+            lines.append(f"    dynamic ({dyn['knob']}): {dyn['shell']}")
+            if dyn.get("file"):
+                lines.append(f"      {dyn['file']}: {json.dumps(dyn['config'])}")
+        if dyn.get("note"):
+            lines.append(
+                f"    {'dynamic' if dyn.get('available') else 'no dynamic form'}: {dyn['note']}"
+            )
+        lines += [f"    note: {x}" for x in s.get("notes", [])]
+        lines += [f"    needs: {x}" for x in s.get("needs", [])]
+    if "best" in eng.draft_length:
+        dd = st.get("dedup_from_pass_size")
+        where = (
+            f"per-slot below n = {dd}, deduplicating from it"
+            if dd is not None
+            else f"per-slot at every n up to {n[-1]}"
+        )
+        lines.append(
+            f"  faster kernel per pass (best, {where}): k* = {eng.draft_length['best']}, "
+            f"predicted speedup {eng.speedup['best']:.3f}: a kernel switch the engine would "
+            "need; no engine has one"
+        )
     return lines
 
 
@@ -564,32 +733,10 @@ def summary(plan: Any) -> str:
             + ("" if bound is None else f" (bound (21): {bound[0]:.3f} to {bound[1]:.3f})")
         )
         lines.append(head + tail)
+    if pl.engine_kernels:
+        lines += ["", *_engine_kernel_lines(pl.engine_kernels, n)]
+    if pl.engine:
+        lines += ["", *_engine_lines(pl.engine, n)]
     if pl.whole_pass is not None:
         lines += ["", *_whole_pass_lines(pl.whole_pass, n, acc)]
-    eng = pl.engine
-    if eng:
-        k = eng.draft_length["best"]
-        lines += [
-            "",
-            f"engine settings at expected acceptance {eng.expected_acceptance:g} "
-            f"(k* = {k}, predicted speedup {eng.speedup['best']:.3f}):",
-        ]
-        if k == 0:
-            lines.append("  speculation off: plain decoding is fastest (run without a draft)")
-        else:
-            lines += [
-                f"  vLLM       --speculative-config '{{\"num_speculative_tokens\": {k}}}'",
-                f"  SGLang     --speculative-num-steps {k} --speculative-eagle-topk 1 "
-                f"--speculative-num-draft-tokens {k + 1}",
-                f"  llama.cpp  --draft-max {k} --draft-min {k}",
-            ]
-        dd = eng.settings["dedup_from_pass_size"]
-        lines.append(
-            "  deduplicating kernel: "
-            + (
-                f"from {dd} tokens per pass (per-slot below)"
-                if dd is not None
-                else f"never up to {n[-1]} tokens per pass (keep the per-slot kernel)"
-            )
-        )
     return "\n".join(lines)

@@ -7,6 +7,10 @@ Eq. (17), the step times V(k) = tau_p(k+1) + h(k), a0 (Eq. (B.4)), the staircase
 step points (Eq. (B.31)), the best speedup against a (Eq. (9)) with its bound (Eq. (21)), and for
 the deduplicating engine the reuse thresholds rho*_k(a) (Eq. (14)); plus the saving S(n)
 (Eq. (6)) with its band (Eq. (18)), the faster-kernel rule (Eqs. (7), (19)) and the crossover.
+The ``best`` policy is a kernel switch no serving engine has; beside it, the same quantities
+under the kernel each engine (vLLM, SGLang, llama.cpp) really runs at each n on the profile's
+device (:mod:`specmoe.cost.engine_kernels`), and each engine's settings at its own k*
+(:mod:`specmoe.cost.engine_settings`).
 When the profile carries the per-operation benchmark (its ``whole_pass`` field), the same
 per-policy quantities from the whole-pass prediction (:func:`_whole_pass`); the saving and the
 crossover are the plan's own there (the other operations are the same for both kernels).
@@ -35,11 +39,15 @@ import numpy as np
 from specmoe.cost import bounds, theory
 from specmoe.cost._exact import check_acceptance
 from specmoe.cost.bytes import pass_bytes
+from specmoe.cost.engine_kernels import compute_capability_of, engine_kernel
+from specmoe.cost.engine_settings import EngineRequest, engine_settings, target_model_for
 from specmoe.cost.ops_fit import whole_pass_time
 from specmoe.cost.plan_result import (
+    KERNEL_SWITCH,
     SCHEMA,
     Bandwidths,
     EnginePlan,
+    EnginePolicy,
     Epsilon,
     Level,
     Plan,
@@ -57,7 +65,7 @@ from specmoe.cost.step import (
 )
 from specmoe.errors import InputError
 
-__all__ = ["SCHEMA", "Plan", "build_plan", "engine_settings", "load_plan", "read_plan"]
+__all__ = ["SCHEMA", "EngineRequest", "Plan", "build_plan", "load_plan", "read_plan"]
 
 MS = 1e3
 
@@ -86,30 +94,6 @@ def _eq22(profile: Any, tau1: float, k_max: int, num_layers: int) -> dict[str, l
         }
     except (InputError, KeyError, ValueError, TypeError, IndexError):
         return None
-
-
-def engine_settings(k: int, crossover: int | None) -> dict[str, Any]:
-    """Engine flags for a fixed draft length k and the pass size from which the deduplicating
-    kernel should run (the crossover): vLLM, SGLang (chain drafting, top-k 1) and llama.cpp."""
-    if k == 0:
-        spec = {
-            "vllm": None,
-            "sglang": None,
-            "llama.cpp": None,
-            "note": "plain decoding is fastest: run without a draft model",
-        }
-    else:
-        spec = {
-            "vllm": {"speculative_config": {"num_speculative_tokens": k}},
-            "sglang": {
-                "--speculative-num-steps": k,
-                "--speculative-eagle-topk": 1,
-                "--speculative-num-draft-tokens": k + 1,
-            },
-            "llama.cpp": {"--draft-max": k, "--draft-min": k},
-        }
-    spec["dedup_from_pass_size"] = crossover
-    return spec
 
 
 def _policy_plan(
@@ -206,6 +190,100 @@ def _whole_pass(
     )
 
 
+def _engine_policies(
+    spec: Any,
+    profile: Any,
+    vm: Any,
+    eps: float,
+    h: np.ndarray,
+    acc: Sequence[Fraction | float],
+    delta: float | None,
+    request: EngineRequest,
+) -> dict[str, EnginePolicy]:
+    """Per engine of ``request``, the kernel it runs at each n on the profile's device (its
+    rule from :mod:`specmoe.cost.engine_kernels`) and the policy plan under it: the verify time
+    at n is tau_per_slot(n) where the engine reads per slot and tau_dedup(n) where it groups by
+    expert (Eq. (5) with that kernel's bytes and bandwidth), with bound (17) of the same kernel."""
+    cc = request.compute_capability
+    if cc is None:
+        cc = compute_capability_of(getattr(profile, "device_name", None))
+    n_max = len(vm.n)
+    out = {}
+    for name in request.engines:
+        ek = engine_kernel(
+            name,
+            str(getattr(profile, "device", "cpu")),
+            n_max,
+            num_experts=int(spec.num_experts),
+            top_k=int(spec.top_k),
+            compute_capability=cc,
+            weight_type=request.weight_type,
+        )
+        pol = None
+        if ek.kernel is not None:
+            slot = np.array([x == "per_slot" for x in ek.kernel])
+            tau = np.where(slot, vm.tau["per_slot"], vm.tau["dedup"]) * MS
+            mem = np.where(slot, vm.memory["per_slot"], vm.memory["dedup"])
+            pol = _policy_plan(tau, bounds.verify_time_bound(mem, eps) * MS, h, acc, delta)
+        out[name] = EnginePolicy(ek, pol)
+    return out
+
+
+def _engine_plan(
+    spec: Any,
+    profile: Any,
+    policies: dict[str, PolicyPlan],
+    engine_pols: dict[str, EnginePolicy],
+    a: Fraction | float,
+    cross: int | None,
+    request: EngineRequest,
+) -> EnginePlan:
+    """k* and its speedup at the expected acceptance ``a`` per kernel policy and per engine
+    under its own kernel, and each engine's settings at its own k* (the faster-kernel policy's
+    k* where the engine's rule cannot be evaluated, said in its notes)."""
+    kk = {p: theory.best_draft_length(policies[p].step_ms, a) for p in POLICIES}
+    sp = {p: float(theory.speedup(policies[p].step_ms, a, kk[p])) for p in POLICIES}
+    labels = {"best": KERNEL_SWITCH}
+    settings: dict[str, Any] = {}
+    device = "cuda" if str(getattr(profile, "device", "cpu")).startswith("cuda") else "cpu"
+    for name, ep in engine_pols.items():
+        ek, pol = ep.kernel, ep.policy
+        notes = []
+        if pol is not None:
+            kk[name] = theory.best_draft_length(pol.step_ms, a)
+            sp[name] = float(theory.speedup(pol.step_ms, a, kk[name]))
+            labels[name] = f"the kernel {ek.name} runs: {ek.rule}"
+            k = kk[name]
+        else:
+            pol = policies["best"]
+            k = kk["best"]
+            notes.append(f"{ek.note}; k* from the faster-kernel policy instead")
+        target, needs = target_model_for(name, spec.to_dict(), request.target_model)
+        s = engine_settings(
+            name,
+            k=k,
+            drafter=request.drafter,
+            target_model=target,
+            draft_model=request.draft_model,
+            device=device,
+            staircase=pol.staircase,
+            step_points=pol.step_points,
+            force_triton=device == "cuda",
+        )
+        s["notes"] = [*notes, *s.get("notes", [])]
+        settings[name] = {"name": ek.name, "release": ek.release, **s, "needs": needs}
+    settings["dedup_from_pass_size"] = cross
+    settings["kernel_switch"] = KERNEL_SWITCH
+    return EnginePlan(
+        expected_acceptance=float(a),
+        draft_length=kk,
+        speedup=sp,
+        settings=settings,
+        labels=labels,
+        drafter=request.drafter,
+    )
+
+
 def build_plan(
     spec: Any,
     union: Any,
@@ -218,12 +296,15 @@ def build_plan(
     expected_acceptance: Fraction | float | None = None,
     notes: Sequence[str] = (),
     sources: dict[str, Any] | None = None,
+    engines: EngineRequest | None = None,
 ) -> Plan:
     """The plan for ``spec`` with ``union`` [L, n >= k_max+1] (U_l(n), mapped onto the spec's L
     MoE layers) and a bandwidth ``profile`` measured on the spec's shapes at its dtype.
 
     ``acceptance``: the acceptance values of ``best_k``/``speedup`` (Fractions are exact);
-    ``draft_ms``: h(0..k_max) in ms (zeros when omitted); ``context``: depth d for kv(k).
+    ``draft_ms``: h(0..k_max) in ms (zeros when omitted); ``context``: depth d for kv(k);
+    ``engines``: the engines, drafter and models of the engine settings (default: all three
+    engines with an n-gram drafter), whose kernels are evaluated on the profile's device.
     """
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
         raise InputError(f"must be an integer >= 1, got {k_max!r}", argument="k_max")
@@ -293,16 +374,12 @@ def build_plan(
         for a in acc
     )
 
+    request = engines if engines is not None else EngineRequest()
+    engine_pols = _engine_policies(spec, profile, vm, eps, h, acc, delta, request)
     engine = None
     if expected_acceptance is not None:
         a = _acceptance(expected_acceptance, "expected_acceptance")
-        kk = {p: theory.best_draft_length(policies[p].step_ms, a) for p in POLICIES}
-        engine = EnginePlan(
-            expected_acceptance=float(a),
-            draft_length=kk,
-            speedup={p: float(theory.speedup(policies[p].step_ms, a, kk[p])) for p in POLICIES},
-            settings=engine_settings(kk["best"], cross),
-        )
+        engine = _engine_plan(spec, profile, policies, engine_pols, a, cross, request)
     eq22 = _eq22(profile, float(vm.tau["per_slot"][0]), k_max, spec.num_moe_layers)
     return Plan(
         model=spec.to_dict(),
@@ -350,6 +427,7 @@ def build_plan(
         reuse_threshold={"dedup": thr},
         engine=engine,
         whole_pass=_whole_pass(spec, profile, vm, eps, h, acc, context),
+        engine_kernels=engine_pols,
         verify=vm,
     )
 

@@ -4,7 +4,8 @@
 band (Eq. (18) of paper 002) and the crossover, one :class:`PolicyPlan` per kernel policy
 (``per_slot``, ``dedup``, ``best``: verify times with the band of bound (17), step times, a0,
 the staircase, the best draft length and speedup with bound (21)), the reuse thresholds of a
-deduplicating engine (Eq. (14)) and the engine settings; when the profile carries the
+deduplicating engine (Eq. (14)), the same per-policy quantities under the kernel each serving
+engine really runs (:class:`EnginePolicy`) and the engine settings; when the profile carries the
 per-operation benchmark, a :class:`WholePassPlan` (the same per-policy quantities from the
 whole-pass prediction). :meth:`Plan.to_dict` gives plan.json (schema ``specmoe.plan/1``, keys in
 their order; ``whole_pass`` only when present) and :meth:`Plan.from_dict` reads it back.
@@ -15,12 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specmoe.cost.engine_kernels import EngineKernel
 from specmoe.errors import InputError
 
 __all__ = [
+    "KERNEL_SWITCH",
     "SCHEMA",
     "Bandwidths",
     "EnginePlan",
+    "EnginePolicy",
     "Epsilon",
     "Level",
     "Plan",
@@ -31,6 +35,10 @@ __all__ = [
 ]
 
 SCHEMA = "specmoe.plan/1"
+KERNEL_SWITCH = (
+    "the faster of the two kernels at each pass size: a kernel switch the engine would need "
+    "(per-slot below the crossover, deduplicating from it); no engine has one"
+)
 POLICY_FIELDS = (
     "verify_ms",
     "verify_band_ms",
@@ -115,14 +123,63 @@ class PolicyPlan:
 
 
 @dataclass(frozen=True)
+class EnginePolicy:
+    """One engine's real kernel per pass size (:class:`EngineKernel`, its rule read from the
+    engine's source) and the policy plan under it (None when the rule cannot be evaluated)."""
+
+    kernel: EngineKernel
+    policy: PolicyPlan | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.kernel.to_dict()
+        if self.policy is not None:
+            d.update({name: _policy_field(self.policy, name) for name in POLICY_FIELDS})
+        return d
+
+    @classmethod
+    def from_dict(cls, engine: str, d: dict[str, Any]) -> EnginePolicy:
+        policy = None
+        if "verify_ms" in d:
+            policy = _policy_from({name: {engine: d[name]} for name in POLICY_FIELDS}, engine)
+        return cls(EngineKernel.from_dict(engine, d), policy)
+
+
+@dataclass(frozen=True)
 class EnginePlan:
-    """The best draft length and speedup per policy at one expected acceptance, and the
-    engines' settings (vLLM, SGLang, llama.cpp) for the faster-kernel policy."""
+    """The best draft length and speedup at one expected acceptance per kernel policy
+    (``per_slot``, ``dedup``, ``best``) and per engine under the kernel it really runs, a label
+    per entry where it needs one (``labels``: ``best`` is a kernel switch no engine has), the
+    drafter kind and the engines' settings (vLLM, SGLang, llama.cpp) at their own k*."""
 
     expected_acceptance: float
     draft_length: dict[str, int]
     speedup: dict[str, float]
     settings: dict[str, Any]
+    labels: dict[str, str] = field(default_factory=dict)
+    drafter: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"expected_acceptance": self.expected_acceptance}
+        if self.drafter is not None:
+            out["drafter"] = self.drafter
+        for p in self.draft_length:
+            out[p] = {"draft_length": self.draft_length[p], "speedup": self.speedup[p]}
+            if p in self.labels:
+                out[p]["kernel"] = self.labels[p]
+        out["settings"] = self.settings
+        return out
+
+    @classmethod
+    def from_dict(cls, eng: dict[str, Any]) -> EnginePlan:
+        names = [p for p in eng if p not in ("expected_acceptance", "settings", "drafter")]
+        return cls(
+            expected_acceptance=eng["expected_acceptance"],
+            draft_length={p: eng[p]["draft_length"] for p in names},
+            speedup={p: eng[p]["speedup"] for p in names},
+            settings=eng["settings"],
+            labels={p: eng[p]["kernel"] for p in names if "kernel" in eng[p]},
+            drafter=eng.get("drafter"),
+        )
 
 
 @dataclass(frozen=True)
@@ -213,6 +270,7 @@ class Plan:
     reuse_threshold: dict[str, tuple[tuple[float, ...], ...]]
     engine: EnginePlan | None = None
     whole_pass: WholePassPlan | None = None
+    engine_kernels: dict[str, EnginePolicy] | None = None
     verify: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -267,13 +325,10 @@ class Plan:
         d["reuse_threshold"] = {
             p: [list(row) for row in rows] for p, rows in self.reuse_threshold.items()
         }
+        if self.engine_kernels is not None:
+            d["engine_kernels"] = {e: ep.to_dict() for e, ep in self.engine_kernels.items()}
         if self.engine is not None:
-            e = self.engine
-            out: dict[str, Any] = {"expected_acceptance": e.expected_acceptance}
-            for p in e.draft_length:
-                out[p] = {"draft_length": e.draft_length[p], "speedup": e.speedup[p]}
-            out["settings"] = e.settings
-            d["engine"] = out
+            d["engine"] = self.engine.to_dict()
         if self.whole_pass is not None:
             d["whole_pass"] = self.whole_pass.to_dict()
         return d
@@ -289,15 +344,8 @@ class Plan:
             eps, bw, b = d["epsilon"], d["bandwidth_gbps"], d["bytes"]
             policies = {p: _policy_from(d, p) for p in d["verify_ms"]}
             eng = d.get("engine")
-            engine = None
-            if eng is not None:
-                names = [p for p in eng if p not in ("expected_acceptance", "settings")]
-                engine = EnginePlan(
-                    expected_acceptance=eng["expected_acceptance"],
-                    draft_length={p: eng[p]["draft_length"] for p in names},
-                    speedup={p: eng[p]["speedup"] for p in names},
-                    settings=eng["settings"],
-                )
+            engine = None if eng is None else EnginePlan.from_dict(eng)
+            ek = d.get("engine_kernels")
             eq22 = d.get("verify_ms_eq22")
             wp = d.get("whole_pass")
             return cls(
@@ -339,6 +387,9 @@ class Plan:
                 },
                 engine=engine,
                 whole_pass=None if wp is None else WholePassPlan.from_dict(wp),
+                engine_kernels=None
+                if ek is None
+                else {e: EnginePolicy.from_dict(e, v) for e, v in ek.items()},
             )
         except KeyError as exc:
             raise InputError(
