@@ -1,0 +1,190 @@
+"""Parsers of llama.cpp's output, on output captured from llama.cpp as vendored by
+llama-cpp-python 0.3.36 (ggml 0.25.3) on the bundled models (tests/fixtures/llamacpp/, its
+README says how each file was made). No llama.cpp build needed."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from specmoe.engines import llamacpp
+from specmoe.engines.llamacpp_logs import (
+    parse_bench_json,
+    parse_speculative_log,
+    parse_token_ids,
+)
+from specmoe.errors import InputError
+
+FIX = Path(__file__).parent / "fixtures" / "llamacpp"
+
+
+def _log() -> str:
+    return (FIX / "speculative-simple.jsonl").read_text(encoding="utf-8")
+
+
+def _messages(level: str) -> list[dict]:
+    rows = [json.loads(ln) for ln in _log().splitlines() if ln.startswith("{")]
+    return [r for r in rows if r.get("level") == level]
+
+
+def test_bench_verify_json_gives_each_pass_size_its_samples():
+    tests = parse_bench_json((FIX / "llama-bench-verify.json").read_text())
+    assert [t.n_prompt for t in tests] == [1, 2, 3]
+    assert all(t.n_gen == 0 and t.depth == 64 and t.threads == 1 for t in tests)
+    assert not any(t.flash_attn for t in tests)
+    raw = json.loads((FIX / "llama-bench-verify.json").read_text())
+    for t, r in zip(tests, raw, strict=True):
+        assert t.samples_ms == tuple(s / 1e6 for s in r["samples_ns"])
+        assert t.mean_ms == pytest.approx(r["avg_ns"] / 1e6, rel=1e-6)  # llama-bench's own mean
+    assert tests[0].samples_ms == (4.879277, 0.533344, 0.429072)
+    assert tests[0].median_ms == 0.533344
+
+
+def test_bench_decode_json_gives_tokens_per_second():
+    (t,) = parse_bench_json((FIX / "llama-bench-decode.json").read_text())
+    assert (t.n_prompt, t.n_gen, t.depth) == (0, 16, 0)
+    # median of the two repetitions (11.477827 ms, 19.797406 ms) for 16 tokens
+    assert t.tokens_per_s == pytest.approx(16 / ((11.477827 + 19.797406) / 2) * 1e3)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("not json", "not JSON"),
+        ('{"a": 1}', "JSON list"),
+        ('[{"n_prompt": 1}]', "test 0"),
+        (
+            '[{"n_prompt":1,"n_gen":0,"n_depth":0,"n_threads":1,"flash_attn":0,'
+            '"model_type":"x","model_size":1,"samples_ns":[]}]',
+            "no samples",
+        ),
+    ],
+)
+def test_bench_json_bad_input_is_one_error(text, words):
+    with pytest.raises(InputError, match=words):
+        parse_bench_json(text)
+
+
+def test_token_ids():
+    ids = parse_token_ids((FIX / "llama-tokenize-ids.txt").read_text())
+    assert len(ids) == 24 and ids[:5] == [485, 289, 1486, 271, 604]
+    assert parse_token_ids("[]\n") == []
+    with pytest.raises(InputError, match="no list"):
+        parse_token_ids("error: could not load model\n")
+
+
+def test_speculative_log_rounds_agree_with_the_tools_own_summary():
+    run = parse_speculative_log(_log())
+    assert (run.n_input, run.n_predict, run.n_drafted, run.n_accept) == (24, 26, 47, 14)
+    assert len(run.rounds) == 12
+    # the summary counts are the tool's own sums over its rounds
+    assert sum(r.accepted + 1 for r in run.rounds) == run.n_predict
+    assert sum(r.accepted for r in run.rounds) == run.n_accept
+    assert sum(r.k for r in run.rounds) == run.n_drafted
+    # contexts: the prompt less its last token, then each round's emitted tokens
+    assert run.rounds[0].context_len == run.n_input - 1
+    for a, b in zip(run.rounds, run.rounds[1:]):
+        assert b.context_len == a.context_len + a.accepted + 1
+    assert [r.index for r in run.rounds] == list(range(12))
+    assert math.isnan(run.rounds[0].t_draft_ms)
+    assert all(r.t_verify_ms > 0 for r in run.rounds)
+    assert all(r.t_draft_ms > 0 for r in run.rounds[1:])
+
+
+def test_speculative_log_rounds_read_against_the_raw_lines():
+    run = parse_speculative_log(_log())
+    dbg = [r["msg"] for r in _messages("debug")]
+    accepted = [m for m in dbg if m.startswith("accepted ")]
+    assert [f"accepted {r.accepted}/{r.k} draft tokens" for r in run.rounds] == [
+        m.split(",")[0] for m in accepted
+    ]
+    assert [int(m.rsplit("(", 1)[1].split(")")[0]) for m in accepted] == [
+        r.last_token for r in run.rounds
+    ]
+    # draft tokens: candidate 0 of each position, in order, per round
+    cand0 = [m for m in dbg if "draft candidate   0," in m]
+    flat = [int(m.split(":")[2].split("(")[0]) for m in cand0]
+    assert flat == [t for r in run.rounds for t in r.draft_tokens]
+    # times: the accepted line's time less the draft-ready line's, in ms
+    times = {r["msg"]: r["time"] for r in _messages("debug")}
+    first_acc = next(m for m in dbg if m.startswith("accepted "))
+    first_impl = next(m for m in dbg if "called impl" in m)
+    assert run.rounds[0].t_verify_ms == pytest.approx((times[first_acc] - times[first_impl]) / 1e3)
+
+
+def test_speculative_log_text_is_the_generation():
+    run = parse_speculative_log(_log())
+    pieces = [r["msg"] for r in _messages("none")]
+    # printed: a blank line, the prompt's pieces, the generation, a blank line, the summary
+    # and its timings, a last blank line
+    prompt = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+    assert "".join(pieces) == "\n\n" + prompt + run.text + "\n\n" + "\n\n"
+    assert run.text.startswith("\ndef _get")
+
+
+def test_speculative_summary_only():
+    run = parse_speculative_log(_log(), rounds=False)
+    assert run.rounds == () and run.n_predict == 26
+    assert run.tokens_per_s == pytest.approx(26 / run.decode_s)
+
+
+def _edit(old: str, new: str) -> str:
+    log = _log()
+    assert old in log
+    return log.replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("plain text\n", "no JSON log lines"),
+        (_edit('"msg":"n_accept  = 14', '"msg":"n_acc = 14'), "no summary line n_accept"),
+        (_edit("n_past = 28", "n_past = 27"), "n_past 27"),
+        (
+            _edit(
+                "called impl draft-simple, hist size = 23",
+                "called impl draft-simple, hist size = 23, gen",
+            ),
+            "round 0",
+        ),
+        (
+            "\n".join(ln for ln in _log().splitlines() if "draft candidate" not in ln),
+            "run with -lv 5",
+        ),
+    ],
+    ids=["not-jsonl", "no-summary", "n-past", "gen-mismatch", "no-debug"],
+)
+def test_speculative_log_bad_input_is_one_error(text, words):
+    with pytest.raises(InputError, match=words):
+        parse_speculative_log(text)
+
+
+def test_not_built_names_make_llama_cpp(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECMOE_LLAMA_CPP_CACHE", str(tmp_path))
+    assert llamacpp.cache_root() == tmp_path / llamacpp.VERSION
+    assert not llamacpp.is_built()
+    with pytest.raises(InputError, match="make llama-cpp"):
+        llamacpp.require_built()
+    with pytest.raises(InputError, match="make llama-cpp"):
+        llamacpp.tool("llama-bench")
+
+
+def test_export_without_a_build_exits_2(tmp_path, monkeypatch, capsys):
+    from specmoe.cli import main
+
+    monkeypatch.setenv("SPECMOE_LLAMA_CPP_CACHE", str(tmp_path / "none"))
+    out = tmp_path / "m.gguf"
+    assert main(["export", "--format", "gguf", "--model", "bundled", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "make llama-cpp" in err[0] and err[0].startswith("specmoe export:")
+    assert not out.exists()
+
+
+def test_the_build_script_and_the_adapter_agree_on_version_and_tools():
+    script = (Path(__file__).parents[1] / "scripts" / "build_llama_cpp.sh").read_text()
+    assert f"VERSION={llamacpp.VERSION}\n" in script
+    block = script.split("TOOLS=(", 1)[1].split(")", 1)[0].split()
+    assert tuple(block) == llamacpp.TOOLS
