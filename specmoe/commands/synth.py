@@ -48,6 +48,13 @@ def add_arguments(parser) -> None:
         metavar="SPEC",
         help="model spec (preset, HF config or spec JSON) giving N, m, layers",
     )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --model: keep its first N MoE layers (a CPU-sized copy, as plan --layers)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--out", required=True, metavar="FILE", help="synthetic trace (.npz)")
     parser.add_argument(
@@ -106,6 +113,15 @@ def run(args) -> int:
         from specmoe.spec import resolve_spec
 
         spec = resolve_spec(args.model)
+        if args.layers is not None:
+            try:
+                spec = spec.with_layers(args.layers)
+            except (InputError, ValueError) as exc:
+                raise InputError(f"{exc}", argument="layers") from None
+    elif args.layers is not None:
+        raise InputError(
+            "needs --model (the spec whose first N MoE layers are kept)", argument="layers"
+        )
     print(f"synth: statistics from {args.source}", file=sys.stderr, flush=True)
     if Path(args.source).suffix.lower() == ".json":
         moments = load_moments(args.source)
@@ -150,12 +166,15 @@ def run(args) -> int:
         "fidelity": None,
     }
     if not args.no_check and trace.num_layers == moments.num_layers:
+        if trace.num_experts != moments.num_experts:  # against the targets it was drawn to
+            from specmoe.routing.synth import uniform_moments
+
+            moments = uniform_moments(moments, trace.num_experts)
         f = synth_fidelity(moments, trace)
         rec["fidelity"] = f
-        msg = (
-            f"synth: popularity r >= {f['popularity_r_min']:.4f}, overlap within "
-            f"{f['overlap_max_abs_diff']:.4f}"
-        )
+        r_min = f["popularity_r_min"]
+        pop = "uniform popularity" if r_min is None else f"popularity r >= {r_min:.4f}"
+        msg = f"synth: {pop}, overlap within {f['overlap_max_abs_diff']:.4f}"
         if "union_max_abs_rel_err" in f:
             msg += f", union within {f['union_max_abs_rel_err']:.2%}"
         print(msg, file=sys.stderr)

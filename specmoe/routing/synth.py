@@ -28,7 +28,10 @@ silent on window boundaries, so we choose a stationary construction):
 
 The synthetic trace is one document unless ``doc_tokens`` splits it. Same inputs and seed give
 the same trace. Layers of a spec with a different layer count take the statistics of the source
-layer at the same relative depth; N and m must match the statistics.
+layer at the same relative depth; m must match the statistics, and so must N for ``skewed``. The
+``uniform`` variant carries the source's layer overlaps o_l(j) to another expert count N'
+(:func:`uniform_moments`: p = m/N', c(j) = m·o_l(j)/N'), the scaling of paper 003 Appendix M.3:
+the reuse of a token's experts by its successors is kept, the popularity skew is not.
 """
 
 from __future__ import annotations
@@ -55,7 +58,29 @@ __all__ = [
     "synth_fidelity",
     "synthesize",
     "systematic_sample",
+    "uniform_moments",
 ]
+
+
+def uniform_moments(moments: ExpertMoments, num_experts: int) -> ExpertMoments:
+    """The ``uniform`` variant's moments at ``num_experts`` experts: every expert has
+    p = m/N' and c(j) = m·o_l(j)/N', o_l(j) = Σ_e c_{l,e}(j)/m the source layer's overlap at
+    lag j, so Σ_e c(j) (hence o_l(j)) is the source's exactly."""
+    N2, m, L = int(num_experts), moments.top_k, moments.num_layers
+    if not m < N2:
+        raise InputError(f"must exceed m={m}, got {N2}", argument="num_experts")
+    if np.any(moments.coactivation.sum(axis=2) / N2 > m / N2 + 1e-12):
+        raise InputError("overlaps exceed m", argument="num_experts")  # pragma: no cover
+    co = np.repeat((moments.coactivation.sum(axis=2) / N2)[:, :, None], N2, axis=2)
+    return ExpertMoments(
+        num_experts=N2,
+        top_k=m,
+        popularity=np.full((L, N2), m / N2),
+        coactivation=co,
+        tokens=moments.tokens,
+        union=None,
+        meta={**moments.meta, "uniform_from_num_experts": moments.num_experts},
+    )
 
 
 def _layer_map(num_layers: int, source_layers: int) -> np.ndarray:
@@ -194,9 +219,13 @@ def synthesize(
     min(J+1, 9) for statistics with J lags. A bad argument is an ``InputError`` naming it.
     """
     N, m = moments.num_experts, moments.top_k
+    if num_experts is not None and num_experts != N and variant == "uniform" and top_k in (None, m):
+        moments, N = uniform_moments(moments, num_experts), int(num_experts)
     if num_experts is not None and num_experts != N:
         raise InputError(
-            f"N={num_experts} experts but the statistics have N={N}", argument="num_experts"
+            f"N={num_experts} experts but the statistics have N={N} (the uniform variant "
+            "carries the overlaps to another N)",
+            argument="num_experts",
         )
     if top_k is not None and top_k != m:
         raise InputError(
