@@ -16,6 +16,8 @@ MADE_BY = {
     "runs": "scripts/measure_runs.py",
     "oracle": "specmoe oracle --runs DIR --out DIR",
     "policies": "specmoe policy --runs DIR --out DIR",
+    "inertia": "specmoe inertia --runs DIR --out DIR",
+    "stops": "specmoe stops --runs DIR --out DIR",
     "rounds": "specmoe run --out DIR",
 }
 

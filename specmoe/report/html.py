@@ -41,13 +41,26 @@ JSON_KINDS = {
     "validation.json": "validation",
     "oracle.json": "oracle",
     "policies.json": "policies",
+    "inertia.json": "inertia",
+    "stops.json": "stops",
 }
 SCHEMA_KINDS = {
     "specmoe.bandwidth_profile/1": "profile",
     "specmoe.plan/1": "plan",
     "specmoe.validation/1": "validation",
 }
-ORDER = ("validation", "plan", "profile", "routing", "runs", "oracle", "policies", "rounds")
+ORDER = (
+    "validation",
+    "plan",
+    "profile",
+    "routing",
+    "runs",
+    "oracle",
+    "policies",
+    "inertia",
+    "stops",
+    "rounds",
+)
 TITLES = {
     "validation": "Prediction against measurement",
     "plan": "Plan",
@@ -56,6 +69,8 @@ TITLES = {
     "runs": "Measured runs",
     "oracle": "Oracle bound",
     "policies": "Draft-budget policies",
+    "inertia": "Routing inertia of rejected drafts",
+    "stops": "Where the Oracle stops",
     "rounds": "Round logs",
 }
 
@@ -215,6 +230,7 @@ def build_report(
     """The HTML text of the report on ``root``, the figure files written beside ``out`` and the
     number of results found per kind. ``made_by`` maps a kind (a key of ``TITLES``) to what
     produces it, shown where that kind is missing."""
+    from specmoe.report import analysis_sections as asec
     from specmoe.report import html_sections as sec
 
     root, out = Path(root), Path(out)
@@ -258,7 +274,8 @@ def build_report(
                 )
                 continue
             try:
-                body.append(sec.render(kind, path, data, figs, rel=rel))
+                render = asec.render if kind in asec.KINDS else sec.render
+                body.append(render(kind, path, data, figs, rel=rel))
             except Exception as exc:  # one bad file never sinks the page
                 body.append(
                     f'<p class="fails">Could not render {html.escape(rel)}: '
