@@ -560,3 +560,53 @@ def test_rescoring_the_committed_campaign_writes_the_committed_files(
     assert main(["validate", "--plan", plan, "--runs", runs, "--out", str(tmp_path)]) == 0
     for name in ("validation.json", "validation.txt"):
         assert (tmp_path / name).read_bytes() == (ROOT / out / name).read_bytes(), name
+
+
+# ------------------------------------------------------------------------------------------
+# figures and the report
+
+
+def test_figures_and_report_show_every_version_with_intervals(tmp_path):
+    from specmoe.report.html_sections import render_validation
+    from specmoe.report.validate_figures import write_validation_figures
+
+    plan, runs = _world_with_samples(tmp_path)
+    v = validate(plan, runs, rules_path=str(RULES_WP))
+    d = json.loads(json.dumps(v.to_dict()))
+    a = write_validation_figures(v, tmp_path / "a")
+    b = write_validation_figures(d, tmp_path / "b")
+    names = [p.name for p in a]
+    assert (
+        names
+        == [p.name for p in b]
+        == [
+            "validate_saving.png",
+            "validate_kstar.png",
+            "validate_verify.png",
+            "validate_tau.png",
+            "validate_loss.png",
+        ]
+    )
+    assert all(p.read_bytes() == q.read_bytes() for p, q in zip(a, b))
+
+    class Figs:  # the report's figure collector, reduced to what the section calls
+        def __init__(self):
+            self.claimed = set()
+
+        def tag(self, p, name):
+            return f"<img alt={name}>"
+
+        def add_file(self, p):
+            return p
+
+    (tmp_path / "a" / "validation.json").write_text(json.dumps(d))
+    page = render_validation(tmp_path / "a" / "validation.json", d, Figs())
+    assert "decided (interval on one side)" in page and "whole-pass" in page
+    assert page.count('class="none">undecided') + page.count('class="holds">decided') == sum(
+        r.decided is not None for r in v.configurations[0].rules
+    )
+    for name in ("validate_tau.png", "validate_loss.png"):
+        assert f"<img alt={name}>" in page
+    (c,) = v.configurations
+    lo, hi = c.versions["whole_pass"].intervals.metrics["verify_error"]
+    assert f"[{100 * lo:.1f}%, {100 * hi:.1f}%]" in page

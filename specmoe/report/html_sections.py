@@ -100,7 +100,113 @@ VERSION_NAMES = {
     "prediction": "prediction",
     "measured_time": "measured-time",
     "calibrated": "calibrated",
+    "whole_pass": "whole-pass",
 }
+VERSION_ABBREV = {
+    "prediction": "pred",
+    "measured_time": "mt",
+    "calibrated": "cal",
+    "whole_pass": "wp",
+}
+
+
+def decided_mark(d: bool | None) -> str:
+    """Whether a verdict's interval decided it (under a rule set with intervals)."""
+    if d is True:
+        return '<span class="holds">decided</span>'
+    if d is False:
+        return '<span class="none">undecided</span>'
+    return '<span class="none">no interval</span>'
+
+
+def _interval(x: Any, pair: Any, spec: str = ".3g", *, as_pct: bool = False) -> str:
+    """``x [lo, hi]``, escaped; the interval left out when there is none."""
+    f = (lambda y: pct(y)) if as_pct else (lambda y: num(y, spec))
+    if not pair:
+        return f(x)
+    return f"{f(x)} [{f(pair[0])}, {f(pair[1])}]"
+
+
+def _interval_tables(cfgs: list[dict]) -> list[str]:
+    """Under a rule set with intervals: what each configuration's measured side rests on, and
+    each version's headline scores with their 95% intervals."""
+    parts = []
+    rows = []
+    for c in cfgs:
+        mi = c.get("measured", {}).get("intervals")
+        if not mi:
+            continue
+        rows.append(
+            [
+                esc(c.get("name")),
+                esc(mi.get("tau", "")),
+                f"{num(mi.get('verify_prompts'))} × {num(mi.get('verify_repeats'))}",
+                esc(mi.get("throughput", "")),
+                f"{num(mi.get('throughput_prompts'))} × {num(mi.get('throughput_repeats'))}",
+                f"{pct(mi.get('level'), 0)}, {num(mi.get('resamples'))} resamples, "
+                f"seed {num(mi.get('seed'))}",
+            ]
+        )
+    if not rows:
+        return parts
+    parts.append("<h3>The measured side and its intervals</h3>")
+    parts.append(
+        table(
+            [
+                "configuration",
+                "τ(n)",
+                "prompts × repetitions",
+                "T(k, a)",
+                "prompts × repeats",
+                "bootstrap",
+            ],
+            rows,
+            left=2,
+        )
+    )
+    rows = []
+    for c in cfgs:
+        for v, s in c.get("versions", {}).items():
+            m = s.get("intervals") or {}
+            share = m.get("kstar_share")
+            rows.append(
+                [
+                    esc(c.get("name")),
+                    esc(VERSION_NAMES.get(v, v)),
+                    _interval(s.get("kstar_within_one"), m.get("kstar_within_one"), "g")
+                    + f" of {num(s.get('kstar_within_one_of'))}",
+                    "–" if not share else esc(" ".join(f"{x:.2f}" for x in share)),
+                    _interval(s.get("max_loss"), m.get("max_loss"), as_pct=True),
+                    _interval(s.get("verify_error"), m.get("verify_error"), as_pct=True),
+                    _interval(s.get("crossover_distance"), m.get("crossover_distance"), "g"),
+                    _interval(s.get("saving_in_band_share"), m.get("saving_in_band_share"), ".2f"),
+                ]
+            )
+    parts.append(
+        table(
+            [
+                "configuration",
+                "version",
+                "k̂* within one",
+                "share of resamples with k* within one of k̂*, per a",
+                "max loss",
+                "verify error",
+                "crossover distance",
+                "in band (18)",
+            ],
+            rows,
+            left=2,
+            caption="Each version's scores with their 95% bootstrap intervals (prompts resampled)",
+        )
+    )
+    parts.append(
+        '<p class="note">Intervals resample the prompts, each with all its repetitions or '
+        "repeats; the prediction is held fixed (the paper's versions are re-anchored on each "
+        "resample's τ(1) or τ_off(n), which they take from the runs) and k̂* at its point "
+        "value. A verdict is decided when its interval lies on one side of the rule's value; "
+        "undecided verdicts are shown, never removed.</p>"
+    )
+    return parts
 
 
 def _rule_text(r: dict) -> str:
@@ -131,27 +237,51 @@ def render_validation(path: Path, d: dict, figs) -> str:
         f"the runs they score; bandwidth error ε = {num(d.get('epsilon'), '.3f')}.</p>"
     )
     parts.append("<h3>Rules</h3>")
+    cfgs = d.get("configurations", [])
+    scored_as = {c.get("scored_version", "prediction") for c in cfgs}
+    with_iv = any("decided_per_configuration" in r for r in d.get("rules", []))
+
+    def _version(r: dict) -> str:
+        v = r.get("version")
+        if v == "prediction" and scored_as == {"whole_pass"}:
+            v = "whole_pass"  # the rule set's prediction is the whole-pass one
+        return esc(VERSION_NAMES.get(v, v))
+
     rows = [
         [
             esc(r["id"])
             + ("" if r.get("required", True) else " <span class=none>(reported)</span>"),
             esc(r.get("text", "")),
-            esc(VERSION_NAMES.get(r.get("version"), r.get("version"))),
+            _version(r),
             _rule_text(r),
             f"{r.get('configurations_holding', '–')} of {r.get('configurations', '–')}",
             verdict(r.get("holds")),
+            *(
+                [
+                    f"{sum(x is True for x in r['decided_per_configuration'].values())} of "
+                    f"{len(r['decided_per_configuration'])}"
+                ]
+                if with_iv
+                else []
+            ),
         ]
         for r in d.get("rules", [])
     ]
     parts.append(
         table(
-            ["rule", "statement", "version", "threshold", "configurations", "verdict"], rows, left=2
+            ["rule", "statement", "version", "threshold", "configurations", "verdict"]
+            + (["decided (interval on one side)"] if with_iv else []),
+            rows,
+            left=2,
         )
     )
-    cfgs = d.get("configurations", [])
     if cfgs:
         parts.append("<h3>Scores per configuration (Tables 3, 4 and 7 of paper 002)</h3>")
-        vs = ("prediction", "measured_time", "calibrated")
+        present = {v for c in cfgs for v in c.get("versions", {})}
+        vs = tuple(
+            v for v in ("prediction", "measured_time", "calibrated", "whole_pass") if v in present
+        )
+        tag = " / ".join(VERSION_ABBREV[v] for v in vs)
         rows = []
         for c in cfgs:
             cr = c.get("crossover", {})
@@ -170,14 +300,15 @@ def render_validation(path: Path, d: dict, figs) -> str:
                     " / ".join(num(c.get("delta", {}).get(v), ".3f") for v in vs),
                 ]
             )
+        head = VERSION_ABBREV.get(next(iter(scored_as)) if len(scored_as) == 1 else "", "pred")
         parts.append(
             table(
                 [
                     "configuration",
-                    "crossover pred / mt / cal · meas",
-                    "k̂* within one (pred / mt / cal)",
-                    "max loss (pred)",
-                    "verify error (pred / mt / cal)",
+                    f"crossover {tag} · meas",
+                    f"k̂* within one ({tag})",
+                    f"max loss ({head})",
+                    f"verify error ({tag})",
                     "saving error ms",
                     "in band (18)",
                     "δ",
@@ -188,10 +319,18 @@ def render_validation(path: Path, d: dict, figs) -> str:
         parts.append(
             '<p class="note">pred: the prediction (fits at recorded windows, '
             "Eq. (22)); mt: measured operation times; cal: calibrated with the "
-            "measured dedup-off verify time. Loss: the largest share of the best "
+            "measured dedup-off verify time"
+            + (
+                "; wp: the whole-pass prediction (every operation of the pass from the "
+                "per-operation benchmark, committed before the runs)"
+                if "whole_pass" in vs
+                else ""
+            )
+            + ". Loss: the largest share of the best "
             "measured throughput lost by drafting k̂*. δ: the largest relative "
             "step-time error, which sets bounds (20) and (21).</p>"
         )
+        parts += _interval_tables(cfgs)
         rows = []
         for r in d.get("rules", []):
             cells = []
@@ -199,13 +338,26 @@ def render_validation(path: Path, d: dict, figs) -> str:
                 cr = next((x for x in c.get("rules", []) if x.get("id") == r["id"]), {})
                 m = cr.get("measured")
                 shown = f"{num(m)} of {num(cr.get('total'))}" if cr.get("of") else num(m, ".3g")
-                cells.append(f"{shown} {verdict(cr.get('holds'))}")
+                if "interval" in cr:
+                    iv = cr.get("interval")
+                    if iv:
+                        shown += f" [{num(iv[0], '.3g')}, {num(iv[1], '.3g')}]"
+                    cells.append(
+                        f"{shown} {verdict(cr.get('holds'))} {decided_mark(cr.get('decided'))}"
+                    )
+                else:
+                    cells.append(f"{shown} {verdict(cr.get('holds'))}")
             rows.append([esc(r["id"]), *cells])
         parts.append(
             table(
                 ["rule"] + [esc(c.get("name")) for c in cfgs],
                 rows,
-                caption="Each rule in each configuration: the measured value and the verdict",
+                caption="Each rule in each configuration: the measured value"
+                + (
+                    " with its 95% interval, the verdict and whether the interval decides it"
+                    if with_iv
+                    else " and the verdict"
+                ),
             )
         )
     have = {p.name for p in (path.parent.glob("validate_*.png"))}
