@@ -121,6 +121,14 @@ def _json_values(text: str, name: str) -> list[Any] | None:
     return values
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _prometheus(text: str, name: str) -> dict[str, list[tuple[dict[str, str], str]]] | None:
     """Samples of Prometheus text exposition by metric name; None when ``text`` is not that."""
     out: dict[str, list[tuple[dict[str, str], str]]] = {}
@@ -129,6 +137,8 @@ def _prometheus(text: str, name: str) -> dict[str, list[tuple[dict[str, str], st
         if not line or line.startswith("#"):
             continue
         m = _SAMPLE.match(line)
+        if m is not None and not _is_number(m.group(3)):
+            m = None
         if m is None:
             if not out:
                 return None
