@@ -656,3 +656,56 @@ def test_cli_start_and_ids_dtype_flags(tmp_path, rng, capsys):
     assert main(argv) == 2  # uint8 bytes read as int32 ids: no whole number of tokens
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(path) in err[0]
+
+
+# ------------------------------------------------------------------------------------------
+# any value, any line: an InputError naming the file, or a valid trace
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_KEYS = [
+    "id",
+    "request_id",
+    "choices",
+    "index",
+    "meta_info",
+    "sglext",
+    "sgl_ext",
+    "routed_experts",
+    "routed_experts_dtype",
+    "prompt_routed_experts",
+    "finish_reason",
+    "request",
+    "response",
+    "error",
+    "routed_experts_start_len",
+    "sampling_params",
+]
+_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 9)
+    | st.text(max_size=5)
+    | st.sampled_from(["AAEAAg==", "AQAAAAIAAAA=", "abort", "uint8", "int32", "x"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(_KEYS), inner, max_size=4)
+    ),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(lines=st.lists(_values, min_size=1, max_size=4), sse=st.booleans())
+def test_random_streams_never_escape_as_another_exception(tmp_path_factory, lines, sse):
+    path = tmp_path_factory.mktemp("st") / "s.jsonl"
+    path.write_text("".join(("data: " if sse else "") + json.dumps(v) + "\n" for v in lines))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedRequestsWarning)
+            tr = import_routed_experts(path, engine="sglang", num_experts=10, layers=1, top_k=2)
+    except InputError as exc:
+        # the file first; an argument it blames (layers, top_k) prefixes the line
+        assert "\n" not in str(exc) and exc.message.startswith(str(path)), str(exc)
+        return
+    assert tr.num_tokens >= 1 and len(tr.meta["documents"]) == tr.num_documents
