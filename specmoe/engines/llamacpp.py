@@ -49,6 +49,7 @@ __all__ = [
     "bench_verify",
     "cache_root",
     "export_gguf",
+    "greedy_text",
     "is_built",
     "replay_routing",
     "require_built",
@@ -209,6 +210,14 @@ def tokenize(
         return parse_token_ids(_run(cmd, what="llama-tokenize").stdout)
 
 
+def greedy_text(model: str | os.PathLike, prompt: str, *, n_tokens: int) -> str:
+    """Plain greedy decoding in llama.cpp (``llama-simple``): what it prints, the prompt's
+    pieces and then the ``n_tokens`` generated (fewer at an end-of-generation token)."""
+    cmd = [str(tool("llama-simple")), "-m", str(_model_file(model)), "-n", str(int(n_tokens))]
+    out = _run([*cmd, prompt], what="llama-simple").stdout
+    return out[:-1] if out.endswith("\n") else out
+
+
 def speculative_command(
     target: str | os.PathLike,
     draft: str | os.PathLike,
@@ -218,15 +227,17 @@ def speculative_command(
     n_predict: int,
     threads: int = 1,
     ctx_size: int = 4096,
+    rounds: bool = True,
 ) -> list[str]:
     """The ``llama-speculative-simple`` command of :func:`run_speculative` (greedy, a draft of
-    exactly k tokens each round: n-min 0, p-min 0; debug log as timed JSON lines)."""
+    exactly k tokens each round: n-min 0, p-min 0; the log as timed JSON lines, at debug
+    verbosity with ``rounds``: the rounds' lines, which slow the run several times)."""
     cmd = [str(tool("llama-speculative-simple")), "-m", str(target), "-md", str(draft)]
     cmd += ["-f", str(prompt_file), "-n", str(int(n_predict)), "-c", str(int(ctx_size))]
     cmd += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(int(k))]
     cmd += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-t", str(int(threads))]
     cmd += ["-td", str(int(threads)), "-fa", "off", "--temp", "0", "--no-escape", "--seed", "0"]
-    cmd += ["-lv", "5", "--log-timestamps", "--log-jsonl", "--log-colors", "off"]
+    cmd += ["-lv", "5" if rounds else "3", "--log-timestamps", "--log-jsonl", "--log-colors", "off"]
     return cmd
 
 
@@ -239,11 +250,13 @@ def run_speculative(
     n_predict: int,
     threads: int = 1,
     ctx_size: int = 4096,
+    rounds: bool = True,
     log_path: str | os.PathLike | None = None,
 ) -> SpecRun:
     """One greedy speculative generation of about ``n_predict`` tokens after ``prompt``, the
     draft model proposing ``k`` tokens a round; its rounds parsed from llama.cpp's own log
-    (kept at ``log_path`` when given)."""
+    (kept at ``log_path`` when given). ``rounds=False``: the summary only, from a run at the
+    default verbosity (for throughput: debug logging slows the run several times)."""
     import tempfile
 
     if k < 1:
@@ -253,14 +266,21 @@ def run_speculative(
         pf = Path(tmp) / "prompt.txt"
         pf.write_text(prompt + "\n", encoding="utf-8")  # -f drops one trailing newline
         cmd = speculative_command(
-            target, draft, pf, k=k, n_predict=n_predict, threads=threads, ctx_size=ctx_size
+            target,
+            draft,
+            pf,
+            k=k,
+            n_predict=n_predict,
+            threads=threads,
+            ctx_size=ctx_size,
+            rounds=rounds,
         )
         proc = _run(cmd, what="llama-speculative-simple")
     log = proc.stdout + proc.stderr
     if log_path is not None:
         with atomic_path(log_path) as tmp_log:
             tmp_log.write_text(log, encoding="utf-8")
-    return parse_speculative_log(log)
+    return parse_speculative_log(log, rounds=rounds)
 
 
 # ------------------------------------------------------------------------------------------
