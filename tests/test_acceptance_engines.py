@@ -17,11 +17,8 @@ import pytest
 
 from specmoe.cli import main
 from specmoe.errors import InputError
-from specmoe.formats.engine_metrics import (
-    estimate_from_files,
-    load_acceptance,
-    read_engine_metrics,
-)
+from specmoe.formats.acceptance import load_acceptance
+from specmoe.formats.engine_metrics import estimate_from_files, read_engine_metrics
 from specmoe.oracle.acceptance import (
     SpecRecord,
     estimate_acceptance,

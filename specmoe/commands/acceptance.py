@@ -5,7 +5,7 @@ response metrics, JSON lines of them, or the server's Prometheus text; ``docs/ac
 and estimates a with an interval, the per-position rates, a test of the geometric model and,
 where steps were recorded in order, the after-accept / after-reject rates. Prints a summary, or
 with ``--json`` the estimate on stdout; ``--out FILE`` writes it as the small JSON that
-``specmoe.formats.engine_metrics.load_acceptance`` reads back.
+``specmoe.formats.acceptance.load_acceptance`` reads back.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def summary(est) -> str:
 def run(args) -> int:
     from specmoe._io import atomic_write_json, dumps_json
     from specmoe.errors import InputError
-    from specmoe.formats.engine_metrics import acceptance_to_json, estimate_from_files
+    from specmoe.formats.acceptance import acceptance_to_json
+    from specmoe.formats.engine_metrics import estimate_from_files
 
     check_int(args.draft_length, "--draft-length", low=1, high=MAX_DRAFT_LENGTH)
     check_float(args.confidence, "--confidence", low=0.0, high=1.0, closed="()")
