@@ -197,7 +197,8 @@ class _Reader:
             return src["routed_experts"], dtype
 
         top = (obj, info, ext)
-        full = [p for src in (ext, info, obj) if (p := take(src, *top)) is not None]
+        # one routing, in one of three places: sglext, meta_info, the response itself
+        full = [p for src in (ext, info, obj) if (p := take(src, *top)) is not None][:1]
         choices = obj.get("choices")
         if choices is not None and not isinstance(choices, list):
             raise InputError(f"{label}: 'choices' is not a list")
