@@ -45,8 +45,8 @@ for name in "${@:-bundled olmoe-dummy-4L}"; do
       qwen3-dummy-4L)
         R=$P/qwen3-dummy-4L/routing.npz
         mkdir -p "$P/qwen3-dummy-4L"
-        [ -f "$R" ] || $SPECMOE synth --from "$VAL" --model Qwen3-30B-A3B --variant skewed \
-          --seed 0 --tokens 32768 --doc-tokens 1024 --out "$R"
+        [ -f "$R" ] || $SPECMOE synth --from "$VAL" --model Qwen3-30B-A3B --layers 4 \
+          --variant uniform --seed 0 --tokens 32768 --doc-tokens 1024 --out "$R"
         predict qwen3-dummy-4L "--model Qwen3-30B-A3B --dtype bfloat16" \
           "Qwen3-30B-A3B-dummy --layers 4" "--model Qwen3-30B-A3B --layers 4" "$R" ;;
       *) echo "whole_pass_predictions: unknown configuration $n" >&2; exit 2 ;;
