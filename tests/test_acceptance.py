@@ -288,3 +288,11 @@ def test_request_clustered_interval_widens_with_heterogeneous_requests():
     clo, chi = est.interval_requests
     assert chi - clo > 2 * (hi - lo)
     assert clo < est.rate < chi and est.requests == 30
+
+
+def test_steps_that_drafted_nothing_are_refused():
+    rec = SpecRecord(3, 0, 0, 2, step_drafted=(0, 0, 0), step_accepted=(0, 0, 0))
+    with pytest.raises(InputError, match="drafted anything"):
+        estimate_acceptance([rec])
+    with pytest.raises(InputError, match="drafted anything"):
+        estimate_acceptance([SpecRecord(0, 0, 0, 2, full=True)])

@@ -462,7 +462,7 @@ def estimate_acceptance(
     steps = sum(c.steps for c in counts)
     drafted = sum(c.drafted for c in counts)
     accepted = sum(c.accepted for c in counts)
-    if steps == 0:
+    if steps == 0 or drafted == 0:
         raise InputError("no verification step drafted anything", argument="records")
     full = all(c.full for c in counts)
     positional = all(c.s.size for c in counts)
