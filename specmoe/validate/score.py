@@ -18,6 +18,13 @@ tau_hat_p(n) for the per-slot and the deduplicating kernel at n = 1..n_max:
   (``rules-whole-pass.json``) decides its rules, which name version ``prediction``, on it, and
   scores its verify error from ``definitions.verify_error_pass_sizes.min``.
 
+A rule set with ``definitions.measured`` also sets the measured side: tau_p(n) the mean over
+prompts of per-prompt medians and T(k, a) the median over prompts x repeats, with percentile
+bootstrap intervals over prompts for every score of every version, and each verdict's
+``interval`` and ``decided`` (:mod:`specmoe.validate.whole_pass`,
+:mod:`specmoe.validate.intervals`). A campaign record that names the prediction of a runs
+folder has its plan's and profile's SHA-256 checked before anything is scored.
+
 Eq. (22) is :func:`specmoe.cost.step.whole_model_verify_time`; the best draft length, the
 speedup and the bounds (18), (20), (21) come from :mod:`specmoe.cost`. Each configuration
 (model x depth x engine/device) is scored as in Tables 3, 4, 7 and 8: the largest saving error

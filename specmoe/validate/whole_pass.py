@@ -5,6 +5,13 @@ configuration's depth (:func:`specmoe.cost.ops_fit.whole_pass_time`, Eq. (22) ge
 every operation) plus the plan's expert operation of Eq. (5) of paper 002, E_p(n)/beta_p(n);
 it does not use the measured tau(1). :func:`scored_version` reads a rule set's
 ``scored_version`` (``rules-whole-pass.json`` names ``whole_pass``).
+
+The measured side of a rule set with ``definitions.measured`` (:func:`measured_side`): tau_p(n)
+the mean over prompts of per-prompt medians, T(k, a) the median over prompts x repeats, and
+their percentile bootstrap over prompts (:mod:`specmoe.validate.intervals`);
+:func:`version_intervals` recomputes every score of one version on each resample.
+:func:`check_recorded_prediction` holds a scored plan and profile to the SHA-256 that the
+campaign record committed before the runs.
 """
 
 from __future__ import annotations
