@@ -15,7 +15,8 @@ Writes one JSON file per engine, each naming the files it was read from:
   config classes forbid unknown keys), the ``SpeculativeMethod`` literals, the ``MoEBackend``
   literals (vllm/config/kernel.py) and the option strings ``EngineArgs.add_cli_args`` registers
   by hand (vllm/engine/arg_utils.py); and a verbatim copy of
-  vllm/v1/spec_decode/dynamic/utils.py (self-contained: vLLM's own schedule validation).
+  vllm/v1/spec_decode/dynamic/utils.py (self-contained: vLLM's own schedule validation), kept as
+  .py.txt so the linters leave vLLM's formatting alone.
 - sglang-0.5.23.json: every option ``add_cli_args_from_dataclass`` derives from the fields of
   sglang/srt/arg_groups/fields/*.py (same naming rules: ``--field-name`` or ``cli_name``, plus
   aliases; ``no_cli`` skipped), the ones ``ServerArgs.add_cli_args`` adds by hand, and the
@@ -78,7 +79,7 @@ def extract_vllm(root: Path) -> dict:
     arg_utils = (root / "vllm/engine/arg_utils.py").read_text()
     flags = sorted(set(re.findall(r'add_argument\(\s*"(--[a-z0-9-]+)"', arg_utils)))
     shutil.copyfile(
-        root / "vllm/v1/spec_decode/dynamic/utils.py", OUT / "vllm-0.33.0-dynamic-sd-utils.py"
+        root / "vllm/v1/spec_decode/dynamic/utils.py", OUT / "vllm-0.33.0-dynamic-sd-utils.py.txt"
     )
     return {
         "engine": "vllm",

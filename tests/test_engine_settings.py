@@ -54,7 +54,7 @@ class Rejected(Exception):
 def _vllm_dynamic_utils() -> dict:
     """vLLM's own vllm/v1/spec_decode/dynamic/utils.py (verbatim copy), executed."""
     ns: dict = {}
-    exec(compile((FIX / "vllm-0.33.0-dynamic-sd-utils.py").read_text(), "vllm-dyn", "exec"), ns)
+    exec(compile((FIX / "vllm-0.33.0-dynamic-sd-utils.py.txt").read_text(), "vllm-dyn", "exec"), ns)
     return ns
 
 
