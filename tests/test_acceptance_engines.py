@@ -803,3 +803,50 @@ def test_estimate_of_records_equals_the_file_estimate(tmp_path):
     a, b = estimate_acceptance([rec]), load_acceptance(src)
     assert (a.rate, a.interval, a.per_position) == (b.rate, b.interval, b.per_position)
     assert math.isclose(b.mean_accepted, sum(j) / 90)
+
+
+def llama_chat_final(cid, timings) -> dict:
+    """server_task_result_cmpl_final::to_json_oaicompat_chat (tools/server/server-task.cpp)."""
+    return {
+        "choices": [
+            {
+                "finish_reason": "length",
+                "index": 0,
+                "message": {"role": "assistant", "content": "x"},
+            }
+        ],
+        "created": 1760000000,
+        "model": "m.gguf",
+        "system_fingerprint": "b1-abc",
+        "object": "chat.completion",
+        "usage": {"completion_tokens": 40, "prompt_tokens": 7, "total_tokens": 47},
+        "id": cid,
+        "timings": timings,
+    }
+
+
+def test_llama_chat_stream_keeps_the_last_timings_per_id(tmp_path):
+    # to_json_oaicompat_chat_stream: with timings_per_token every chunk carries the cumulative
+    # timings of its request; the last chunk of each id counts
+    lines = []
+    for cid, (dn, da) in (("chatcmpl-a", (80, 50)), ("chatcmpl-b", (40, 10))):
+        for step in (1, 2):
+            chunk = {
+                "choices": [{"finish_reason": None, "index": 0, "delta": {"content": "t"}}],
+                "created": 1,
+                "id": cid,
+                "model": "m.gguf",
+                "system_fingerprint": "b1-abc",
+                "object": "chat.completion.chunk",
+                "timings": llama_timings(dn * step // 2, da * step // 2),
+            }
+            lines.append("data: " + json.dumps(chunk))
+    lines.append("data: [DONE]")
+    (tmp_path / "s.txt").write_text("\n\n".join(lines) + "\n\n")
+    m = read_engine_metrics(tmp_path / "s.txt")
+    assert [(r.drafted, r.accepted) for r in m.records] == [(80, 50), (40, 10)]
+    (tmp_path / "c.json").write_text(
+        json.dumps(llama_chat_final("chatcmpl-c", llama_timings(8, 3)))
+    )
+    (rec,) = read_engine_metrics(tmp_path / "c.json").records
+    assert (rec.drafted, rec.accepted, rec.steps) == (8, 3, None)
