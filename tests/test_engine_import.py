@@ -389,6 +389,41 @@ def sglext(routed_experts):
     return {k: v for k, v in {"routed_experts": routed_experts}.items() if v is not None}
 
 
+def _usage(prompt, completion):
+    """``UsageInfo`` of SGLang 0.5.23 (protocol.py) as ``model_dump_json`` writes it."""
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 0,
+        "completion_tokens_details": None,
+    }
+
+
+def sglang_chat_response(rid, meta_infos, ext):
+    """``ChatCompletionResponse(...).model_dump_json()`` of SGLang 0.5.23 (protocol.py: the
+    choice drops ``meta_info`` when None, the response drops ``sglext`` when None), field for
+    field (compared once against those protocol classes)."""
+    choices = []
+    for i, info in enumerate(meta_infos):
+        choice = {
+            "index": i,
+            "message": {"role": "assistant", "content": "x", "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+            "matched_stop": None,
+        }
+        if info is not None:
+            choice["meta_info"] = info
+        choices.append(choice)
+    out = {"id": rid, "object": "chat.completion", "created": 1, "model": "m"}
+    out |= {"choices": choices, "usage": _usage(3, 2), "metadata": None}
+    if ext is not None:
+        out["sglext"] = ext
+    return out
+
+
 def test_sglang_openai_response_level_sglext_and_meta_info(tmp_path, rng):
     """sglang/srt/entrypoints/openai/serving_chat.py (0.5.23) ``_build_chat_response``:
     ``routed_experts = None if request.return_meta_info else
@@ -398,23 +433,8 @@ def test_sglang_openai_response_level_sglext_and_meta_info(tmp_path, rng):
     spec = resolve_spec(DSV2)
     r0, r1 = (sglang_rows(sequence_routing(rng, t, spec), 0) for t in (6, 8))
     ret = [{"meta_info": sglang_meta_info("abc", r0)}, {"meta_info": sglang_meta_info("abc", r1)}]
-    response = {
-        "id": "abc",
-        "object": "chat.completion",
-        "model": "m",
-        "choices": [{"index": 0, "message": {"content": "x"}, "finish_reason": "stop"}],
-        "usage": {},
-        "sglext": sglext(ret[0]["meta_info"]["routed_experts"]),
-    }
-    with_meta = {
-        "id": "abc",
-        "object": "chat.completion",
-        "choices": [
-            {"index": i, "message": {}, "finish_reason": "stop", "meta_info": r["meta_info"]}
-            for i, r in enumerate(ret)
-        ],
-        "usage": {},
-    }
+    response = sglang_chat_response("abc", [None], sglext(ret[0]["meta_info"]["routed_experts"]))
+    with_meta = sglang_chat_response("abc", [r["meta_info"] for r in ret], None)
     p1, p2 = tmp_path / "chat.json", tmp_path / "meta.json"
     p1.write_text(json.dumps(response))
     p2.write_text(json.dumps(with_meta))
@@ -428,33 +448,34 @@ def sglang_chat_stream(rid, rows, *, ids_framed=False, aborted=False):
     sglext chunk at the response level (``ChatCompletionStreamResponse(id=..., choices=[],
     sglext=sglext_full)``, ``f"data: {sglext_chunk.model_dump_json()}\\n\\n"``; with
     ``x-sglext-ids-framed`` the ids half as ``event: sglext_ids``), then the usage chunk with
-    ``choices=[]``. No sglext chunk when no routing came (an abort)."""
+    ``choices=[]``. No sglext chunk when no routing came (an abort). Every chunk is field for
+    field what ``model_dump_json()`` of SGLang 0.5.23's ``ChatCompletionStreamResponse`` gives
+    (compared once against those protocol classes)."""
+    head = {"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m"}
     out = []
     for i, word in enumerate(["he", "llo"]):
-        last = i == 1
-        finish = ("abort" if aborted else "stop") if last else None
-        chunk = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {"index": 0, "delta": {"content": word}, "logprobs": None, "finish_reason": finish}
-            ],
-            "usage": None,
+        finish = ("abort" if aborted else "stop") if i == 1 else None
+        choice = {
+            "index": 0,
+            "delta": {"role": None, "content": word, "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": finish,
+            "matched_stop": None,
         }
-        out.append(f"data: {json.dumps(chunk)}\n\n")
+        out.append(f"data: {_dump({**head, 'choices': [choice], 'usage': None})}\n\n")
     if rows is not None:
-        ext = {"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m"}
-        ext |= {"choices": [], "usage": None, "sglext": sglext(sglang_b64(rows))}
-        out.append(f"data: {json.dumps(ext)}\n\n")
+        ext = {**head, "choices": [], "usage": None, "sglext": sglext(sglang_b64(rows))}
+        out.append(f"data: {_dump(ext)}\n\n")
         if ids_framed:
-            ids = {"id": rid, "choices": [], "model": "m", "sglext": {"input_ids": [1, 2]}}
-            out.append(f"event: sglext_ids\ndata: {json.dumps(ids)}\n\n")
-    usage = {"id": rid, "object": "chat.completion.chunk", "created": 1, "model": "m"}
-    usage |= {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-    out.append(f"data: {json.dumps(usage)}\n\n")
+            ids = {**head, "choices": [], "usage": None, "sglext": {"input_ids": [1, 2]}}
+            out.append(f"event: sglext_ids\ndata: {_dump(ids)}\n\n")
+    out.append(f"data: {_dump({**head, 'choices': [], 'usage': _usage(3, 2)})}\n\n")
     return "".join(out)
+
+
+def _dump(obj):
+    """pydantic's ``model_dump_json`` spacing: none."""
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def test_sglang_openai_stream_chunk_with_empty_choices(tmp_path, rng):
