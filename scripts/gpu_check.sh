@@ -6,7 +6,9 @@
 #      standalone self-check (scripts/kernel_selfcheck.py) where pytest is missing;
 #   3. the expert-operation benchmark at OLMoE-1B-7B-0125 and Qwen3-30B-A3B shapes in bf16,
 #      every kernel including transformers' peers (a kernel that fails is left out and said;
-#      if the whole run fails, ours alone are timed again).
+#      if the whole run fails, ours alone are timed again);
+#   4. target efficiency against batch size; 5. the whole-pass prediction against measured
+#      verify passes (scripts/gpu_whole_pass.py).
 #
 # Usage (from anywhere): bash scripts/gpu_check.sh [RESULTS_DIR]   (default results/h200)
 # Environment: PYTHON (default python3). Needs torch with CUDA; Triton, transformers, pytest,
@@ -168,6 +170,17 @@ EOF
         > "$RES/efficiency_olmoe/summary.json" \
         || echo "efficiency_olmoe failed (see log.txt)" >> "$RES/status.txt"
     # <<< efficiency <<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<
+    # >>> whole pass: every operation of a verify pass benchmarked on the GPU, the plan, then the
+    # engine's measured verify passes n = 1..9 (docs/runs-protocol-whole-pass.md on CUDA).
+    # OLMoE-1B-7B shapes, dummy weights, 8 decoder layers (the load is the cost), routing forced
+    # from the bundled validation trace. Its own time (WHOLE_PASS_S, default 240 s) is added.
+    DEADLINE=$(( DEADLINE + ${WHOLE_PASS_S:-240} ))
+    mkdir -p "$RES/whole_pass_olmoe"
+    step whole_pass_olmoe 230 "$PY" scripts/gpu_whole_pass.py --model OLMoE-1B-7B-0125 \
+        --layers 8 --profile "$RES/olmoe/profile.json" --depth 512 --prompts 4 --repeats 3 \
+        --out "$RES/whole_pass_olmoe" > "$RES/whole_pass_olmoe/summary.json" \
+        || echo "whole_pass_olmoe failed (see log.txt)" >> "$RES/status.txt"
+    # <<< whole pass <<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<
     cat "$RES/status.txt"
     date -u
 }

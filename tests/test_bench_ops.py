@@ -176,3 +176,41 @@ def test_operations_of_a_tiny_model_are_timed_and_the_overhead_is_the_difference
         for n in wp["n"]:
             tau, eps = OF.whole_pass_time(wp, n, d, wp["layers"])
             assert np.isfinite(tau) and tau > 0 and eps >= 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (none visible)"
+)
+def test_operations_are_timed_on_cuda_with_the_device_cache_flushed():
+    torch = pytest.importorskip("torch")
+    from specmoe.bench.ops import time_operations
+    from specmoe.engine.models import tiny_random_model
+
+    net = tiny_random_model("olmoe", hidden=64, num_layers=2, context=512).to("cuda")
+    res = time_operations(
+        net, n_values=[1, 2, 3, 4], depths=[16, 64], reps=3, warmup=1, clock="wall",
+        progress=False, ceiling=False, kernel=None,
+    )  # fmt: skip
+    wp = res.whole_pass
+    assert wp["clock"] == "wall" and np.array(wp["pass_ms"]).shape == (2, 4)
+    assert all(
+        np.all(np.array(op["median_ms"]) > 0) for k, op in wp["ops"].items() if k in OPS_TIMED
+    )
+    with pytest.raises(InputError):  # the thread clock does not time a GPU
+        time_operations(net, n_values=[1], depths=[16], clock="cpu", progress=False, ceiling=False)
+    assert torch.cuda.is_available()
+
+
+OPS_TIMED = ("embed", "norm", "qkv", "attention", "o_proj", "router", "experts", "head")
+
+
+def test_whole_pass_on_cuda_without_a_device_is_one_line_exit_2(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    from specmoe.cli import main
+
+    rc = main(["bench", "--model", "bundled", "--whole-pass", "--device", "cuda", "--no-figures"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "--device" in err and "CUDA" in err

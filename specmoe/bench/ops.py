@@ -39,7 +39,10 @@ before every timed call (flush, untimed), so every call reads its weights (and t
 from memory; a model that fits in the cache is timed warm, as the engine runs it, and the
 result says so. ``warmup`` untimed calls per op and shape, then ``reps`` repetitions in which
 the ops alternate round-robin, starting from a different op each repetition. Medians and the
-10-90% spread; the clock is the thread's CPU time by default (one thread).
+10-90% spread; the clock is the thread's CPU time by default (one thread). On CUDA (a model
+loaded on the GPU) every timed call is bracketed by device synchronisations on the wall
+clock, activations and the KV cache live on the device, and the cold flush reads a device
+buffer of twice the L2 cache.
 """
 
 from __future__ import annotations
@@ -110,7 +113,17 @@ def _norm_apply(norm: Any, x: torch.Tensor) -> torch.Tensor:
     return norm(x if x.shape[-1] == w else x.reshape(*x.shape[:-1], -1, w))
 
 
-def _flush_fn(nbytes: int) -> Callable[[], None]:
+def _flush_fn(nbytes: int, device: torch.device | None = None) -> Callable[[], None]:
+    """A call that reads ``nbytes`` of another buffer (untimed), evicting the cache."""
+    if device is not None and device.type == "cuda":
+        gbuf = torch.empty(max(nbytes, 1 << 20) // 4, dtype=torch.float32, device=device)
+        gbuf.uniform_(-1, 1)
+
+        def flush() -> None:
+            gbuf.sum()
+            torch.cuda.synchronize(device)
+
+        return flush
     from specmoe.kernels import _cbuild
 
     buf = torch.empty(max(nbytes, 1 << 20) // 4, dtype=torch.float32).uniform_(-1, 1)
@@ -199,6 +212,9 @@ def time_operations(
         raise InputError(f"unknown {clock!r} (choose from {', '.join(CLOCKS)})", argument="clock")
     if clock == "cpu" and threads != 1:
         raise InputError("cpu: the thread's CPU time measures one thread only", argument="clock")
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    if on_cuda and clock == "cpu":
+        raise InputError("cpu: a CUDA model is timed on the wall clock", argument="clock")
     say = (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -248,18 +264,21 @@ def _time(
     impl = getattr(cfg, "_attn_implementation", "eager") or "eager"
     attn_fn = fam.eager_attention_forward if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
     wdt = next(attn.parameters()).dtype
+    dev = next(attn.parameters()).device
     dtype = dtype or str(wdt).removeprefix("torch.")
-    llc = last_level_cache_bytes("cpu")
+    llc = last_level_cache_bytes(dev.type)
     weight_bytes = _nbytes(net)
     cold = llc is None or weight_bytes > llc
     notes = []
     if ceiling:
-        c = measure_ceiling("cpu", clock=clock, threads=[1] if clock == "cpu" else None)
+        c = measure_ceiling(
+            dev.type, clock=clock, threads=[1] if clock == "cpu" and dev.type == "cpu" else None
+        )
         say(f"ceiling {c.gbps:.2f} GB/s ({c.method})")
         notes.append(f"read ceiling {c.gbps:.2f} GB/s ({c.method})")
     llc_txt = "unknown" if llc is None else f"{llc / 2**20:.0f} MiB"
     if cold:
-        flush = _flush_fn(2 * (llc or 128 << 20))
+        flush = _flush_fn(2 * (llc or 128 << 20), dev)
         notes.append(
             f"weights {weight_bytes / 2**20:.1f} MiB exceed the last-level cache ({llc_txt}): "
             f"a {2 * (llc or 128 << 20) / 2**20:.0f} MiB buffer is read before every timed call"
@@ -271,12 +290,19 @@ def _time(
             "timed warm, as the engine runs them"
         )
     say(notes[-1])
-    timer = time.thread_time if clock == "cpu" else time.perf_counter
+    cuda = dev.type == "cuda"
+    if cuda:  # every timed call is bracketed by synchronisations: the wall time of the call
+
+        def timer() -> float:
+            torch.cuda.synchronize(dev)
+            return time.perf_counter()
+    else:
+        timer = time.thread_time if clock == "cpu" else time.perf_counter
     gen = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
 
     def rand(*shape, dt=wdt):
-        return torch.randn(*shape, generator=gen).to(dt)
+        return torch.randn(*shape, generator=gen).to(device=dev, dtype=dt)
 
     names = ["embed", "norm", "qkv", "attention", "o_proj", "router", "experts"]
     names += ["shared_mlp"] if shared is not None else []
@@ -288,7 +314,7 @@ def _time(
     n_exp, top_k = shapes.n_exp, int(router.top_k) if hasattr(router, "top_k") else 1
 
     def one_shape(di: int, d: int, ni: int, n: int) -> None:
-        ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, (1, n)))
+        ids = torch.from_numpy(rng.integers(0, cfg.vocab_size, (1, n))).to(dev)
         captured: dict[str, Any] = {}
 
         def grab(mod, args, kwargs, captured=captured):
@@ -307,7 +333,7 @@ def _time(
         q4, k4, v4 = rand(1, hq, n, hd), rand(1, kvh, n, hd), rand(1, kvh, n, hd)
         eid = torch.from_numpy(
             np.argsort(rng.random((n, n_exp)), axis=1)[:, :top_k].astype(np.int64)
-        )
+        ).to(dev)
         ew = torch.softmax(rand(n, top_k), dim=-1).to(wdt)
         layer_kw = {k: v for k, v in kw.items() if k != "hidden_states"}
         layer_kw.update({"cache": kv} if "cache" in layer_kw else {"past_key_values": kv})

@@ -274,8 +274,14 @@ def _run_whole_pass(args: argparse.Namespace) -> int:
     depths = parse_depths(args.depths)
     check_out_dir(args.out)
     base = load_profile(args.from_profile) if args.from_profile else None
-    if args.device != "cpu":
-        raise InputError("--device: --whole-pass times CPU operations only, for now")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device: cuda asked for, but torch sees no CUDA device")
+        if args.clock == "cpu":
+            raise InputError("--clock: cpu times one CPU thread; a CUDA pass is timed on wall")
+        args.clock = "wall"
     args.clock = args.clock or "cpu"
     threads = args.threads or 1
     if args.clock == "cpu" and threads != 1:
@@ -284,7 +290,9 @@ def _run_whole_pass(args: argparse.Namespace) -> int:
     from specmoe.engine.runner import load_target
 
     try:
-        net, _, label, _ = load_target(args.model, layers=args.layers, seed=args.seed)
+        net, _, label, _ = load_target(
+            args.model, layers=args.layers, seed=args.seed, device=args.device
+        )
     except InputError as exc:
         raise exc.as_flag("--model") if exc.argument == "spec" else exc from None
     res = time_operations(
