@@ -569,3 +569,24 @@ def test_committed_plans_print_no_removed_flag():
         for e in ("vllm", "sglang", "llama.cpp"):
             _check(e, d["engine"]["settings"][e], "cpu")
         assert "--draft-max" not in (root / folder / "summary.txt").read_text()
+
+
+def test_an_older_plan_json_still_summarises():
+    """A plan.json written before the engines' own settings (old keys) reads and prints, and
+    says its settings are refused by today's engines rather than printing them."""
+    from specmoe.commands.plan import summary
+
+    root = Path(__file__).resolve().parents[1]
+    d = json.loads((root / "results/cpu/plan/plan.json").read_text())
+    d.pop("engine_kernels")
+    d["engine"] = {
+        "expected_acceptance": 0.7,
+        **{p: {"draft_length": 4, "speedup": 1.5} for p in ("per_slot", "dedup", "best")},
+        "settings": {
+            "vllm": {"speculative_config": {"num_speculative_tokens": 4}},
+            "llama.cpp": {"--draft-max": 4, "--draft-min": 4},
+            "dedup_from_pass_size": 2,
+        },
+    }
+    text = summary(d)
+    assert "older specmoe plan" in text and "--draft-max 4" not in text

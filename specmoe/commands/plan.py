@@ -610,10 +610,18 @@ def _engine_lines(eng: Any, n: Any) -> list[str]:
         f"engine settings at expected acceptance {eng.expected_acceptance:g}, drafter "
         f"{eng.drafter or 'ngram'} (each engine at its own k*, under the kernel it runs):"
     ]
+    if eng.drafter is None:  # an older plan.json: the per-policy k* alone
+        lines[0] = f"engine settings at expected acceptance {eng.expected_acceptance:g}:"
     for name in ("vllm", "sglang", "llama.cpp"):
         s = st.get(name)
         if not s:
             continue
+        if "draft_length" not in s:  # a plan.json written before the engines' own settings
+            lines.append(
+                "  settings of an older specmoe plan, which today's engines refuse (no vLLM "
+                "method, llama.cpp's removed --draft-max): run specmoe plan again"
+            )
+            break
         k = s["draft_length"]
         if name in eng.speedup:
             head = f"k* = {k}, predicted speedup {eng.speedup[name]:.3f}"
