@@ -850,3 +850,58 @@ def test_llama_chat_stream_keeps_the_last_timings_per_id(tmp_path):
     )
     (rec,) = read_engine_metrics(tmp_path / "c.json").records
     assert (rec.drafted, rec.accepted, rec.steps) == (8, 3, None)
+
+
+def _leaves(obj, path=()):
+    if isinstance(obj, dict):
+        for key, v in obj.items():
+            yield from _leaves(v, (*path, key))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, (*path, i))
+    yield path
+
+
+def _set(obj, path, value):
+    if not path:
+        return value
+    obj = json.loads(json.dumps(obj))
+    node = obj
+    for p in path[:-1]:
+        node = node[p]
+    node[path[-1]] = value
+    return obj
+
+
+def test_mutated_payloads_fail_as_bad_input_only(tmp_path):
+    d, j = steps_of(140, 0.7, 3, 6)
+    ((rid, req, _),) = sgl_requests(141, 3, 1, 6)
+    bases = [
+        vllm_chat_response("x", vllm_spec_metrics(3, d, j, detailed=True)),
+        {"meta_info": sgl_meta_info(rid, req, 4)},
+        llama_completion_final(llama_timings(12, 5)),
+    ]
+    rng = np.random.default_rng(142)
+    junk = [None, "x", -1, 1.5, [], {}, True, 10**30, [1, "a"], {"a": 1}]
+    path = tmp_path / "m.json"
+    for base in bases:
+        paths = list(_leaves(base))
+        for _ in range(60):
+            p = paths[rng.integers(len(paths))]
+            path.write_text(json.dumps(_set(base, p, junk[rng.integers(len(junk))])))
+            try:
+                estimate_from_files([path], k=4 if "timings" in base else None)
+            except InputError:
+                pass
+
+
+def test_responses_without_ids_each_count(tmp_path):
+    reqs = sgl_requests(150, 2, 4, 10)
+    metas = [sgl_meta_info(rid, req, 3) for rid, req, _ in reqs]
+    objs = [
+        {"choices": [{"index": i, "meta_info": m} for i, m in enumerate(metas[:2])]},
+        {"choices": [{"index": i, "meta_info": m} for i, m in enumerate(metas[2:])]},
+    ]
+    (tmp_path / "n.jsonl").write_text("\n".join(json.dumps(o) for o in objs))
+    m = read_engine_metrics(tmp_path / "n.jsonl")
+    assert [r.accepted for r in m.records] == [sum(acc) for _, _, acc in reqs]

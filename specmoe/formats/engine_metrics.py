@@ -178,7 +178,11 @@ def _agree(a: int, b: int, what: str, where: str) -> None:
 
 def _vllm_record(d: dict, where: str) -> SpecRecord:
     """``RequestSpecDecodeMetrics.to_dict()`` (or its dataclass fields) of vLLM 0.33.0."""
+    if not isinstance(d, dict):
+        raise InputError(f"{where}: expected an object, got {type(d).__name__}", argument="path")
     k = _count(d.get("num_spec_tokens"), f"{where}.num_spec_tokens")
+    if k < 1:
+        raise InputError(f"{where}.num_spec_tokens: must be >= 1, got {k}", argument="path")
     hist_key = "acceptance_histogram" if "acceptance_histogram" in d else "histogram"
     hist = _counts(d.get(hist_key), f"{where}.{hist_key}")
     _agree(len(hist), k + 1, "histogram length and num_spec_tokens + 1", where)
@@ -214,6 +218,8 @@ def _vllm_record(d: dict, where: str) -> SpecRecord:
 
 def _sglang_record(d: dict, where: str) -> SpecRecord | None:
     """SGLang 0.5.23 meta_info's (or SpecTokensDetails') spec_* fields; None: no steps."""
+    if not isinstance(d, dict):
+        raise InputError(f"{where}: expected an object, got {type(d).__name__}", argument="path")
     steps = _count(d.get("spec_verify_ct", 0), f"{where}.spec_verify_ct")
     if steps == 0:
         return None
@@ -313,13 +319,13 @@ def _flatten(values: list[Any]) -> list[tuple[str, dict]]:
 def _from_json(values: list[Any], name: str) -> EngineMetrics:
     found: dict[Any, tuple[str, SpecRecord | None]] = {}
     engines: set[str] = set()
-    anonymous = 0
-    for where, obj in _flatten(values):
+    for n, (where, obj) in enumerate(_flatten(values)):
         for engine, key, rec in _from_object(obj, f"{name}{where}"):
             engines.add(engine)
-            if key is None or key == (None, 0):
-                key, anonymous = ("#", anonymous), anonymous + 1
-            found[(engine, key)] = (engine, rec)
+            rid = key[0] if isinstance(key, tuple) else key
+            if rid is None:  # no request id: this object's own record
+                key = ("#", n, key)
+            found[(engine, repr(key))] = (engine, rec)
     if not engines:
         raise InputError(
             f"{name}: no speculative-decoding metrics in it (expected vLLM "

@@ -306,7 +306,10 @@ def _resolve_k(rec: SpecRecord, k: int | None) -> tuple[int, bool | None]:
             argument="k",
         )
     if kk < 1:
-        raise InputError(f"{name}: draft length must be >= 1, got {kk}", argument="k")
+        raise InputError(
+            f"{name}: draft length must be >= 1, got {kk}",
+            argument="k" if rec.k is None else "records",
+        )
     return kk, rec.full
 
 
