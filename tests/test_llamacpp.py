@@ -188,3 +188,25 @@ def test_the_build_script_and_the_adapter_agree_on_version_and_tools():
     assert f"VERSION={llamacpp.VERSION}\n" in script
     block = script.split("TOOLS=(", 1)[1].split(")", 1)[0].split()
     assert tuple(block) == llamacpp.TOOLS
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model", "bundled", "--dtype", "q4"], "--dtype"),
+        (["--model", "{tmp}/none.gguf"], "no such GGUF file"),
+        (["--model", "bundled"], "make llama-cpp"),
+        (["--model", "bundled", "--depths", "0"], "--depths"),
+        (["--model", "bundled", "--n-max", "99"], "--n-max"),
+    ],
+)
+def test_bench_engine_llamacpp_bad_input_exits_2(argv, words, tmp_path, monkeypatch, capsys):
+    from specmoe.cli import main
+
+    monkeypatch.setenv("SPECMOE_LLAMA_CPP_CACHE", str(tmp_path / "none"))
+    args = [a.format(tmp=tmp_path) for a in argv]
+    out = tmp_path / "out"
+    assert main(["bench", "--engine", "llama.cpp", *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specmoe bench: error:") and words in err[-1]
+    assert not out.exists() or not any(out.iterdir())

@@ -173,3 +173,17 @@ def test_speculative_run_writes_a_valid_round_log(gguf, target, tmp_path):
         got = leading_match(d, np.array([0, len(d)]), t, np.array([0, len(t)]))[0]
         assert got == r.accepted and v.tokens[r.accepted] == r.last_token
         assert v.routing.shape == (r.k + 1, 4, 8)
+
+
+def test_bench_engine_llamacpp_writes_its_verify_times(gguf, tmp_path, capsys):
+    from specmoe.cli import main
+
+    argv = ["bench", "--engine", "llama.cpp", "--model", str(gguf["bf16"]), "--depths", "32,64"]
+    assert main([*argv, "--n-max", "3", "--reps", "2", "--out", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "llamacpp_verify.json").read_text())
+    assert printed["verify"] == saved["verify"]
+    assert sorted(saved["verify"]) == ["32", "64"]
+    for rows in saved["verify"].values():
+        assert [r["n"] for r in rows] == [1, 2, 3]
+        assert all(len(r["samples_ms"]) == 2 and r["min_ms"] <= r["median_ms"] for r in rows)
