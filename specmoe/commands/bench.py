@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="512,2048",
         help="--whole-pass: comma-separated KV-cache depths in tokens (default 512,2048)",
     )
+    parser.add_argument(
+        "--engine",
+        default="specmoe",
+        choices=("specmoe", "llama.cpp"),
+        help="llama.cpp: its verify passes (n = 1..--n-max at each --depths) timed by its "
+        "llama-bench, --model exported to GGUF at --dtype (needs make llama-cpp)",
+    )
     parser.add_argument("--no-figures", action="store_true", help="write no figures in --out")
     parser.add_argument("--json", action="store_true", help="print the summary JSON on stdout")
     parser.add_argument("--out", default=None, help="directory for profile, timings, figures")
@@ -236,6 +243,10 @@ def parse_depths(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Hold --out against a second writer for the whole command (out_folder)."""
     with out_folder(args.out):
+        if getattr(args, "engine", "specmoe") == "llama.cpp":
+            from specmoe.commands._llamacpp import run_bench
+
+            return run_bench(args)
         if getattr(args, "whole_pass", False):
             return _run_whole_pass(args)
         return _run(args)
