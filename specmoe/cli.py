@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "report": "write one HTML page of figures and tables",
     "oracle": "the offline Oracle bound and Delta space",
     "policy": "evaluate online draft-budget policies",
+    "inertia": "routing overlap of rejected against accepted drafts",
+    "stops": "where the Oracle stops: new experts, boundaries, expert term",
     "spec": "show a model spec (preset or HF config)",
     "efficiency": "target efficiency and speedup against batch size",
     "export": "write a model in another engine's format (GGUF for llama.cpp)",
