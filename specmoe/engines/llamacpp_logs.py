@@ -171,7 +171,7 @@ def _entries(text: str) -> list[tuple[float, str, str]]:
     return out
 
 
-def parse_speculative_log(text: str) -> SpecRun:
+def parse_speculative_log(text: str, *, rounds: bool = True) -> SpecRun:
     """The rounds and summary of a ``llama-speculative-simple -lv 5 --log-timestamps
     --log-jsonl`` log (stdout and stderr together).
 
@@ -180,7 +180,10 @@ def parse_speculative_log(text: str) -> SpecRun:
     the target's pass of k + 1 tokens, the draft model's pass over the same batch, and
     sampling. t_draft_ms: from the previous round's ``clear kv cache`` line to ``called impl``
     (NaN in round 0). The context before round 0 is the prompt less its last token
-    (``encoded`` - 1); each round's ``n_past`` is checked against the counts."""
+    (``encoded`` - 1); each round's ``n_past`` is checked against the counts.
+
+    ``rounds=False``: the summary only (a log at the default verbosity, whose run was not
+    slowed by debug logging); ``rounds`` is then empty."""
     entries = _entries(text)
     if not entries:
         raise InputError("llama-speculative-simple log: no JSON log lines (run with --log-jsonl)")
@@ -194,7 +197,12 @@ def parse_speculative_log(text: str) -> SpecRun:
         raise InputError(
             f"llama-speculative-simple log: no summary line {', '.join(missing)} (did it finish?)"
         )
-    ctx = int(summary["n_input"][0]) - 1
+    if not rounds:
+        return _run_of(summary, (), "")
+    return _run_of(summary, *_rounds(entries, int(summary["n_input"][0]) - 1))
+
+
+def _rounds(entries: list[tuple[float, str, str]], ctx: int) -> tuple[tuple[SpecRound, ...], str]:
     rounds: list[SpecRound] = []
     cands: dict[int, int] = {}
     impl: tuple[float, int] | None = None  # (time, gen)
@@ -251,12 +259,18 @@ def parse_speculative_log(text: str) -> SpecRun:
         raise InputError("llama-speculative-simple log: no rounds (run with -lv 5)")
     if pieces:
         pieces.pop()  # the blank line the tool prints after the generation
+    return tuple(rounds), "".join(pieces)
+
+
+def _run_of(
+    summary: dict[str, tuple[str, ...]], rounds: tuple[SpecRound, ...], text: str
+) -> SpecRun:
     return SpecRun(
-        rounds=tuple(rounds),
+        rounds=rounds,
         n_input=int(summary["n_input"][0]),
         n_predict=int(summary["n_predict"][0]),
         n_drafted=int(summary["n_drafted"][0]),
         n_accept=int(summary["n_accept"][0]),
         decode_s=float(summary["decoded"][1]),
-        text="".join(pieces),
+        text=text,
     )
