@@ -210,3 +210,25 @@ def test_bench_engine_llamacpp_bad_input_exits_2(argv, words, tmp_path, monkeypa
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("specmoe bench: error:") and words in err[-1]
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        ([], "--drafter 'oracle'"),
+        (["--drafter", "draft-model", "--acceptance", "0.5"], "--acceptance"),
+        (["--drafter", "draft-model", "--clock", "cpu"], "--clock"),
+        (["--drafter", "draft-model", "--tokens", "0"], "--tokens"),
+        (["--drafter", "draft-model", "--k", "99"], "--k"),
+        (["--drafter", "draft-model"], "make llama-cpp"),
+    ],
+)
+def test_run_engine_llamacpp_bad_input_exits_2(argv, words, tmp_path, monkeypatch, capsys):
+    from specmoe.cli import main
+
+    monkeypatch.setenv("SPECMOE_LLAMA_CPP_CACHE", str(tmp_path / "none"))
+    out = tmp_path / "out"
+    assert main(["run", "--engine", "llama.cpp", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specmoe run: error:") and words in err[-1], err[-1]
+    assert not out.exists() or not any(out.iterdir())

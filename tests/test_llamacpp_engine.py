@@ -187,3 +187,22 @@ def test_bench_engine_llamacpp_writes_its_verify_times(gguf, tmp_path, capsys):
     for rows in saved["verify"].values():
         assert [r["n"] for r in rows] == [1, 2, 3]
         assert all(len(r["samples_ms"]) == 2 and r["min_ms"] <= r["median_ms"] for r in rows)
+
+
+def test_run_engine_llamacpp_writes_round_logs_and_a_summary(tmp_path, capsys):
+    from specmoe.cli import main
+    from specmoe.formats.roundlog import read_round_log
+
+    argv = ["run", "--engine", "llama.cpp", "--drafter", "draft-model", "--k", "0,3"]
+    argv += ["--num-prompts", "1", "--tokens", "32", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert printed == saved
+    assert saved["plain_tokens_per_s"] > 0 and list(saved["by_k"]) == ["3"]
+    (row,) = saved["runs"]
+    log = read_round_log(tmp_path / "rounds")
+    assert log.num_rounds == row["logged_rounds"]
+    assert set(log["k"]) <= {0, 1, 2, 3} and set(log["budget"]) == {3}
+    manifest = json.loads((tmp_path / "run.json").read_text())
+    assert manifest["options"]["engine"] == "llama.cpp" and manifest["grid"]["k"] == [0, 3]

@@ -107,3 +107,193 @@ def run_bench(args: argparse.Namespace) -> int:
     for f in files:
         print(f"wrote {f}")
     return 0
+
+
+# ------------------------------------------------------------------------------------------
+# specmoe run --engine llama.cpp
+
+_RUN_UNSUPPORTED = {
+    "acceptance": "--acceptance",
+    "forced_trace": "--forced-trace",
+    "layers": "--layers",
+    "plan": "--plan",
+    "crossover": "--crossover",
+    "resume": "--resume",
+}
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    from specmoe.commands._common import check_int
+
+    if args.drafter != "draft-model":
+        raise InputError(
+            f"--drafter {args.drafter!r}: --engine llama.cpp runs --drafter draft-model "
+            "(llama.cpp's draft-simple with the draft model)"
+        )
+    for dest, flag in _RUN_UNSUPPORTED.items():
+        if getattr(args, dest, None) not in (None, False):
+            raise InputError(f"{flag} does not apply to --engine llama.cpp")
+    if args.clock != "wall":
+        raise InputError("--clock: llama.cpp reports wall time only (--clock wall)")
+    if args.device != "cpu":
+        raise InputError(f"--device {args.device!r}: this llama.cpp build runs on the CPU only")
+    for flag in ("tokens", "context", "repeats", "num_prompts"):
+        check_int(getattr(args, flag), f"--{flag.replace('_', '-')}", low=1)
+    check_int(args.threads, "--threads", low=1, high=4096)
+    check_int(args.tokens, "--tokens", low=1, high=1 << 16)
+
+
+def _prompt_texts(args: argparse.Namespace, tokenizer: object) -> list[tuple[str, str]]:
+    """(name, text): --prompts as they are, else validation documents cut to --context
+    tokens of the bundled tokenizer, decoded back to text (llama.cpp tokenizes the text)."""
+    from specmoe.engine.runner import validation_prompts
+
+    if args.prompts:
+        from specmoe.commands.capture import read_prompts
+
+        return [(f"prompt-{i:03d}", s) for i, s in enumerate(read_prompts(args.prompts))]
+    docs = validation_prompts(
+        tokenizer, count=args.num_prompts, context=args.context, offset=args.prompt_offset
+    )
+    return [(name, tokenizer.decode(ids)) for name, ids in docs]
+
+
+def run_spec(args: argparse.Namespace) -> int:
+    """``specmoe run --engine llama.cpp``: llama-speculative-simple with the draft model at
+    each k of --k (k = 0: plain decoding timed by llama-bench), each prompt and repetition.
+
+    Each generation runs twice: at llama.cpp's default verbosity for its throughput, and with
+    the debug log that gives its rounds (which slows it) for the round log
+    ``rounds/<run id>/part-*.parquet``, routing replayed in specmoe's engine. ``summary.json``
+    holds the throughputs, ``run.json`` the options and grid. A folder holding a run is
+    refused unless --overwrite."""
+    import numpy as np
+
+    from specmoe._io import atomic_write_json, dumps_json, out_lock
+    from specmoe.commands._common import check_out_dir, check_seed
+    from specmoe.commands.run import parse_k
+    from specmoe.engine.models import load_model, load_tokenizer, resolve_model_dir
+    from specmoe.engine.runner import clear_run, holds_work, run_id, write_manifest
+    from specmoe.engines import llamacpp
+
+    _check_run(args)
+    check_seed(args.seed)
+    ks = parse_k(args.k)
+    out = check_out_dir(args.out) if args.out else None
+    model_dir = resolve_model_dir(args.model)
+    if args.draft_model is not None:
+        draft_dir = resolve_model_dir(args.draft_model)
+    else:
+        from specmoe.data import corpus
+
+        draft_dir = resolve_model_dir(corpus.bundled_draft_dir())
+    if out is not None and holds_work(out) and not args.overwrite:
+        raise InputError(f"--out {out}: holds a run's work; --overwrite starts the folder anew")
+    llamacpp.require_built()
+    threads = args.threads or 1
+    with out_lock(out) if out is not None else _null(), tempfile.TemporaryDirectory() as tmp:
+        if out is not None and args.overwrite:
+            clear_run(out)
+        tokenizer = load_tokenizer(model_dir)
+        prompts = _prompt_texts(args, tokenizer)
+        model = load_model(model_dir)
+        print("run: exporting the target and the draft to GGUF (bf16)", file=sys.stderr)
+        target = llamacpp.export_gguf(model_dir, Path(tmp) / "target.gguf", outtype="bf16")
+        draft = llamacpp.export_gguf(draft_dir, Path(tmp) / "draft.gguf", outtype="bf16")
+        options = {
+            "engine": "llama.cpp",
+            "llama_cpp": llamacpp.VERSION,
+            "model": str(args.model),
+            "draft_model": str(draft_dir),
+            "drafter": "draft-model",
+            "dtype": "bf16",
+            "context": args.context,
+            "tokens": args.tokens,
+            "threads": threads,
+        }
+        grid = {"k": ks, "repeats": args.repeats, "prompts": [p for p, _ in prompts]}
+        if out is not None:
+            write_manifest(out, options=options, grid=grid)
+        rows = []
+        plain = None
+        for k in ks:
+            for name, text in prompts:
+                for rep in range(args.repeats):
+                    if k == 0:
+                        if plain is None:
+                            plain = llamacpp.bench_decode(
+                                target, tokens=args.tokens, depth=args.context, threads=threads
+                            )
+                        continue
+                    rid = run_id(
+                        engine="llama.cpp", model=args.model, drafter="draft-model", k=k, rep=rep
+                    )
+                    fast = llamacpp.run_speculative(
+                        target,
+                        draft,
+                        text,
+                        k=k,
+                        n_predict=args.tokens,
+                        threads=threads,
+                        rounds=False,
+                    )
+                    row = {
+                        "run_id": rid,
+                        "prompt": name,
+                        "k": k,
+                        "rep": rep,
+                        "tokens_per_s": fast.tokens_per_s,
+                        "n_predict": fast.n_predict,
+                        "n_accept": fast.n_accept,
+                        "n_drafted": fast.n_drafted,
+                    }
+                    if out is not None:
+                        logged = llamacpp.run_speculative(
+                            target, draft, text, k=k, n_predict=args.tokens, threads=threads
+                        )
+                        llamacpp.write_round_log(
+                            logged,
+                            out / "rounds" / rid.replace("/", "_"),
+                            model=model,
+                            prompt_ids=llamacpp.tokenize(target, text),
+                            run_id=rid,
+                            prompt_id=name,
+                            budget=k,
+                        )
+                        row["logged_rounds"] = len(logged.rounds)
+                    rows.append(row)
+                    print(
+                        f"run: k={k} {name} rep {rep}: {fast.tokens_per_s:.0f} tok/s, "
+                        f"{fast.n_accept}/{fast.n_drafted} drafts accepted",
+                        file=sys.stderr,
+                    )
+        by_k = {}
+        for k in sorted({r["k"] for r in rows}):
+            sel = [r for r in rows if r["k"] == k]
+            by_k[str(k)] = {
+                "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in sel])),
+                "acceptance": sum(r["n_accept"] for r in sel)
+                / max(1, sum(r["n_drafted"] for r in sel)),
+            }
+        summary = {
+            **options,
+            "plain_tokens_per_s": plain.tokens_per_s if plain is not None else None,
+            "by_k": by_k,
+            "runs": rows,
+        }
+        if out is not None:
+            atomic_write_json(out / "summary.json", summary)
+    if args.json:
+        print(dumps_json(summary))
+    else:
+        if plain is not None:
+            print(f"plain decoding: {plain.tokens_per_s:.0f} tok/s (llama-bench)")
+        for k, v in by_k.items():
+            print(f"k={k}: {v['median_tokens_per_s']:.0f} tok/s, acceptance {v['acceptance']:.3f}")
+    return 0
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
