@@ -122,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--out holds another run's work: delete its run.json, rounds/ and summary.json "
         "and start anew",
     )
+    parser.add_argument(
+        "--engine",
+        default="specmoe",
+        choices=("specmoe", "llama.cpp"),
+        help="llama.cpp: its llama-speculative-simple with --drafter draft-model, the models "
+        "exported to GGUF (bf16), rounds from its log (needs make llama-cpp)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -294,6 +301,10 @@ def run(args: argparse.Namespace) -> int:
 
     from specmoe._io import out_lock
 
+    if getattr(args, "engine", "specmoe") == "llama.cpp":
+        from specmoe.commands._llamacpp import run_spec
+
+        return run_spec(args)
     _check(args)
     if args.resume and args.overwrite:
         raise InputError("--resume and --overwrite exclude each other")
