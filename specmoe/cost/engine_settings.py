@@ -196,7 +196,8 @@ def _sglang(
         ]  # fmt: skip
         notes.append(
             "NGRAM verifies --speculative-num-draft-tokens tokens per request (the last accepted "
-            f"token and {k} drafts); a BFS breadth of 1 keeps the draft a chain, as planned"
+            f"token and {k} draft{'s' * (k != 1)}); a BFS breadth of 1 keeps the draft a chain, "
+            "as planned"
         )
     else:
         spec = [
