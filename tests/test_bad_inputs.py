@@ -703,6 +703,23 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple]] = [
         (),
     ),
     ("run-out-proc", "run --model bundled --out /proc/x", ("--out", "/proc/x"), ()),
+    # --- inertia, stops
+    ("inertia-runs-missing", "inertia --runs {out}/none --out {out}", ("none",), ()),
+    ("inertia-runs-text", "inertia --runs {runs_text} --out {out}", ("part-0.parquet",), ()),
+    ("inertia-max-step-0", "inertia --runs {runs} --max-step 0 --out {out}", ("--max-step",), ()),
+    ("inertia-n-boot-neg", "inertia --runs {runs} --n-boot -1 --out {out}", ("--n-boot",), ()),
+    (
+        "inertia-conf-nan",
+        "inertia --runs {runs} --confidence nan --out {out}",
+        ("--confidence",),
+        (),
+    ),
+    ("inertia-out-file", "inertia --runs {runs} --out {file}", ("--out", "file.txt"), ()),
+    ("stops-runs-missing", "stops --runs {out}/none --out {out}", ("none",), ()),
+    ("stops-runs-empty", "stops --runs {runs_empty} --out {out}", ("runs_empty",), ()),
+    ("stops-l-max-0", "stops --runs {runs} --l-max 0 --out {out}", ("--l-max",), ()),
+    ("stops-seed-neg", "stops --runs {runs} --seed -1 --out {out}", ("--seed",), ()),
+    ("stops-out-proc", "stops --runs {runs} --out /proc/x", ("--out", "/proc/x"), ()),
     # --- export
     ("export-outtype", "export --out {out}/m.gguf --outtype q4", ("--outtype", "q4"), ()),
     ("export-out-proc", "export --out /proc/x/m.gguf", ("--out", "/proc/x"), ()),
