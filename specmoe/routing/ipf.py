@@ -60,6 +60,7 @@ from specmoe._io import atomic_write_json
 from specmoe.errors import InputError
 from specmoe.formats.trace import RoutingTrace, TraceReader
 from specmoe.routing.overlap import independent_union, uniform_union
+from specmoe.routing.shardmap import map_shards
 from specmoe.routing.stats import compute_stats, token_bitsets
 
 __all__ = [
@@ -81,6 +82,8 @@ __all__ = [
     "pattern_bits",
     "predict_union",
     "save_moments",
+    "shard_coactivation",
+    "shard_document_moments",
     "solve_windows",
     "stationary_moments",
 ]
@@ -192,26 +195,34 @@ def coactivation_counts(
     return counts, pairs
 
 
-def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> ExpertMoments:
+def shard_coactivation(trace: RoutingTrace, *, max_lag: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`coactivation_counts` of one shard: counts [L, J, N] and pairs [J] (integers held
+    in float64, exact below 2^53, so shards add up to the same totals in any grouping)."""
+    return coactivation_counts(trace.experts, trace.doc_offsets, trace.num_experts, max_lag=max_lag)
+
+
+def fit_moments(
+    trace: RoutingTrace | TraceReader, *, max_lag: int = 8, executor=None
+) -> ExpertMoments:
     """Measure popularity and per-expert lagged co-activation of a trace (file shards streamed).
 
     popularity[l, e] = #{t: e ∈ S_{l,t}} / T; coactivation[l, j-1, e] = #{t: e ∈ S_{l,t} ∩
     S_{l,t+j}} / #{t: t and t+j in the same document}, so Σ_e coactivation / m is the overlap
     o_l(j) of :func:`specmoe.routing.stats.compute_stats`, which also supplies the popularity
-    and the measured union U_l(n), n = 1..max_lag+1, kept for reference.
+    and the measured union U_l(n), n = 1..max_lag+1, kept for reference. ``executor``: where
+    the per-shard sums are computed (:func:`specmoe.routing.shardmap.map_shards`; None: here);
+    the counts are integers, so the moments are the same either way.
     """
     _check_max_lag(max_lag)
     try:
-        stats = compute_stats(trace, max_n=max_lag + 1, max_lag=max_lag)
+        stats = compute_stats(trace, max_n=max_lag + 1, max_lag=max_lag, executor=executor)
     except InputError as exc:  # its max_n is ours + 1: both say the documents are too short
         if exc.argument not in ("max_n", "max_lag"):
             raise
         raise InputError(_too_short(trace, max_lag), argument="max_lag") from None
-    shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
     counts = np.zeros((stats.num_layers, max_lag, stats.num_experts))
     pairs = np.zeros(max_lag)
-    for tr in shards:
-        c, p = coactivation_counts(tr.experts, tr.doc_offsets, tr.num_experts, max_lag=max_lag)
+    for c, p in map_shards(trace, shard_coactivation, executor=executor, max_lag=max_lag):
         counts += c
         pairs += p
     meta = {
@@ -231,36 +242,42 @@ def fit_moments(trace: RoutingTrace | TraceReader, *, max_lag: int = 8) -> Exper
     )
 
 
+def shard_document_moments(trace: RoutingTrace, *, max_lag: int) -> list[ExpertMoments]:
+    """:class:`ExpertMoments` of each document of one shard longer than ``max_lag`` tokens."""
+    N, L = trace.num_experts, trace.num_layers
+    names = trace.meta.get("documents") or []
+    out: list[ExpertMoments] = []
+    for d, (a, b) in enumerate(zip(trace.doc_offsets[:-1], trace.doc_offsets[1:])):
+        if b - a <= max_lag:
+            continue
+        ex = trace.experts[a:b].astype(np.int64)
+        flat = ex + (np.arange(L) * N)[None, :, None]
+        pop = np.bincount(flat.ravel(), minlength=L * N).reshape(L, N) / (b - a)
+        counts, pairs = coactivation_counts(ex, np.array([0, b - a]), N, max_lag=max_lag)
+        meta = {"document": names[d] if d < len(names) else int(d)}
+        out.append(
+            ExpertMoments(
+                num_experts=N,
+                top_k=trace.top_k,
+                popularity=pop,
+                coactivation=counts / pairs[None, :, None],
+                tokens=int(b - a),
+                meta=meta,
+            )
+        )
+    return out
+
+
 def fit_document_moments(
-    trace: RoutingTrace | TraceReader, *, max_lag: int = 8
+    trace: RoutingTrace | TraceReader, *, max_lag: int = 8, executor=None
 ) -> list[ExpertMoments]:
     """The statistics of each document of more than ``max_lag`` tokens, one
     :class:`ExpertMoments` each (``tokens`` is the document's length; ``union`` is None).
-    Shorter documents have no pair at lag ``max_lag`` and are left out."""
+    Shorter documents have no pair at lag ``max_lag`` and are left out. ``executor`` as in
+    :func:`fit_moments` (each document's moments come from its own shard alone)."""
     _check_max_lag(max_lag)
-    shards = trace.iter_shards() if isinstance(trace, TraceReader) else [trace]
-    out: list[ExpertMoments] = []
-    for tr in shards:
-        N, L = tr.num_experts, tr.num_layers
-        names = tr.meta.get("documents") or []
-        for d, (a, b) in enumerate(zip(tr.doc_offsets[:-1], tr.doc_offsets[1:])):
-            if b - a <= max_lag:
-                continue
-            ex = tr.experts[a:b].astype(np.int64)
-            flat = ex + (np.arange(L) * N)[None, :, None]
-            pop = np.bincount(flat.ravel(), minlength=L * N).reshape(L, N) / (b - a)
-            counts, pairs = coactivation_counts(ex, np.array([0, b - a]), N, max_lag=max_lag)
-            meta = {"document": names[d] if d < len(names) else int(d)}
-            out.append(
-                ExpertMoments(
-                    num_experts=N,
-                    top_k=tr.top_k,
-                    popularity=pop,
-                    coactivation=counts / pairs[None, :, None],
-                    tokens=int(b - a),
-                    meta=meta,
-                )
-            )
+    parts = map_shards(trace, shard_document_moments, executor=executor, max_lag=max_lag)
+    out = [mo for part in parts for mo in part]
     if not out:
         raise InputError(_too_short(trace, max_lag), argument="max_lag")
     return out

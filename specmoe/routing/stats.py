@@ -355,6 +355,7 @@ def compute_stats(
     seed: int = 0,
     aligned: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    executor=None,
 ) -> RoutingStats:
     """Reuse, union, overlap and popularity of a trace, streamed shard by shard.
 
@@ -364,6 +365,9 @@ def compute_stats(
     whose w_l weight ū(n) and ρ̄_k (its N and m must match the trace). ``bootstrap``: number
     of document resamples for 95% percentile intervals (paper 002 Appendix D.2 uses 2000),
     drawn with ``seed``. ``aligned``: use the same window starts for every n (Eq. (2) exact).
+    ``executor``: None computes the shards' sums in this process; an executor of
+    :func:`specmoe.routing.shardmap.map_shards` (Ray tasks) computes them elsewhere, with the
+    same sums bit for bit, hence the same statistics and intervals.
     A bad argument, or one the trace cannot meet, is an ``InputError`` naming it.
     """
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int | np.integer) or bootstrap < 0:
@@ -403,6 +407,7 @@ def compute_stats(
         aligned=aligned,
         per_document_counts=bootstrap > 0,
         progress=progress,
+        executor=executor,
     )
     longest = int(sums.lengths.max())
     if sums.windows[:, -1].sum() == 0:

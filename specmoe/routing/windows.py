@@ -32,7 +32,7 @@ chunk (with a halo of max(max_n − 1, max_lag) tokens), keeping per-document su
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -46,9 +46,11 @@ __all__ = [
     "identity_bound",
     "identity_residual",
     "longest_document",
+    "merge_sums",
     "overlap_from_sums",
     "popcount",
     "rho_union_from_sums",
+    "shard_sums",
     "token_bitsets",
     "trim_lags",
     "window_reuse_counts",
@@ -334,6 +336,112 @@ def longest_document(trace_or_reader) -> int | None:
     return src.longest_document()
 
 
+def shard_sums(
+    trace: RoutingTrace,
+    *,
+    max_n: int,
+    max_lag: int,
+    aligned: bool = False,
+    per_document_counts: bool = False,
+) -> DocumentSums:
+    """The :class:`DocumentSums` of one shard (whole documents): its exact sufficient statistics.
+
+    :func:`merge_sums` of the shards' sums, in shard order, is the trace's sums.
+    """
+    part = _shard_sums(
+        trace.experts,
+        trace.doc_offsets,
+        trace.num_experts,
+        max_n=int(max_n),
+        max_lag=int(max_lag),
+        aligned=aligned,
+        per_doc_counts=per_document_counts,
+    )
+    lens = np.diff(trace.doc_offsets)
+    counts = part["counts"]
+    doc_counts = None
+    if per_document_counts:  # D·L·N of them: halve their memory (a document has < 2^31 tokens)
+        doc_counts = counts.astype(np.int32)
+        counts = counts.sum(axis=0, dtype=np.int64)
+    return DocumentSums(
+        num_experts=int(trace.num_experts),
+        top_k=trace.top_k,
+        layers=list(trace.layers),
+        max_n=int(max_n),
+        max_lag=int(max_lag),
+        aligned=bool(aligned),
+        lengths=lens,
+        reuse=part["reuse"],
+        union=part["union"],
+        windows=_window_counts(lens, int(max_n), aligned),
+        overlap=part["overlap"],
+        pairs=_pair_counts(lens, int(max_lag)),
+        expert_counts=counts,
+        doc_expert_counts=doc_counts,
+    )
+
+
+_PER_DOCUMENT = ("lengths", "reuse", "union", "windows", "overlap", "pairs")
+
+
+def merge_sums(parts: Sequence[DocumentSums]) -> DocumentSums:
+    """The sums of the documents of ``parts`` taken in order: per-document arrays joined along
+    D, expert counts added (integers: exact in any grouping, so the merge is associative).
+
+    The parts must agree on N, m, layers, max_n, max_lag, aligned and on whether they keep
+    per-document expert counts; else an ``InputError`` naming ``parts``.
+    """
+    parts = list(parts)
+    if not parts:
+        raise InputError("no sums to merge", argument="parts")
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    key0 = _merge_key(first)
+    for i, p in enumerate(parts[1:], start=1):
+        key = _merge_key(p)
+        if key != key0:
+            what = next(
+                f"{name}={a!r} but part 0 has {name}={b!r}"
+                for name, a, b in zip(_MERGE_FIELDS, key, key0)
+                if a != b
+            )
+            raise InputError(f"part {i} has {what}", argument="parts")
+    cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in _PER_DOCUMENT}
+    doc_counts = None
+    if first.doc_expert_counts is not None:
+        doc_counts = np.concatenate([p.doc_expert_counts for p in parts])
+    counts = first.expert_counts.astype(np.int64, copy=True)
+    for p in parts[1:]:
+        counts += p.expert_counts
+    return replace(first, **cat, expert_counts=counts, doc_expert_counts=doc_counts)
+
+
+_MERGE_FIELDS = (
+    "num_experts",
+    "top_k",
+    "layers",
+    "num_layers",
+    "max_n",
+    "max_lag",
+    "aligned",
+    "per_document_counts",
+)
+
+
+def _merge_key(p: DocumentSums) -> tuple:
+    return (
+        p.num_experts,
+        p.top_k,
+        list(p.layers),
+        p.num_layers,
+        p.max_n,
+        p.max_lag,
+        p.aligned,
+        p.doc_expert_counts is not None,
+    )
+
+
 def document_sums(
     trace_or_reader,
     *,
@@ -342,63 +450,33 @@ def document_sums(
     aligned: bool = False,
     per_document_counts: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    executor=None,
 ) -> DocumentSums:
-    """Stream a trace (in memory, a reader, or a path) shard by shard into :class:`DocumentSums`.
+    """Stream a trace (in memory, a reader, or a path) shard by shard into :class:`DocumentSums`:
+    :func:`shard_sums` of each shard, then :func:`merge_sums`.
 
-    ``progress(done, total)`` is called after each shard.
+    ``progress(done, total)`` is called after each shard. ``executor``: None computes the
+    shards here, one at a time; else an executor of :func:`specmoe.routing.shardmap.map_shards`
+    (e.g. Ray tasks) computes them, with the same result.
     """
+    from specmoe.routing.shardmap import map_shards
+
     if isinstance(max_n, bool) or not isinstance(max_n, int | np.integer) or max_n < 1:
         raise InputError(f"must be an integer >= 1, got {max_n!r}", argument="max_n")
     if isinstance(max_lag, bool) or not isinstance(max_lag, int | np.integer) or max_lag < 0:
         raise InputError(f"must be an integer >= 0, got {max_lag!r}", argument="max_lag")
     src = _as_source(trace_or_reader)
-    if isinstance(src, RoutingTrace):
-        shards, total = iter([src]), 1
-    else:
-        shards, total = src.iter_shards(), len(src.files)
-    parts: list[dict[str, np.ndarray]] = []
-    lengths: list[np.ndarray] = []
-    counts = None
-    first = None
-    for i, tr in enumerate(shards):
-        first = first or tr
-        part = _shard_sums(
-            tr.experts,
-            tr.doc_offsets,
-            tr.num_experts,
-            max_n=int(max_n),
-            max_lag=int(max_lag),
-            aligned=aligned,
-            per_doc_counts=per_document_counts,
-        )
-        if not per_document_counts:
-            c = part.pop("counts")
-            counts = c if counts is None else counts + c
-        parts.append(part)
-        lengths.append(np.diff(tr.doc_offsets))
-        if progress is not None:
-            progress(i + 1, total)
-    lens = np.concatenate(lengths)
-    cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    doc_counts = cat.pop("counts", None)
-    if doc_counts is not None:  # D·L·N of them: halve their memory (a document has < 2^31 tokens)
-        doc_counts = doc_counts.astype(np.int32)
-    return DocumentSums(
-        num_experts=int(first.num_experts),
-        top_k=first.top_k,
-        layers=list(first.layers),
+    parts = map_shards(
+        src,
+        shard_sums,
+        executor=executor,
+        progress=progress,
         max_n=int(max_n),
         max_lag=int(max_lag),
         aligned=bool(aligned),
-        lengths=lens,
-        reuse=cat["reuse"],
-        union=cat["union"],
-        windows=_window_counts(lens, int(max_n), aligned),
-        overlap=cat["overlap"],
-        pairs=_pair_counts(lens, int(max_lag)),
-        expert_counts=doc_counts.sum(axis=0, dtype=np.int64) if doc_counts is not None else counts,
-        doc_expert_counts=doc_counts,
+        per_document_counts=bool(per_document_counts),
     )
+    return merge_sums(parts)
 
 
 def trim_lags(sums: DocumentSums, max_lag: int) -> DocumentSums:
