@@ -590,3 +590,90 @@ def test_an_older_plan_json_still_summarises():
     }
     text = summary(d)
     assert "older specmoe plan" in text and "--draft-max 4" not in text
+
+
+# ------------------------------------------------------------------------------------------
+# the real llama-server (after `make llama-cpp`)
+
+
+def _llama_built() -> bool:
+    from specmoe.engines import llamacpp
+
+    return llamacpp.is_built()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _llama_built(), reason="llama.cpp not built (make llama-cpp)")
+def test_llama_server_starts_with_the_printed_flags(inputs, tmp_path, capsys):  # noqa: F811
+    """llama-server (llama-cpp-python 0.3.36's llama.cpp, built by `make llama-cpp`) starts
+    with every command specmoe plan prints for it, on the bundled model and draft as GGUF,
+    and serves a completion; the flags specmoe printed before abort its start-up."""
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    from specmoe.data import corpus
+    from specmoe.engines import llamacpp
+
+    target = llamacpp.export_gguf(corpus.bundled_model_dir(), tmp_path / "t.gguf", outtype="f32")
+    draft = llamacpp.export_gguf(corpus.bundled_draft_dir(), tmp_path / "d.gguf", outtype="f32")
+    server = str(llamacpp.tool("llama-server"))
+
+    def start(argv: list[str]) -> tuple[int, str]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        log = open(tmp_path / f"server-{port}.log", "w+")
+        extra = ["--host", "127.0.0.1", "--port", str(port), "-c", "512", "-t", "1", "-np", "1"]
+        proc = subprocess.Popen([server, *argv[1:], *extra], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and proc.poll() is None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            req = urllib.request.Request(
+                                f"http://127.0.0.1:{port}/completion",
+                                data=json.dumps({"prompt": "The", "n_predict": 8}).encode(),
+                                headers={"Content-Type": "application/json"},
+                            )
+                            with urllib.request.urlopen(req, timeout=60) as c:
+                                body = json.loads(c.read())
+                            return 0, json.dumps(body.get("timings", {}))
+                except OSError:
+                    time.sleep(0.5)
+            log.seek(0)
+            return proc.poll() if proc.poll() is not None else -1, log.read()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+            log.close()
+
+    args = [
+        "plan",
+        "--model",
+        inputs["spec"],
+        "--trace",
+        inputs["trace"],
+        "--bandwidth",
+        inputs["profile"],
+    ]
+    args += ["--k-max", "4", "--engine", "llama.cpp", "--target-model", str(target)]
+    started = 0
+    for drafter in ("ngram", "draft-model"):
+        extra = [] if drafter == "ngram" else ["--draft-model", str(draft)]
+        assert main([*args, "--drafter", drafter, *extra, "--json"]) == 0
+        s = json.loads(capsys.readouterr().out)["engine"]["settings"]["llama.cpp"]
+        commands = [s["command"], (s.get("dynamic") or {}).get("command")]
+        for argv in filter(None, commands):
+            rc, out = start(argv)
+            assert rc == 0, (argv, out)
+            timings = json.loads(out)
+            if drafter == "draft-model":  # it speculated: llama.cpp's timings count drafts
+                assert timings.get("draft_n", 0) > 0, timings
+            started += 1
+    assert started >= 3
+    rc, out = start([server, "-m", str(target), "-md", str(draft), "--draft-max", "4"])
+    assert rc != 0 and "has been removed" in out
