@@ -59,7 +59,7 @@ def _brute(ids, row0, k, acc, max_step, anchor=False):
             steps = [j] if anchor else range(1, min(j, max_step) + 1)
             for s in steps:
                 a, b = ids[row0[r] + j], ids[row0[r] + j - s]
-                shared = [len(set(a[l]) & set(b[l])) for l in range(ids.shape[1])]
+                shared = [len(set(a[layer]) & set(b[layer])) for layer in range(ids.shape[1])]
                 kind = 0 if j <= acc[r] else (1 if j == acc[r] + 1 else 2)
                 out.append((r, j, s, kind, *shared))
     return sorted(out)
