@@ -263,3 +263,8 @@ def test_inertia_command_writes_json_and_figures(tmp_path, capsys):
         "inertia_anchor_ngram.png",
         "inertia_effects_ngram.png",
     }
+    from specmoe.report.html import build_report
+
+    page, figures, counts = build_report(out, tmp_path / "page.html")
+    assert counts.get("inertia") == 1 and "Could not render" not in page
+    assert "Overlap with the predecessor at step s" in page and len(figures) >= 4

@@ -220,3 +220,8 @@ def test_stops_command_writes_json_and_figures(tmp_path, capsys):
         "stops_cases_ngram.png",
         "stops_new_experts_ngram.png",
     }
+    from specmoe.report.html import build_report
+
+    page, figures, counts = build_report(out, tmp_path / "page.html")
+    assert counts.get("stops") == 1 and "Could not render" not in page
+    assert "By the boundary before the next token" in page and len(figures) == 3
