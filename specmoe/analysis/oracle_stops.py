@@ -429,11 +429,21 @@ def stops_analysis(
     ex = []
     real = np.flatnonzero((w_state > 0.5) & has_next)
     if len(real):
-        longest = real[np.argsort(-kst[real], kind="stable")][: examples // 3]
-        ex += [dict(example(s), why="long k*") for s in longest]
+        seen: set[str] = set()
+
+        def distinct(rows, n_max, why):
+            got = []
+            for s in rows:
+                e = example(s)
+                if e["pass_text"] not in seen and len(got) < n_max:
+                    seen.add(e["pass_text"])
+                    got.append(dict(e, why=why))
+            return got
+
+        ex += distinct(real[np.argsort(-kst[real], kind="stable")], examples // 3, "long k*")
         for ty in ("indent", "newline", "string/comment", "ident/punct"):
             sel = real[(stop_type[real] == ty) & (kst[real] <= 2)]
-            ex += [dict(example(s), why=f"stop at {ty}") for s in sel[:2]]
+            ex += distinct(sel, 2, f"stop at {ty}")
     return {
         "l_max": K,
         "responses": G,
