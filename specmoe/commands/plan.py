@@ -82,6 +82,14 @@ def add_arguments(parser) -> None:
         help=f"acceptance for the engine settings (default {DEFAULT_EXPECTED})",
     )
     parser.add_argument(
+        "--acceptance-from",
+        default=None,
+        metavar="FILE",
+        help="the engine settings at the acceptance measured in FILE: `specmoe acceptance "
+        "--out` JSON or an engine's metrics (vLLM, SGLang, llama.cpp; see specmoe "
+        "acceptance); replaces --expected-acceptance",
+    )
+    parser.add_argument(
         "--k-max", type=int, default=8, help="largest draft length (default 8, at most 64)"
     )
     parser.add_argument(
@@ -448,6 +456,15 @@ def make_plan(args) -> tuple[Any, dict]:
     expected = parse_acceptance(args.expected_acceptance, "--expected-acceptance")
     if len(expected) != 1:
         raise InputError("--expected-acceptance: give one value")
+    measured_acceptance = None
+    if getattr(args, "acceptance_from", None) is not None:
+        from specmoe.formats.acceptance import load_acceptance
+
+        try:
+            measured_acceptance = load_acceptance(args.acceptance_from)
+        except InputError as exc:
+            raise InputError(exc.message, argument="acceptance_from") from None
+        expected = [float(measured_acceptance.rate)]
     draft_ms, draft_note = parse_draft_time(args.draft_time, args.k_max)
     request = engine_request(args)
     spec = resolve_spec(args.model)
@@ -474,6 +491,13 @@ def make_plan(args) -> tuple[Any, dict]:
         )
         spec = spec.with_dtype(prof.dtype)
     notes.append(draft_note)
+    if measured_acceptance is not None:
+        lo, hi = measured_acceptance.interval
+        notes.append(
+            f"expected acceptance {measured_acceptance.rate:.4f} (interval {lo:.4f} to {hi:.4f}"
+            f"{'' if measured_acceptance.exact else ', a lower bound'}) measured in "
+            f"{args.acceptance_from} ({measured_acceptance.source})"
+        )
     for note in notes:
         _err(f"plan: {note}")
     prof_info.update(device=prof.device, device_name=prof.device_name, dtype=prof.dtype)
