@@ -8,7 +8,8 @@ and the prediction is their window-weighted mean; ``--pool trace`` fits one law 
 fit trace, as paper 003 does (:func:`specmoe.routing.ipf.predict_union`; on the bundled traces
 the first stays within 2% at every n, the second within 4%). ``--json`` prints the result on
 stdout; ``--out DIR`` writes ``ipf.json``, the fitted ``stats.json`` and ``ipf_union.png``.
-Progress goes to stderr.
+Progress goes to stderr. ``--ray [ADDRESS]`` fits the moments shard by shard as Ray tasks with
+the same result (:mod:`specmoe.commands._ray`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from specmoe.commands._common import check_float, check_int, check_out_dir, out_folder
+from specmoe.commands._ray import add_ray_arguments, shard_executor
 from specmoe.errors import InputError
 
 
@@ -68,6 +70,7 @@ def add_arguments(parser) -> None:
         help="IPF tolerance on every pairwise cell (default 1e-10)",
     )
     parser.add_argument("--max-iter", type=int, default=5000, help="most IPF sweeps (default 5000)")
+    add_ray_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
     parser.add_argument(
         "--out",
@@ -226,25 +229,28 @@ def _run(args) -> int:
             raise InputError(
                 f"--validate {args.validate}: N, m, L = {have} but the fit data have {want}"
             )
-    if moments is None:
-        print(f"ipf: fitting statistics on {args.trace}", file=sys.stderr, flush=True)
-        with _max_lag_is_max_n():
-            moments = fit_moments(fit_reader, max_lag=args.max_n - 1)
-    empirical = None
-    if reader is not None:
-        print(f"ipf: measuring the union on {args.validate}", file=sys.stderr, flush=True)
-        empirical = compute_stats(reader, max_n=args.max_n, max_lag=1).union[:, 1:]
-    elif moments.union is not None and moments.union.shape[1] >= args.max_n:
-        empirical = moments.union[:, 1 : args.max_n]
-    source = moments
-    if args.pool == "documents":
-        with _max_lag_is_max_n():
-            source = fit_document_moments(fit_reader, max_lag=args.max_n - 1)
-        print(
-            f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
-            file=sys.stderr,
-            flush=True,
-        )
+    with shard_executor(args, "ipf") as executor:
+        if moments is None:
+            print(f"ipf: fitting statistics on {args.trace}", file=sys.stderr, flush=True)
+            with _max_lag_is_max_n():
+                moments = fit_moments(fit_reader, max_lag=args.max_n - 1, executor=executor)
+        empirical = None
+        if reader is not None:
+            print(f"ipf: measuring the union on {args.validate}", file=sys.stderr, flush=True)
+            empirical = compute_stats(reader, max_n=args.max_n, max_lag=1, executor=executor).union[
+                :, 1:
+            ]
+        elif moments.union is not None and moments.union.shape[1] >= args.max_n:
+            empirical = moments.union[:, 1 : args.max_n]
+        source = moments
+        if args.pool == "documents":
+            with _max_lag_is_max_n():
+                source = fit_document_moments(fit_reader, max_lag=args.max_n - 1, executor=executor)
+            print(
+                f"ipf: {len(source)} documents of more than {args.max_n - 1} tokens",
+                file=sys.stderr,
+                flush=True,
+            )
     print(f"ipf: solving {args.variant} IPF for n = 2..{args.max_n}", file=sys.stderr, flush=True)
     pred = predict_union(
         source,

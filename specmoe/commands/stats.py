@@ -2,7 +2,9 @@
 
 Prints a summary (layer-mean ρ(n) and U(n) against uniform routing, ū(n), overlap at a few
 lags against its baselines), or with ``--json`` the whole :class:`RoutingStats` on stdout;
-``--out DIR`` writes ``stats.json`` and figures. Progress goes to stderr.
+``--out DIR`` writes ``stats.json`` and figures. Progress goes to stderr. ``--ray [ADDRESS]``
+computes each shard's sums as a Ray task (a local runtime, or the cluster at ADDRESS) with the
+same result (:mod:`specmoe.commands._ray`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import sys
 from pathlib import Path
 
 from specmoe.commands._common import check_int, check_out_dir, check_seed, out_folder
+from specmoe.commands._ray import add_ray_arguments, shard_executor
 from specmoe.errors import InputError
 
 
@@ -47,6 +50,7 @@ def add_arguments(parser) -> None:
         action="store_true",
         help="use the same window starts for every n (Eq. (2) holds exactly)",
     )
+    add_ray_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write stats.json and figures to DIR"
@@ -147,16 +151,18 @@ def _run(args) -> int:
             flush=True,
         )
     try:
-        stats = compute_stats(
-            reader,
-            max_n=args.max_n,
-            max_lag=args.max_lag,
-            spec=spec,
-            bootstrap=args.bootstrap,
-            seed=args.seed,
-            aligned=args.aligned,
-            progress=progress,
-        )
+        with shard_executor(args, "stats") as executor:
+            stats = compute_stats(
+                reader,
+                max_n=args.max_n,
+                max_lag=args.max_lag,
+                spec=spec,
+                bootstrap=args.bootstrap,
+                seed=args.seed,
+                aligned=args.aligned,
+                progress=progress,
+                executor=executor,
+            )
     except InputError as exc:  # the model spec is compute_stats' ``spec``
         if exc.argument != "spec":
             raise

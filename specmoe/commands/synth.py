@@ -6,6 +6,7 @@ synthetic trace (:func:`specmoe.routing.synth.synthesize`) of N tokens and write
 (.npz). ``--model`` takes N, m and the layer count from a model spec (N and m must match the
 statistics). ``--json`` prints a summary with the fidelity checks (popularity correlation,
 overlap difference per lag, union error per n) on stdout. Progress goes to stderr.
+``--ray [ADDRESS]`` fits the moments of a shard directory as Ray tasks, with the same result.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from specmoe.commands._common import check_at_most, check_int, check_out_file, check_seed
+from specmoe.commands._ray import add_ray_arguments, shard_executor
 from specmoe.errors import InputError
 
 MAX_TOKENS = 10**9
@@ -90,6 +92,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--no-check", action="store_true", help="skip the fidelity checks (faster on long traces)"
     )
+    add_ray_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 
@@ -126,7 +129,8 @@ def run(args) -> int:
     if Path(args.source).suffix.lower() == ".json":
         moments = load_moments(args.source)
     else:
-        moments = fit_moments(open_trace(args.source), max_lag=args.max_lag)
+        with shard_executor(args, "synth") as executor:
+            moments = fit_moments(open_trace(args.source), max_lag=args.max_lag, executor=executor)
     if args.save_stats:
         save_moments(moments, args.save_stats)
     print(f"synth: drawing {args.tokens} tokens", file=sys.stderr, flush=True)
