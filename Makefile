@@ -17,7 +17,7 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
 
 demo: install
 	$(BIN)/specmoe plan --out out/demo
