@@ -32,6 +32,8 @@ COMMANDS: dict[str, str] = {
     "policy": "evaluate online draft-budget policies",
     "inertia": "routing overlap of rejected against accepted drafts",
     "stops": "where the Oracle stops: new experts, boundaries, expert term",
+    "drafters": "MoE against dense draft layers: draft cost against batch size",
+    "transfer": "bandwidth of a held-out model from the other models' profiles",
     "spec": "show a model spec (preset or HF config)",
     "efficiency": "target efficiency and speedup against batch size",
     "export": "write a model in another engine's format (GGUF for llama.cpp)",
