@@ -40,9 +40,9 @@ def add_ray_arguments(parser) -> None:
 
 
 @contextlib.contextmanager
-def shard_executor(args, verb: str) -> Iterator[object | None]:
-    """``with shard_executor(args, "stats") as executor:`` None without ``--ray``; else a
-    :class:`~specmoe.distributed.ray_runtime.RayShardExecutor` on a runtime held for the block."""
+def ray_runtime(args, verb: str) -> Iterator[dict | None]:
+    """``with ray_runtime(args, "stats") as info:`` None without ``--ray``; else the runtime's
+    description (:func:`~specmoe.distributed.ray_runtime.ray_session`), held for the block."""
     ray_arg, cpus = getattr(args, "ray", None), getattr(args, "ray_cpus", None)
     if ray_arg is None:
         if cpus is not None:
@@ -53,7 +53,7 @@ def shard_executor(args, verb: str) -> Iterator[object | None]:
     address = None if ray_arg == LOCAL else ray_arg
     if address is not None and cpus is not None:
         raise InputError("--ray-cpus: only for a local runtime (a cluster has its own CPUs)")
-    from specmoe.distributed.ray_runtime import RayShardExecutor, ray_session
+    from specmoe.distributed.ray_runtime import ray_session
 
     with contextlib.ExitStack() as stack:
         try:
@@ -61,8 +61,22 @@ def shard_executor(args, verb: str) -> Iterator[object | None]:
         except InputError as exc:
             raise exc.as_flag("--ray-cpus" if exc.argument == "num_cpus" else "--ray") from None
         print(
-            f"{verb}: Ray runtime {info['address']} with {info['cpus']:g} CPUs",
+            f"{verb}: Ray runtime {info['address']} with {info['cpus']:g} CPUs"
+            + (f", {info['gpus']:g} GPUs" if info["gpus"] else ""),
             file=sys.stderr,
             flush=True,
         )
+        yield info
+
+
+@contextlib.contextmanager
+def shard_executor(args, verb: str) -> Iterator[object | None]:
+    """``with shard_executor(args, "stats") as executor:`` None without ``--ray``; else a
+    :class:`~specmoe.distributed.ray_runtime.RayShardExecutor` on a runtime held for the block."""
+    with ray_runtime(args, verb) as info:
+        if info is None:
+            yield None
+            return
+        from specmoe.distributed.ray_runtime import RayShardExecutor
+
         yield RayShardExecutor()
