@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "efficiency": "target efficiency and speedup against batch size",
     "export": "write a model in another engine's format (GGUF for llama.cpp)",
     "acceptance": "acceptance rate from an engine's speculative metrics",
+    "campaign": "run a sweep of command units, here or on Ray, into one folder",
 }
 
 
