@@ -1,0 +1,214 @@
+"""Campaign units with declared resources, here and as Ray tasks, gathered into one folder.
+
+References: the exact bytes each unit function writes, the records the runner must leave, and
+the statuses a rerun must give. The Ray tests share one local runtime of 2 CPUs per module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from specmoe.cli import main
+from specmoe.distributed.campaign import (
+    MANIFEST,
+    RECORDS,
+    Unit,
+    command_unit,
+    run_campaign,
+)
+from specmoe.errors import InputError
+
+
+def verify_unit(folder: Path, *, model: str, n: int) -> dict:
+    (folder / model).mkdir()
+    (folder / model / f"verify-{n}.json").write_text(json.dumps({"model": model, "n": n}))
+    return {"n": n, "pid": os.getpid()}
+
+
+def throughput_unit(folder: Path, *, model: str) -> dict:
+    (folder / model / "rounds").mkdir(parents=True)
+    (folder / model / "rounds" / "part-0.bin").write_bytes(bytes(range(256)) * 3)
+    return {"tokens_per_s": 12.5}
+
+
+def failing_unit(folder: Path) -> None:
+    raise RuntimeError("the engine would not start")
+
+
+def dies_once_unit(folder: Path, *, marker: str) -> str:
+    """Kills its own worker on the first try (a lost node); succeeds on the retry."""
+    m = Path(marker)
+    if not m.exists():
+        m.write_text("died once")
+        os._exit(1)
+    (folder / "after-retry.txt").write_text("ok")
+    return "retried"
+
+
+def two_units() -> list[Unit]:
+    return [
+        Unit("verify-n4", verify_unit, {"model": "toy", "n": 4}, num_cpus=1),
+        Unit("throughput", throughput_unit, {"model": "toy"}, num_cpus=1),
+    ]
+
+
+def check_two_gathered(out: Path, result) -> None:
+    assert [u.status for u in result.units] == ["done", "done"]
+    assert json.loads((out / "toy" / "verify-4.json").read_text()) == {"model": "toy", "n": 4}
+    assert (out / "toy" / "rounds" / "part-0.bin").read_bytes() == bytes(range(256)) * 3
+    assert result.units[0].result["n"] == 4
+    assert result.units[1].result == {"tokens_per_s": 12.5}
+    assert result.units[0].files == ["toy/verify-4.json"]
+    rec = json.loads((out / RECORDS / "throughput.json").read_text())
+    assert rec["status"] == "done" and rec["files"] == ["toy/rounds/part-0.bin"]
+    assert rec["resources"] == {"CPU": 1.0, "GPU": 0.0}
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert [(u["name"], u["status"]) for u in manifest["units"]] == [
+        ("verify-n4", "done"),
+        ("throughput", "done"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    ray = pytest.importorskip("ray")
+    # this test module is not importable on a worker: ship its unit functions by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+# ------------------------------------------------------------------------------------------
+# in this process
+
+
+def test_local_campaign_gathers_and_a_rerun_skips_done_units(tmp_path):
+    out = tmp_path / "sweep"
+    result = run_campaign(two_units(), out)
+    check_two_gathered(out, result)
+    again = run_campaign(two_units(), out)
+    assert [u.status for u in again.units] == ["skipped", "skipped"]
+    assert again.units[0].result == result.units[0].result  # read back from its record
+
+
+def test_a_failed_unit_is_recorded_and_rerun(tmp_path):
+    units = [*two_units(), Unit("broken", failing_unit)]
+    result = run_campaign(units, tmp_path)
+    assert [u.status for u in result.units] == ["done", "done", "failed"]
+    assert result.failed[0].error == "RuntimeError: the engine would not start"
+    assert not (tmp_path / RECORDS / "broken.json").exists()
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    assert manifest["units"][2]["status"] == "failed"
+    assert [u.status for u in run_campaign(units, tmp_path).units] == [
+        "skipped",
+        "skipped",
+        "failed",
+    ]
+
+
+def test_two_units_writing_one_file_fail_the_second(tmp_path):
+    units = [
+        Unit("a", verify_unit, {"model": "toy", "n": 1}),
+        Unit("b", verify_unit, {"model": "toy", "n": 1}),
+    ]
+    result = run_campaign(units, tmp_path)
+    assert [u.status for u in result.units] == ["done", "failed"]
+    assert result.units[1].error == "writes toy/verify-1.json, also written by unit a"
+
+
+def test_unit_and_campaign_arguments_are_checked(tmp_path):
+    with pytest.raises(InputError, match=r"name: '\.\./x' must be"):
+        Unit("../x", verify_unit)
+    with pytest.raises(InputError, match="num_gpus: unit u: must be >= 0"):
+        Unit("u", verify_unit, num_gpus=-1)
+    with pytest.raises(InputError, match="units: two units are named 'a'"):
+        run_campaign([Unit("a", failing_unit), Unit("a", failing_unit)], tmp_path)
+    with pytest.raises(InputError, match="executor: must be 'local' or 'ray'"):
+        run_campaign([], tmp_path, executor="mpi")
+
+
+# ------------------------------------------------------------------------------------------
+# on a local Ray runtime of 2 CPUs
+
+
+def test_two_task_campaign_on_ray_gathers_its_results(tmp_path, ray_runtime):
+    out = tmp_path / "sweep"
+    result = run_campaign(two_units(), out, executor="ray")
+    check_two_gathered(out, result)
+    assert result.units[0].result["pid"] != os.getpid()  # ran in a Ray worker
+    assert [u.status for u in run_campaign(two_units(), out, executor="ray").units] == [
+        "skipped",
+        "skipped",
+    ]
+
+
+def test_ray_unit_beyond_the_cluster_fails_at_once_and_a_lost_worker_is_retried(
+    tmp_path, ray_runtime
+):
+    units = [
+        Unit("needs-gpu", verify_unit, {"model": "g", "n": 1}, num_gpus=1),
+        Unit("too-wide", verify_unit, {"model": "w", "n": 1}, num_cpus=3),
+        Unit("dies-once", dies_once_unit, {"marker": str(tmp_path / "marker")}),
+        Unit("broken", failing_unit),
+    ]
+    result = run_campaign(units, tmp_path / "out", executor="ray")
+    by = {u.name: u for u in result.units}
+    assert by["needs-gpu"].error == "needs 1 GPU but the cluster has 0"
+    assert by["too-wide"].error == "needs 3 CPU but the cluster has 2"
+    assert by["dies-once"].status == "done" and by["dies-once"].result == "retried"
+    assert (tmp_path / "out" / "after-retry.txt").read_text() == "ok"
+    assert by["broken"].status == "failed"
+    assert "the engine would not start" in by["broken"].error
+
+
+def test_cli_campaign_of_command_units_on_ray(tmp_path, ray_runtime, capsys):
+    units = {
+        "units": [
+            {"name": "spec-olmoe", "argv": ["spec", "OLMoE-1B-7B-0125", "--json"]},
+            {
+                "name": "stats-fit",
+                "argv": ["stats", "specmoe/data/traces/fit.npz", "--max-n", "3", "--json"],
+                "num_cpus": 1,
+            },
+        ]
+    }
+    path = tmp_path / "units.json"
+    path.write_text(json.dumps(units))
+    root = Path(__file__).resolve().parents[1]
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        code = main(["campaign", str(path), "--out", str(tmp_path / "out"), "--ray", "--json"])
+    finally:
+        os.chdir(cwd)
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and (out["done"], out["failed"]) == (2, 0)
+    spec_rec = out["units"][0]["result"]["stdout"]
+    assert spec_rec["name"] == "OLMoE-1B-7B-0125"
+    assert out["units"][1]["result"]["stdout"]["max_n"] == 3
+
+
+def test_command_unit_runs_specmoe_and_fails_on_a_bad_command(tmp_path):
+    units = [
+        command_unit("ok", ["spec", "OLMoE-1B-7B-0125", "--json"]),
+        command_unit("bad", ["spec", "no-such-model"]),
+    ]
+    result = run_campaign(units, tmp_path)
+    assert result.units[0].status == "done"
+    assert result.units[0].result["stdout"]["name"] == "OLMoE-1B-7B-0125"
+    assert result.units[1].status == "failed"
+    assert "exit 2" in result.units[1].error and "neither a preset" in result.units[1].error
+
+
+def test_cli_campaign_refuses_a_bad_units_file(tmp_path, capsys):
+    path = tmp_path / "units.json"
+    path.write_text(json.dumps({"units": [{"name": "x", "argv": "spec"}]}))
+    assert main(["campaign", str(path), "--out", str(tmp_path / "o")]) == 2
+    assert "units[0]: 'argv' must be a non-empty list of strings" in capsys.readouterr().err
