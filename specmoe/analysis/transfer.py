@@ -68,7 +68,14 @@ from specmoe.errors import InputError
 from specmoe.formats.trace import RoutingTrace
 from specmoe.routing.ipf import ExpertMoments
 
-__all__ = ["overlap_moments", "transfer_routing"]
+__all__ = [
+    "fit_form",
+    "hold_out",
+    "overlap_moments",
+    "predict_form",
+    "profile_points",
+    "transfer_routing",
+]
 
 
 def overlap_moments(
@@ -136,3 +143,181 @@ def transfer_routing(
         meta=meta,
         name="transfer routing",
     )
+
+
+# --- the held-out prediction ---------------------------------------------------------------
+
+FORMS = ("loglinear", "structure")
+KERNELS = ("per_slot", "dedup")
+
+
+def profile_points(profile: dict[str, Any], *, name: str = "profile") -> dict[str, Any]:
+    """The numbers a transfer fit reads from one bandwidth profile (a ``profile.json`` dict):
+    model name, expert bytes b, m, n [k], β_slot(n), β_dedup(n) (GB/s, recorded windows),
+    ū(n), U(n) = ū(n)·n·m, r(n) and the benchmark's crossover."""
+    try:
+        model = profile["model"]
+        n = np.asarray(profile["n"], dtype=np.int64)
+        bs = np.asarray(profile["beta_slot"], dtype=np.float64)
+        bd = np.asarray(profile["beta_dedup"], dtype=np.float64)
+        ub = np.asarray(profile["u_bar"], dtype=np.float64)
+        b = float(model["expert_bytes"])
+        m = int(model["top_k"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{name}: not a bandwidth profile ({exc})") from None
+    timed = (profile.get("extra") or {}).get("expert_bytes")
+    if isinstance(timed, (int, float)) and timed > 0:
+        b = float(timed)  # the bytes of one expert at the timed dtype
+    if not (n.shape == bs.shape == bd.shape == ub.shape) or n.size < 2:
+        raise InputError(f"{name}: n, beta_slot, beta_dedup and u_bar differ in length")
+    if np.any(bs <= 0) or np.any(bd <= 0) or np.any(ub <= 0) or b <= 0:
+        raise InputError(f"{name}: bandwidths, byte shares and expert bytes must be positive")
+    return {
+        "model": str(model.get("name", name)),
+        "b": b,
+        "m": m,
+        "n": n,
+        "beta_slot": bs,
+        "beta_dedup": bd,
+        "u_bar": ub,
+        "U": ub * n * m,
+        "r": bd / bs,
+        "crossover": profile.get("crossover"),
+    }
+
+
+def _design(form: str, kernel: str, pts: dict[str, Any], idx: np.ndarray) -> np.ndarray:
+    """[k, p] regressors of ``form`` for ``kernel`` at the points ``idx`` of one model."""
+    n = pts["n"][idx].astype(np.float64)
+    b = np.full(n.shape, pts["b"] / 1e9)  # GB
+    one = np.ones_like(n)
+    if form == "loglinear":
+        return np.column_stack([one, np.log(n), np.log(b)])
+    if form == "structure":
+        m = pts["m"]
+        if kernel == "per_slot":
+            return np.column_stack([one, 1 / b, pts["u_bar"][idx], 1 / (n * m * b)])
+        U = pts["U"][idx]
+        return np.column_stack([one, 1 / b, n * m / U, 1 / (U * b)])
+    raise InputError(f"unknown form {form!r} (choose from {', '.join(FORMS)})", argument="form")
+
+
+def _response(form: str, beta: np.ndarray) -> np.ndarray:
+    return np.log(beta) if form == "loglinear" else 1.0 / beta
+
+
+def _inverse(form: str, y: np.ndarray) -> np.ndarray:
+    if form == "loglinear":
+        return np.exp(y)
+    with np.errstate(divide="ignore"):
+        return np.where(y > 0, 1.0 / np.where(y > 0, y, 1.0), np.inf)
+
+
+def fit_form(form: str, kernel: str, models: list[dict[str, Any]], *, n_min: int = 2) -> np.ndarray:
+    """Least-squares coefficients of ``form`` for ``kernel`` on the points n >= n_min of every
+    model in ``models`` (:func:`profile_points` dicts); see the module docstring."""
+    if kernel not in KERNELS:
+        raise InputError(f"unknown kernel {kernel!r}", argument="kernel")
+    X, y = [], []
+    for pts in models:
+        idx = np.flatnonzero(pts["n"] >= n_min)
+        X.append(_design(form, kernel, pts, idx))
+        y.append(_response(form, pts[f"beta_{'slot' if kernel == 'per_slot' else 'dedup'}"][idx]))
+    A, Y = np.vstack(X), np.concatenate(y)
+    if A.shape[0] < A.shape[1]:
+        raise InputError(f"{A.shape[0]} points for {A.shape[1]} coefficients", argument="models")
+    coef, *_ = np.linalg.lstsq(A, Y, rcond=None)
+    return coef
+
+
+def predict_form(
+    form: str, kernel: str, coef: np.ndarray, pts: dict[str, Any], idx: np.ndarray
+) -> np.ndarray:
+    """β̂ (GB/s) of ``kernel`` at the points ``idx`` of one model from a fit's ``coef``."""
+    return _inverse(form, _design(form, kernel, pts, idx) @ coef)
+
+
+def _within_one(a: int | None, b: int | None, n_max: int) -> bool:
+    """|a − b| <= 1 with "no crossover up to n_max" counted as n_max + 1."""
+    fa = n_max + 1 if a is None else a
+    fb = n_max + 1 if b is None else b
+    return abs(fa - fb) <= 1
+
+
+def hold_out(
+    models: list[dict[str, Any]], *, form: str, n_report: tuple[int, ...] = (2, 4, 6, 8)
+) -> dict[str, Any]:
+    """Hold out each model in turn, fit ``form`` on the others, predict its β_slot(n),
+    β_dedup(n), r(n) at n >= 2 and its crossover (module docstring). Misses are relative,
+    |pred − measured| / measured, summarised at the pass sizes ``n_report``."""
+    from specmoe.cost.step import crossover
+
+    if len(models) < 2:
+        raise InputError("need profiles of at least two models", argument="models")
+    names = [p["model"] for p in models]
+    if len(set(names)) != len(names):
+        raise InputError(f"a model appears twice: {names}", argument="models")
+    rows = []
+    for i, held in enumerate(models):
+        others = [p for j, p in enumerate(models) if j != i]
+        idx = np.flatnonzero(held["n"] >= 2)
+        n = held["n"][idx]
+        n_max = int(held["n"].max())
+        pred = {k: predict_form(form, k, fit_form(form, k, others), held, idx) for k in KERNELS}
+        meas = {"per_slot": held["beta_slot"][idx], "dedup": held["beta_dedup"][idx]}
+        r_hat = pred["dedup"] / pred["per_slot"]
+        r = held["r"][idx]
+        ub = held["u_bar"][idx]
+        miss = {k: np.abs(pred[k] - meas[k]) / meas[k] for k in KERNELS}
+        r_miss = np.abs(r_hat - r) / r
+        cross_t = crossover(r_hat - ub, n)
+        cross_own = crossover(r - ub, n)
+        cross_bench = held["crossover"]
+        rows.append(
+            {
+                "held_out": held["model"],
+                "expert_bytes": held["b"],
+                "fitted_on": [p["model"] for p in others],
+                "n": n.tolist(),
+                "beta_slot": meas["per_slot"].tolist(),
+                "beta_dedup": meas["dedup"].tolist(),
+                "beta_slot_pred": pred["per_slot"].tolist(),
+                "beta_dedup_pred": pred["dedup"].tolist(),
+                "r": r.tolist(),
+                "r_pred": r_hat.tolist(),
+                "u_bar": ub.tolist(),
+                "miss_slot": miss["per_slot"].tolist(),
+                "miss_dedup": miss["dedup"].tolist(),
+                "miss_r": r_miss.tolist(),
+                "crossover_bench": cross_bench,
+                "crossover_own": cross_own,
+                "crossover_transferred": cross_t,
+                "transferred_within_one": _within_one(cross_t, cross_bench, n_max),
+                "own_within_one": _within_one(cross_own, cross_bench, n_max),
+            }
+        )
+    sel = [(row, j) for row in rows for j, nn in enumerate(row["n"]) if nn in set(n_report)]
+    beta_miss = np.array(
+        [row[f"miss_{k}"][j] for row, j in sel for k in ("slot", "dedup")], dtype=np.float64
+    )
+    r_miss = np.array([row["miss_r"][j] for row, j in sel], dtype=np.float64)
+    return {
+        "form": form,
+        "n_report": list(n_report),
+        "models": rows,
+        "beta_miss_min": float(beta_miss.min()) if beta_miss.size else None,
+        "beta_miss_median": float(np.median(beta_miss)) if beta_miss.size else None,
+        "beta_miss_max": float(beta_miss.max()) if beta_miss.size else None,
+        "r_miss_by_model": {
+            row["held_out"]: [
+                float(min(row["miss_r"][j] for r2, j in sel if r2 is row)),
+                float(max(row["miss_r"][j] for r2, j in sel if r2 is row)),
+            ]
+            for row in rows
+            if any(r2 is row for r2, _ in sel)
+        },
+        "r_miss_median": float(np.median(r_miss)) if r_miss.size else None,
+        "crossover_transferred_within_one": sum(r["transferred_within_one"] for r in rows),
+        "crossover_own_within_one": sum(r["own_within_one"] for r in rows),
+        "configurations": len(rows),
+    }
