@@ -1,7 +1,9 @@
 """Figures of ``specmoe inertia`` (paper 003 Appendix H, Figures 8 and 9) and ``specmoe stops``
 (paper 000 Appendix B, Figures B3-B5), drawn from their JSON results (inertia.json, stops.json).
 
-One PNG set per drafter, named ``inertia_*_<drafter>.png`` and ``stops_*_<drafter>.png``.
+One PNG set per drafter, named ``inertia_*_<drafter>.png`` and ``stops_*_<drafter>.png``. Also
+``specmoe drafters`` (paper 003 Appendix M: ``drafters_*.png``) and ``specmoe transfer`` (paper
+002 Figure 7: ``transfer_<form>.png``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ import numpy as np
 
 from specmoe.report._mpl import agg_subplots, save_agg
 
-__all__ = ["write_inertia_figures", "write_stops_figures"]
+__all__ = [
+    "write_drafters_figures",
+    "write_inertia_figures",
+    "write_stops_figures",
+    "write_transfer_figures",
+]
 
 COLORS = {"accepted": "#1f77b4", "first_rejection": "#d62728", "cascade": "#ff7f0e"}
 LABELS = {"accepted": "accepted", "first_rejection": "first rejection", "cascade": "cascade"}
@@ -300,3 +307,141 @@ def write_stops_figures(d: dict[str, Any], out: str | Path) -> list[Path]:
         paths.append(_stops_cases(r, out / f"stops_cases_{s}.png"))
         paths.append(_stops_new(r, out / f"stops_new_experts_{s}.png"))
     return paths
+
+
+# --- specmoe drafters (paper 003 Appendix M, Figures 11-12) ---------------------------------
+
+KIND_COLORS = {"dense": "#1f77b4", "moe": "#d62728"}
+LAYER_STYLES = ("-", "--", ":", "-.")
+
+
+def _drafters_layers(d: dict, path: Path) -> Path:
+    fig, ax = agg_subplots(1, 2, width=11.0, height=4.0)
+    lay = d["layers"]
+    for kind, c in KIND_COLORS.items():
+        b = np.asarray(lay[kind]["batch"], dtype=float)
+        t = np.asarray(lay[kind]["median_s"]) * 1e3
+        y = np.asarray(lay[kind]["bytes"], dtype=float)
+        ax[0, 0].plot(b, t, "o-", color=c, label=f"{kind} layer, measured")
+        ax[0, 0].plot(b, y * t[0] / y[0], ":", color=c, lw=1, label=f"{kind}: bytes at B=1 rate")
+        ax[0, 1].plot(b, y / (t / 1e3) / 1e9, "o-", color=c, label=kind)
+        lb = d["bandwidth_bound"][kind].get("first_unbound")
+        if lb is not None:
+            ax[0, 0].axvline(lb, color=c, lw=0.8, ls="--")
+    for a in ax[0]:
+        a.set_xscale("log", base=2)
+        a.set_xlabel("batch size B (one draft token per sequence)")
+    ax[0, 0].set_yscale("log")
+    ax[0, 0].set_ylabel("feed-forward time of one draft layer (ms)")
+    ax[0, 0].legend(fontsize=7)
+    ax[0, 1].set_ylabel("effective bandwidth (GB/s)")
+    ax[0, 1].legend(fontsize=8)
+    fig.suptitle(
+        f"{d['model']} shapes, N={d['num_experts']}, m={d['top_k']}: dense vs MoE draft layer "
+        "(design study; dashed: first batch beyond bandwidth-bound)",
+        fontsize=9,
+    )
+    return save_agg(fig, path)
+
+
+def _drafters_cost(d: dict, path: Path) -> Path:
+    fig, ax = agg_subplots(1, 1, width=6.4, height=4.2)
+    a = ax[0, 0]
+    Ls = sorted({r["layers"] for r in d["drafters"]})
+    for r in d["drafters"]:
+        a.plot(r["batch"], np.asarray(r["cost_s"]) * 1e3, LAYER_STYLES[Ls.index(r["layers"]) % 4],
+               color=KIND_COLORS[r["kind"]], marker="o", ms=3,
+               label=f"{r['kind']}, {r['layers']} layer(s)")  # fmt: skip
+    a.set_xscale("log", base=2)
+    a.set_yscale("log")
+    a.set_xlabel("batch size B")
+    a.set_ylabel("draft cost per step C_p(B; L_d) (ms), M.1")
+    a.set_title(f"Draft cost, anchored at B=1 ({d['anchor_ms']:.2f} ms), {d['model']}", fontsize=9)
+    a.legend(fontsize=7)
+    return save_agg(fig, path)
+
+
+def _drafters_speedup(d: dict, path: Path) -> Path | None:
+    rows = d.get("speedup") or []
+    if not rows:
+        return None
+    fig, ax = agg_subplots(1, 1, width=6.4, height=4.2)
+    a = ax[0, 0]
+    Ls = sorted({r["layers"] for r in rows})
+    k0 = min(r["k"] for r in rows)
+    for kind in KIND_COLORS:
+        for L in Ls:
+            sel = sorted((r for r in rows if r["kind"] == kind and r["layers"] == L
+                          and r["k"] == k0), key=lambda r: r["batch"])  # fmt: skip
+            if sel:
+                a.plot([r["batch"] for r in sel], [r["speedup"] for r in sel],
+                       LAYER_STYLES[Ls.index(L) % 4], color=KIND_COLORS[kind], marker="o",
+                       ms=3, label=f"{kind}, {L} layer(s)")  # fmt: skip
+    a.axhline(1.0, color="gray", lw=0.8)
+    a.set_xscale("log", base=2)
+    a.set_xlabel("batch size B")
+    a.set_ylabel(f"speedup at K={k0} (target on synthetic routing)")
+    eff = d.get("efficiency") or {}
+    a.set_title(f"Speedup with each drafter, a={eff.get('acceptance')}, target {eff.get('model')}",
+                fontsize=9)  # fmt: skip
+    a.legend(fontsize=7)
+    return save_agg(fig, path)
+
+
+def write_drafters_figures(d: dict[str, Any], out: str | Path) -> list[Path]:
+    """The figures of a drafters.json result, into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        _drafters_layers(d, out / "drafters_layers.png"),
+        _drafters_cost(d, out / "drafters_cost.png"),
+    ]
+    sp = _drafters_speedup(d, out / "drafters_speedup.png")
+    return paths + ([sp] if sp is not None else [])
+
+
+# --- specmoe transfer (paper 002 Appendix E, Figure 7) --------------------------------------
+
+
+def _transfer_form(d: dict, form: str, path: Path) -> Path:
+    r = d["forms"][form]
+    fig, ax = agg_subplots(1, 2, width=11.0, height=4.6)
+    cmap = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    keep = set(r["n_report"])
+    lo, hi = np.inf, 0.0
+    for i, m in enumerate(r["models"]):
+        c = cmap[i % len(cmap)]
+        idx = [j for j, n in enumerate(m["n"]) if n in keep]
+        for k, face in (("slot", c), ("dedup", "none")):
+            x = np.asarray(m[f"beta_{k}"])[idx]
+            y = np.asarray(m[f"beta_{k}_pred"])[idx]
+            ax[0, 0].scatter(x, y, s=30, edgecolors=c, facecolors=face,
+                             label=m["held_out"] if k == "slot" else None)  # fmt: skip
+            lo, hi = min(lo, x.min(), y.min()), max(hi, x.max(), y.max())
+        ax[0, 1].scatter(np.asarray(m["r"])[idx], np.asarray(m["r_pred"])[idx], s=30, color=c,
+                         label=m["held_out"])  # fmt: skip
+    ax[0, 0].plot([lo, hi], [lo, hi], ":", color="gray")
+    ax[0, 0].set_xscale("log")
+    ax[0, 0].set_yscale("log")
+    ax[0, 0].set_xlabel("measured β (GB/s)")
+    ax[0, 0].set_ylabel("predicted from the other models (GB/s)")
+    ax[0, 0].set_title("filled: per-slot, open: dedup", fontsize=9)
+    ax[0, 0].legend(fontsize=7)
+    rr = [v for m in r["models"] for v in m["r"] + m["r_pred"] if np.isfinite(v)]
+    ax[0, 1].plot([min(rr), max(rr)], [min(rr), max(rr)], ":", color="gray")
+    ax[0, 1].set_xlabel("measured r(n)")
+    ax[0, 1].set_ylabel("predicted r(n)")
+    fig.suptitle(
+        f"Held-out bandwidth, form {form} (n = {', '.join(map(str, r['n_report']))}): miss "
+        f"{100 * r['beta_miss_min']:.0f}-{100 * r['beta_miss_max']:.0f}%, median "
+        f"{100 * r['beta_miss_median']:.0f}%",
+        fontsize=9,
+    )
+    return save_agg(fig, path)
+
+
+def write_transfer_figures(d: dict[str, Any], out: str | Path) -> list[Path]:
+    """The Figure-7 analogue of a transfer.json result, one PNG per form, into ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return [_transfer_form(d, f, out / f"transfer_{_slug(f)}.png") for f in d["forms"]]
