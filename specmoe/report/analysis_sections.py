@@ -1,6 +1,8 @@
 """The report sections of the analyses in :mod:`specmoe.analysis`: routing inertia of rejected
 drafts (``inertia.json``, paper 003 Section 9.4 and Appendix H) and where the Oracle stops
-(``stops.json``, paper 000 Appendix B).
+(``stops.json``, paper 000 Appendix B); MoE against dense draft layers (``drafters.json``, paper
+003 Appendix M, a design study) and bandwidth transfer to a held-out model (``transfer.json``,
+paper 002 Appendix E, Figure 7).
 
 :mod:`specmoe.report.html` finds these files (its ``JSON_KINDS``) and calls :func:`render` for
 the kinds in :data:`KINDS`. Every value goes through ``html.escape``; a field a file lacks is
@@ -14,7 +16,7 @@ from typing import Any
 
 __all__ = ["KINDS", "render"]
 
-KINDS = ("inertia", "stops")
+KINDS = ("inertia", "stops", "drafters", "transfer")
 
 
 def _h():
@@ -253,9 +255,153 @@ def render_stops(path: Path, d: dict, figs) -> str:
     return "\n".join(parts)
 
 
+def _ms(x) -> str:
+    return _h().num(None if x is None else 1e3 * x, ".3g")
+
+
+def render_drafters(path: Path, d: dict, figs) -> str:
+    h = _h()
+    parts = [
+        '<p class="note"><b>A design study</b> (paper 003 Section 9.3, Appendix M): dummy '
+        "weights, synthetic routing, no trained drafter and no measured acceptance. Draft cost "
+        "of M.1: C_p(B; L_d) = C_1 + L_d·c_p(B) − c_dense(1), anchored at the one-layer dense "
+        "drafter's step at batch 1 (C_1) plus the measured feed-forward time c_p(B) of each "
+        "draft layer on B rows.</p>",
+        h._facts(
+            [
+                ("target shapes", h.esc(d.get("model"))),
+                (
+                    "experts N, per token m",
+                    f"{h.esc(d.get('num_experts'))}, "
+                    f"{h.esc(d.get('top_k'))} ({h.pct(d.get('activation_share'), 2)} active)",
+                ),
+                (
+                    "expert width, dense width",
+                    f"{h.esc(d.get('expert_width'))}, {h.esc(d.get('dense_width'))}",
+                ),
+                (
+                    "anchor C_1",
+                    f"{h.num(d.get('anchor_ms'), '.3g')} ms ({h.esc(d.get('anchor_rule'))})",
+                ),
+                (
+                    "kernel, dtype, clock",
+                    f"{h.esc(d.get('kernel'))}, {h.esc(d.get('dtype'))}, {h.esc(d.get('clock'))}",
+                ),
+                ("routing", h.esc((d.get("routing") or {}).get("source"))),
+            ]
+        ),
+    ]
+    lay = d.get("layers") or {}
+    if "dense" in lay and "moe" in lay:
+        rows = [
+            [
+                h.esc(B),
+                _ms(lay["dense"]["median_s"][i]),
+                _ms(lay["moe"]["median_s"][i]),
+                h.num(lay["moe"]["u"][i], ".1f"),
+            ]
+            for i, B in enumerate(lay["dense"]["batch"])
+        ]
+        parts.append(h.table(["B", "dense layer (ms)", "MoE layer (ms)", "U of the batch"], rows,
+                             caption="Feed-forward time of one draft layer (median)"))  # fmt: skip
+    bb = d.get("bandwidth_bound") or {}
+    if bb:
+        rows = [
+            [
+                h.esc(k),
+                h.esc(v.get("last_bound")),
+                h.esc(v.get("first_unbound")),
+                h.esc(v.get("roofline_batch", "–")),
+            ]
+            for k, v in bb.items()
+        ]
+        parts.append(h.table(["layer", "bandwidth-bound up to B", "first B beyond", "roofline B"],
+                             rows, caption=f"Time within 1 + {next(iter(bb.values())).get('tol')} "
+                             "of its bytes at the batch-1 bandwidth"))  # fmt: skip
+    ch = d.get("moe_cheaper_from") or {}
+    if ch:
+        parts.append(
+            '<p class="note">MoE drafter cheaper than the dense one from B = '
+            + ", ".join(f"{h.esc(v)} (L_d = {h.esc(k)})" for k, v in ch.items())
+            + " (None: not within the sweep).</p>"
+        )
+    sp = d.get("speedup") or []
+    if sp:
+        k0 = min(r["k"] for r in sp)
+        Bs = sorted({r["batch"] for r in sp})
+        keys = sorted({(r["kind"], r["layers"]) for r in sp})
+        rows = []
+        for kind, L in keys:
+            by = {
+                r["batch"]: r for r in sp if r["kind"] == kind and r["layers"] == L and r["k"] == k0
+            }
+            rows.append(
+                [h.esc(f"{kind}, {L} layer(s)")]
+                + [h.num(by[B]["speedup"], ".3f") if B in by else "–" for B in Bs]
+            )
+        eff = d.get("efficiency") or {}
+        parts.append(h.table(["drafter"] + [f"B={B}" for B in Bs], rows,
+                             caption=f"Speedup at K={k0}, a={eff.get('acceptance')}, target "
+                             f"{eff.get('model')} ({eff.get('layers')} MoE layers) on "
+                             f"{eff.get('routing')} routing"))  # fmt: skip
+    parts += _figures(path, "drafters_", figs)
+    return "\n".join(parts)
+
+
+def render_transfer(path: Path, d: dict, figs) -> str:
+    h = _h()
+    paper = d.get("paper") or {}
+    parts = [
+        '<p class="note">Each model held out in turn; each form (fixed in '
+        "<code>specmoe/analysis/transfer.py</code> before any held-out prediction) fitted on "
+        "the other models' bandwidth profiles predicts the held-out β_slot(n), β_dedup(n), "
+        "r(n) and crossover (paper 002 Appendix E, Figure 7). Paper: β miss "
+        f"{h.esc(paper.get('beta_miss'))}; r miss {h.esc(paper.get('r_miss'))}; crossover "
+        f"within one {h.esc(paper.get('crossover_within_one'))}.</p>"
+    ]
+    for form, r in (d.get("forms") or {}).items():
+        rows = []
+        for m in r.get("models", []):
+            rm = (r.get("r_miss_by_model") or {}).get(m["held_out"], [None, None])
+            idx = [j for j, n in enumerate(m["n"]) if n in set(r.get("n_report", []))]
+            bm = [m["miss_slot"][j] for j in idx] + [m["miss_dedup"][j] for j in idx]
+            rows.append([
+                h.esc(m["held_out"]), h.num(m["expert_bytes"] / 1e6, ".1f"),
+                f"{h.pct(min(bm), 0)}-{h.pct(max(bm), 0)}" if bm else "–",
+                f"{h.pct(rm[0], 0)}-{h.pct(rm[1], 0)}",
+                h.esc(m["crossover_bench"]), h.esc(m["crossover_own"]),
+                h.esc(m["crossover_transferred"]),
+            ])  # fmt: skip
+        parts.append(h.table(
+            ["held out", "expert MB", "β miss", "r miss", "crossover (bench)", "own r", "transferred"],
+            rows,
+            caption=f"form {form}: β miss {h.pct(r.get('beta_miss_min'), 0)}-"
+            f"{h.pct(r.get('beta_miss_max'), 0)}, median {h.pct(r.get('beta_miss_median'), 0)} at "
+            f"n = {', '.join(map(str, r.get('n_report', [])))}; crossover within one: "
+            f"transferred {r.get('crossover_transferred_within_one')} of "
+            f"{r.get('configurations')}, own {r.get('crossover_own_within_one')} of "
+            f"{r.get('configurations')}",
+        ))  # fmt: skip
+    mc = d.get("memory_counters")
+    if mc:
+        parts.append(
+            f'<p class="note">Hardware counters of memory traffic: '
+            f"{'readable' if mc.get('readable') else 'not readable'} here (perf "
+            f"{h.esc(mc.get('perf') or 'absent')}, perf_event_paranoid "
+            f"{h.esc(mc.get('perf_event_paranoid'))}, CPU PMU "
+            f"{'present' if mc.get('cpu_pmu') else 'absent'}).</p>"
+        )
+    parts += _figures(path, "transfer_", figs)
+    return "\n".join(parts)
+
+
 def render(kind: str, path: Path, data: Any, figs, *, rel: str = "") -> str:
     if kind == "inertia" and isinstance(data, dict):
         return render_inertia(path, data, figs)
     if kind == "stops" and isinstance(data, dict):
         return render_stops(path, data, figs)
+    if kind == "drafters" and isinstance(data, dict):
+        return render_drafters(path, data, figs)
+    if kind == "transfer" and isinstance(data, dict):
+        return render_transfer(path, data, figs)
     return _h().generic(data)
