@@ -43,6 +43,8 @@ JSON_KINDS = {
     "policies.json": "policies",
     "inertia.json": "inertia",
     "stops.json": "stops",
+    "drafters.json": "drafters",
+    "transfer.json": "transfer",
 }
 SCHEMA_KINDS = {
     "specmoe.bandwidth_profile/1": "profile",
@@ -59,6 +61,8 @@ ORDER = (
     "policies",
     "inertia",
     "stops",
+    "drafters",
+    "transfer",
     "rounds",
 )
 TITLES = {
@@ -71,6 +75,8 @@ TITLES = {
     "policies": "Draft-budget policies",
     "inertia": "Routing inertia of rejected drafts",
     "stops": "Where the Oracle stops",
+    "drafters": "MoE against dense draft layers (design study)",
+    "transfer": "Bandwidth transfer to a held-out model",
     "rounds": "Round logs",
 }
 
