@@ -18,6 +18,8 @@ MADE_BY = {
     "policies": "specmoe policy --runs DIR --out DIR",
     "inertia": "specmoe inertia --runs DIR --out DIR",
     "stops": "specmoe stops --runs DIR --out DIR",
+    "drafters": "specmoe drafters --out DIR",
+    "transfer": "specmoe transfer --profiles P P P --out DIR",
     "rounds": "specmoe run --out DIR",
 }
 
