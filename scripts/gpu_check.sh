@@ -8,7 +8,8 @@
 #      every kernel including transformers' peers (a kernel that fails is left out and said;
 #      if the whole run fails, ours alone are timed again);
 #   4. target efficiency against batch size; 5. the whole-pass prediction against measured
-#      verify passes (scripts/gpu_whole_pass.py).
+#      verify passes (scripts/gpu_whole_pass.py); 6. opt-in (TRANSFER_S > 0 seconds): the
+#      bandwidth transfer to a held-out model (scripts/transfer_profiles.py, specmoe transfer).
 #
 # Usage (from anywhere): bash scripts/gpu_check.sh [RESULTS_DIR]   (default results/h200)
 # Environment: PYTHON (default python3). Needs torch with CUDA; Triton, transformers, pytest,
@@ -181,6 +182,19 @@ EOF
         --out "$RES/whole_pass_olmoe" > "$RES/whole_pass_olmoe/summary.json" \
         || echo "whole_pass_olmoe failed (see log.txt)" >> "$RES/status.txt"
     # <<< whole pass <<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<
+    # >>> transfer: one-layer bf16 profiles of the five presets, each model's bandwidth then
+    # predicted from the others (paper 002 App. E, Fig. 7). Opt-in: its own time TRANSFER_S
+    # (default 0, so skipped) is added to the budget; a failure is logged and the run goes on.
+    DEADLINE=$(( DEADLINE + ${TRANSFER_S:-0} ))
+    if [ "${TRANSFER_S:-0}" -gt 0 ]; then
+        mkdir -p "$RES/transfer"
+        step transfer_profiles "$TRANSFER_S" "$PY" scripts/transfer_profiles.py --device cuda \
+            --out "$RES/transfer" --windows 4 --reps 5 \
+            || echo "transfer_profiles failed (see log.txt)" >> "$RES/status.txt"
+        step transfer 60 "$PY" -m specmoe.cli transfer --profiles "$RES"/transfer/*/ \
+            --out "$RES/transfer" || echo "transfer failed (see log.txt)" >> "$RES/status.txt"
+    fi
+    # <<< transfer <<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<<
     cat "$RES/status.txt"
     date -u
 }
