@@ -7,7 +7,7 @@ bf16 weights, one thread timed by its CPU time, one timed layer, at ``nice -n 19
 machine may be shared), one preset at a time::
 
     python scripts/transfer_profiles.py [--out results/cpu/bench-transfer] [--presets A,B]
-        [--windows 4] [--reps 3] [--tokens 2048] [--seed 0]
+        [--windows 4] [--reps 3] [--tokens 2048] [--seed 0] [--device cpu|cuda]
 
 A preset whose profile.json already exists is skipped (delete it to measure again).
 """
@@ -31,6 +31,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: wall clock, no thread limit (the CPU run times one thread)",
+    )
     args = ap.parse_args()
 
     from specmoe.analysis.transfer import transfer_routing
@@ -42,7 +48,6 @@ def main() -> int:
     fit = bundled_trace_path("fit")
     moments = fit_moments(load_trace(fit), max_lag=8)
     moments.meta.setdefault("file", fit.name)
-    exe = str(Path(sys.executable).with_name("specmoe"))
     for name in [p.strip() for p in args.presets.split(",") if p.strip()]:
         spec = resolve_spec(name)
         folder = Path(args.out) / name
@@ -58,9 +63,11 @@ def main() -> int:
             seed=args.seed,
         )
         save_trace(trace, folder / "routing.npz")
+        where = (["--clock", "cpu", "--threads", "1"] if args.device == "cpu"
+                 else ["--device", "cuda", "--clock", "wall"])  # fmt: skip
         cmd = [
-            "nice", "-n", "19", exe, "bench", "--model", name, "--dtype", "bfloat16",
-            "--clock", "cpu", "--threads", "1", "--layers", "1",
+            "nice", "-n", "19", sys.executable, "-m", "specmoe.cli", "bench", "--model", name,
+            "--dtype", "bfloat16", *where, "--layers", "1",
             "--windows", str(args.windows), "--reps", str(args.reps), "--seed", str(args.seed),
             "--trace", str(folder / "routing.npz"), "--out", str(folder),
         ]  # fmt: skip
