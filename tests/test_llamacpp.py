@@ -232,3 +232,14 @@ def test_run_engine_llamacpp_bad_input_exits_2(argv, words, tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("specmoe run: error:") and words in err[-1], err[-1]
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_speculative_log_pieces_with_unicode_line_breaks():
+    # llama.cpp's JSON escapes control characters below U+0020 only: a piece holding U+2028 or
+    # U+0085 stays raw on its line, and the line must still read as one entry
+    log = _log()
+    odd = '{"type":"log","time":107000,"level":"none","msg":" a\u2028b\x85c"}'
+    first = next(ln for ln in log.split("\n") if '"msg":"accepted ' in ln)
+    run = parse_speculative_log(log.replace(first, first + "\n" + odd, 1))
+    assert " a\u2028b\x85c" in run.text
+    assert run.n_predict == 26 and len(run.rounds) == 12

@@ -275,12 +275,29 @@ def run_speculative(
             ctx_size=ctx_size,
             rounds=rounds,
         )
-        proc = _run(cmd, what="llama-speculative-simple")
-    log = proc.stdout + proc.stderr
+        for attempt in (1, 2):
+            proc = _run(cmd, what="llama-speculative-simple")
+            log = proc.stdout + proc.stderr
+            try:
+                run = parse_speculative_log(log, rounds=rounds)
+                break
+            except InputError as exc:
+                # an unreadable log from a run that exited 0: kept, said, run once more
+                fd, kept = tempfile.mkstemp(prefix="specmoe-llamacpp-log-", suffix=".jsonl")
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(log)
+                if attempt == 2:
+                    raise RuntimeError(
+                        f"llama-speculative-simple: {exc} (its log: {kept})"
+                    ) from None
+                print(
+                    f"warning: llama-speculative-simple: {exc} (its log: {kept}); running it again",
+                    file=sys.stderr,
+                )
     if log_path is not None:
         with atomic_path(log_path) as tmp_log:
             tmp_log.write_text(log, encoding="utf-8")
-    return parse_speculative_log(log, rounds=rounds)
+    return run
 
 
 # ------------------------------------------------------------------------------------------

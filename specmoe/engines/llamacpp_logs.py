@@ -160,7 +160,7 @@ _SUMMARY = {
 def _entries(text: str) -> list[tuple[float, str, str]]:
     """(time in ms, level, message) of every JSON log line; other lines are skipped."""
     out = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: a piece may hold U+2028 or U+0085
         if not line.startswith('{"type":"log"'):
             continue
         try:
