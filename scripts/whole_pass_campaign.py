@@ -52,6 +52,7 @@ for p in (ROOT, ROOT / "scripts"):
 os.environ.setdefault("SPECMOE_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
+from measure_runs import _load, _machine, _mem_available_gb  # noqa: E402
 
 from specmoe._io import atomic_write_json, read_json  # noqa: E402
 
@@ -220,33 +221,6 @@ class Models:
                     docs.append((name, ids[:depth]))
             self._docs[depth] = docs
         return self._docs[depth][:count]
-
-
-# ------------------------------------------------------------------------------------------
-# machine state
-
-
-def _load() -> float:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return float("nan")
-
-
-def _mem_available_gb() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return float("nan")
-
-
-def _machine() -> dict[str, Any]:
-    from measure_runs import _machine as machine
-
-    return machine()
 
 
 # ------------------------------------------------------------------------------------------
