@@ -42,6 +42,7 @@ __all__ = [
     "capture_documents",
     "capture_generation",
     "capture_tokens",
+    "documents_digest",
     "route_logits",
     "rule_for",
 ]
@@ -199,6 +200,15 @@ def _progress(total: int, *, enabled: bool, desc: str) -> Any:
     )
 
 
+def documents_digest(documents: Sequence[tuple[str, str]]) -> str:
+    """sha256 over the documents' names and texts, in order (recorded in every shard)."""
+    digest = hashlib.sha256()
+    for n, t in documents:
+        digest.update(hashlib.sha256(str(n).encode()).digest())
+        digest.update(hashlib.sha256(str(t).encode()).digest())
+    return digest.hexdigest()
+
+
 def capture_documents(
     model: Any,
     tokenizer: Any,
@@ -213,6 +223,7 @@ def capture_documents(
     source: str = "",
     model_name: str | None = None,
     overwrite: bool = False,
+    documents_sha256: str | None = None,
 ) -> Path:
     """Teacher-forced capture of ``documents`` ``[(name, text)]`` into shards under ``out_dir``.
 
@@ -228,6 +239,8 @@ def capture_documents(
     ``max_context``, ``overlap``, ``max_tokens`` and the sha256 of the documents, names and
     texts); a rerun that differs in any of them is an ``InputError`` naming ``out_dir``
     (argument ``out``) unless ``overwrite`` discards the shards already there.
+    ``documents_sha256``: the digest to record instead (a part of a larger capture records the
+    whole capture's, :func:`documents_digest`, so that its shards join the whole's).
     """
     names = [str(n) for n, _ in documents]
     if len(set(names)) != len(names):
@@ -246,10 +259,6 @@ def capture_documents(
         raise InputError(
             f"must be in 0..{context - 1} (below max_context), got {ov}", argument="overlap"
         )
-    digest = hashlib.sha256()
-    for n, t in documents:
-        digest.update(hashlib.sha256(str(n).encode()).digest())
-        digest.update(hashlib.sha256(str(t).encode()).digest())
     header = {
         "model": label,
         "model_type": str(model.config.model_type),
@@ -261,7 +270,7 @@ def capture_documents(
         "max_context": context,
         "overlap": ov,
         "max_tokens": max_tokens,
-        "documents_sha256": digest.hexdigest(),
+        "documents_sha256": documents_sha256 or documents_digest(documents),
     }
     writer = ShardWriter(out, header, shard_tokens=shard_tokens, overwrite=overwrite)
     todo = [(str(n), t) for n, t in documents if str(n) not in writer.done]
