@@ -5,7 +5,10 @@ files (``--text FILE...``, one document each) or greedy generation (``--generate
 FILE``, one prompt per line or a JSON list of strings). Teacher-forced captures go to a shard
 directory (resumable: rerun the same command after an interruption); an ``--out`` ending in
 ``.npz`` is written as one file instead. ``--model random:TYPE`` captures a tiny randomly
-initialised model of a supported family (seeded by ``--seed``), for demos.
+initialised model of a supported family (seeded by ``--seed``), for demos. ``--ray
+[ADDRESS]`` splits the documents over Ray workers, one model replica each (a GPU each with
+``--device cuda``), each writing its own shards; one manifest at the end, resumable in the same
+way (:mod:`specmoe.distributed.capture`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from specmoe.commands._common import (
     check_seed,
     out_folder,
 )
+from specmoe.commands._ray import add_ray_arguments, ray_runtime
 from specmoe.errors import InputError
 
 _SPLITS = ("train", "fit", "validation")
@@ -72,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="torch dtype (default float32 on cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed (random models)")
+    add_ray_arguments(parser)
+    parser.add_argument(
+        "--ray-workers",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --ray: model replicas, one document share each (default: one per CPU, or "
+        "per GPU with --device cuda, of the Ray runtime)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -91,6 +104,24 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, str]:
     path = models.resolve_model_dir(spec)
     net = models.load_model(path, dtype=args.dtype, device=args.device)
     return net, models.load_tokenizer(path), path.name
+
+
+def _label(args: argparse.Namespace) -> str:
+    """The model's label (as :func:`_load` gives it) without loading the model."""
+    from specmoe.engine import models
+
+    spec = str(args.model)
+    if spec.startswith("random:"):
+        return f"random-{spec.split(':', 1)[1]}"
+    return models.resolve_model_dir(spec).name
+
+
+def load_replica(*, model: str, device: str, dtype: str | None, seed: int) -> tuple:
+    """``(model, tokenizer, label)`` on a Ray worker, as :func:`_load` gives them here."""
+    import torch
+
+    torch.manual_seed(seed)
+    return _load(argparse.Namespace(model=model, device=device, dtype=dtype, seed=seed))
 
 
 def _read_text(path: str, arg: str) -> str:
@@ -166,6 +197,12 @@ def _check(args: argparse.Namespace) -> None:
             check_out_dir(out.with_name(out.name + ".parts"))  # the shards, merged at the end
         else:
             check_out_dir(out)
+    if args.ray is not None and args.generate is not None:
+        raise InputError("--ray: captures documents (teacher-forced), not --generate")
+    if args.ray is not None and args.tokens is not None:
+        raise InputError("--ray: captures whole documents; --tokens needs one process")
+    if args.ray_workers is not None and (args.ray is None or args.ray_workers < 1):
+        raise InputError("--ray-workers: needs --ray and must be >= 1")
     if args.generate is not None and not args.prompts:
         raise InputError("--generate needs --prompts FILE")
     if args.prompts and args.generate is None:
@@ -190,7 +227,11 @@ def run(args: argparse.Namespace) -> int:
     texts = [(p, _read_text(p, "--text")) for p in args.text] if args.text else None
     prompts = read_prompts(args.prompts) if args.generate is not None else None
     torch.manual_seed(args.seed)
-    model, tokenizer, label = _load(args)
+    if args.ray is None:
+        model, tokenizer, label = _load(args)
+    else:  # the replicas load on the Ray workers
+        model = tokenizer = None
+        label = _label(args)
     progress = not args.quiet
     if prompts is not None:
         summary = _generate(args, model, tokenizer, label, prompts, progress=progress)
@@ -299,20 +340,23 @@ def _capture(
 
     single = out.suffix == ".npz"
     try:
-        capture_documents(
-            model,
-            tokenizer,
-            docs,
-            shard_dir,
-            max_tokens=args.tokens,
-            max_context=args.max_context,
-            overlap=args.overlap,
-            shard_tokens=args.shard_tokens,
-            progress=progress,
-            source=source,
-            model_name=label,
-            overwrite=args.overwrite,
-        )
+        if args.ray is not None:
+            _capture_on_ray(args, docs, shard_dir, source)
+        else:
+            capture_documents(
+                model,
+                tokenizer,
+                docs,
+                shard_dir,
+                max_tokens=args.tokens,
+                max_context=args.max_context,
+                overlap=args.overlap,
+                shard_tokens=args.shard_tokens,
+                progress=progress,
+                source=source,
+                model_name=label,
+                overwrite=args.overwrite,
+            )
     except InputError as exc:
         if exc.argument == "out" and "overwrite" in exc.message:
             raise InputError(f"{exc.message} (--overwrite)", argument="out") from None
@@ -331,6 +375,49 @@ def _capture(
         documents=manifest["documents"],
         mode="teacher_forced",
     )
+
+
+def _capture_on_ray(
+    args: argparse.Namespace, docs: list[tuple[str, str]], shard_dir: Path, source: str
+) -> None:
+    """The documents over Ray workers, a replica each (:mod:`specmoe.distributed.capture`)."""
+    import functools
+
+    from specmoe.distributed.capture import capture_on_ray
+
+    cuda = str(args.device).startswith("cuda")
+    with ray_runtime(args, "capture") as info:
+        have = info["gpus"] if cuda else info["cpus"]
+        if have < 1:
+            raise InputError(f"--device {args.device}: the Ray runtime has no GPU")
+        workers = args.ray_workers or max(1, int(have))
+        load = functools.partial(
+            load_replica, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed
+        )
+
+        def progress(part: dict[str, Any]) -> None:
+            if not args.quiet:
+                print(
+                    f"capture: part {part['part']} ({part['documents']} documents) done on "
+                    f"{part['node']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        capture_on_ray(
+            load,
+            docs,
+            shard_dir,
+            workers=workers,
+            num_cpus=1,
+            num_gpus=1 if cuda else 0,
+            max_context=args.max_context,
+            overlap=args.overlap,
+            shard_tokens=args.shard_tokens,
+            source=source,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover
