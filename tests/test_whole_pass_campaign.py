@@ -1,0 +1,130 @@
+"""scripts/whole_pass_campaign.py: the protocol's unit order, the committed-prediction check and
+the runs files it aggregates (checked against brute-force statistics and the runs reader)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wc():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(
+        "whole_pass_campaign", ROOT / "scripts" / "whole_pass_campaign.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_units_run_verify_first_then_every_prompt_of_a_repeat(wc):
+    cfg = wc.CONFIGS["bundled"]
+    units = wc.units_of(cfg)
+    d0 = [u for u in units if u.depth == cfg.depths[0]]
+    pv, _ = cfg.verify
+    pt, rt, _ = cfg.throughput
+    assert len(d0) == pv + pt * rt
+    assert all(u.kind == "verify" for u in d0[:pv]) and all(u.kind == "oracle" for u in d0[pv:])
+    order = [(u.repeat, u.prompt) for u in d0[pv:]]
+    assert order == sorted(order)  # repeat r of every prompt before repeat r + 1
+    assert units.index(d0[-1]) < min(units.index(u) for u in units if u.depth == cfg.depths[1])
+    assert len({u.name for u in units}) == len(units)
+
+
+def test_a_prediction_outside_git_is_refused(wc, tmp_path):
+    (tmp_path / "bundled").mkdir()
+    record = {}
+    assert "no committed plan" in wc.check_prediction(record, "bundled", tmp_path)
+    for name in ("plan.json", "profile.json"):
+        (tmp_path / "bundled" / name).write_text("{}")
+    assert "not committed" in wc.check_prediction(record, "bundled", tmp_path)
+    assert "predictions" not in record
+
+
+def test_the_committed_prediction_is_recorded_then_held(wc):
+    folder = ROOT / "results" / "cpu" / "whole-pass" / "predictions"
+    if not (folder / "bundled" / "plan.json").is_file() or not wc._committed(
+        folder / "bundled" / "plan.json"
+    ):
+        pytest.skip("the bundled prediction is not committed here")
+    record = {}
+    assert wc.check_prediction(record, "bundled", folder) is None
+    entry = record["predictions"]["bundled"]
+    assert entry["plan_sha256"] == wc.sha256(folder / "bundled" / "plan.json")
+    assert wc.check_prediction(record, "bundled", folder) is None  # unchanged: holds
+    entry["plan_sha256"] = "0" * 64
+    assert "changed" in wc.check_prediction(record, "bundled", folder)
+
+
+def _fake_units(wc, folder, cfg, rng):
+    (folder / "units").mkdir(parents=True)
+    d = cfg.depths[0]
+    truth_tau = {}
+    for p in range(cfg.verify[0]):
+        recs = []
+        for r in range(cfg.verify[1]):
+            for n in wc.NS:
+                for s in ("per_slot", "dedup"):
+                    t = float(rng.uniform(1, 2) * n)
+                    truth_tau.setdefault((s, p, n), []).append(t)
+                    recs.append({"setting": s, "n": n, "repetition": r, "t_ms": t})
+        unit = {"kind": "verify", "depth": d, "prompt_index": p, "prompt_id": f"doc{p}",
+                "records": recs, "agreement": {"agree": 1, "rows": 1, "disagreements": []}}  # fmt: skip
+        (folder / "units" / f"verify-d{d}-p{p:02d}.json").write_text(json.dumps(unit))
+    tps = {}
+    for r in range(cfg.throughput[1]):
+        for p in range(cfg.throughput[0]):
+            gens = []
+            for k in wc.KS:
+                for a in [None] if k == 0 else wc.ACCEPTANCE:
+                    v = float(rng.uniform(100, 200))
+                    tps[(k, a, p, r)] = v
+                    gens.append({"k": k, "acceptance": a, "tokens_per_s": v, "decode_ms": 10.0,
+                                 "sum_t_verify_ms": 8.0, "rounds": 4})  # fmt: skip
+            unit = {"kind": "oracle", "depth": d, "prompt_index": p, "prompt_id": f"doc{p}",
+                    "repeat": r, "generations": gens}  # fmt: skip
+            (folder / "units" / f"oracle-d{d}-r{r}-p{p:02d}.json").write_text(json.dumps(unit))
+    return d, truth_tau, tps
+
+
+def test_aggregate_writes_the_runs_format_with_brute_force_statistics(wc, tmp_path):
+    from specmoe.formats.runs import load_runs
+
+    cfg = wc.Config("tiny", "bundled", None, (64,), (3, 2), (2, 2, 8), "model", None)
+    _, truth_tau, tps = _fake_units(wc, tmp_path, cfg, np.random.default_rng(0))
+    wc.aggregate(tmp_path, "tiny", cfg, {64: (3, 2)})
+    v = json.loads((tmp_path / "verify.json").read_text())["configurations"][0]
+    for s, key in (("per_slot", "off"), ("dedup", "on")):
+        for i, n in enumerate(wc.NS):
+            meds = [float(np.median(truth_tau[(s, p, n)])) for p in range(3)]
+            assert [v["per_prompt_ms"][key][p][i] for p in range(3)] == meds
+            assert v["verify_ms"][key][i] == pytest.approx(sum(meds) / 3, rel=1e-15)
+    t = json.loads((tmp_path / "throughput.json").read_text())["configurations"][0]
+    for ai, a in enumerate(wc.ACCEPTANCE):
+        for k in wc.KS:
+            key_a = None if k == 0 else a
+            cells = [tps[(k, key_a, p, r)] for p in range(2) for r in range(2)]
+            assert t["tokens_per_s"][ai][k] == float(np.median(cells))
+            assert [x for row in t["per_prompt_tokens_per_s"][ai][k] for x in row] == cells
+    assert v["draft_ms"] == [0.5] * len(wc.KS)  # (decode - sum T_T) / rounds
+    (m,) = load_runs(tmp_path)
+    assert m.depth == 64 and m.throughput.shape == (len(wc.ACCEPTANCE), len(wc.KS))
+
+
+def test_an_incomplete_depth_writes_tables_only(wc, tmp_path):
+    cfg = wc.Config("tiny", "bundled", None, (64,), (3, 2), (2, 2, 8), "model", None)
+    _fake_units(wc, tmp_path, cfg, np.random.default_rng(1))
+    next((tmp_path / "units").glob("oracle-*.json")).unlink()
+    wc.aggregate(tmp_path, "tiny", cfg, {64: (3, 2)})
+    tables = json.loads((tmp_path / "tables.json").read_text())
+    assert tables["depths"]["64"]["complete"] is False
+    assert not (tmp_path / "verify.json").exists() and not (tmp_path / "throughput.json").exists()
