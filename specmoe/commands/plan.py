@@ -465,6 +465,8 @@ def make_plan(args) -> tuple[Any, dict]:
         except InputError as exc:
             raise InputError(exc.message, argument="acceptance_from") from None
         expected = [float(measured_acceptance.rate)]
+        if expected[0] >= 1.0:  # no step rejected a draft; the theory needs a < 1: its limit
+            expected = [float(np.nextafter(1.0, 0.0))]
     draft_ms, draft_note = parse_draft_time(args.draft_time, args.k_max)
     request = engine_request(args)
     spec = resolve_spec(args.model)
@@ -498,6 +500,11 @@ def make_plan(args) -> tuple[Any, dict]:
             f"{'' if measured_acceptance.exact else ', a lower bound'}) measured in "
             f"{args.acceptance_from} ({measured_acceptance.source})"
         )
+        if expected[0] != measured_acceptance.rate:
+            notes.append(
+                "no drafted token was rejected: planned at the largest acceptance below 1 "
+                f"({expected[0]!r}), the limit of the theory's a < 1"
+            )
     for note in notes:
         _err(f"plan: {note}")
     prof_info.update(device=prof.device, device_name=prof.device_name, dtype=prof.dtype)
