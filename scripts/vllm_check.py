@@ -388,12 +388,12 @@ def part_serve(
 
 def import_acceptance(drafter: str, jsonl: Path, offline: Path, out_dir: Path) -> dict[str, Any]:
     est_path = out_dir / f"acceptance_{drafter}.json"
-    est = json.loads(_specmoe("acceptance", str(jsonl), "--json", "--out", str(est_path)).stdout)
-    est_off = json.loads(_specmoe("acceptance", str(offline), "--json").stdout)
+    est = json.loads(_specmoe("acceptance", _rel(jsonl), "--json", "--out", _rel(est_path)).stdout)
+    est_off = json.loads(_specmoe("acceptance", _rel(offline), "--json").stdout)
     same_off = {key: est_off[key] for key in ("rate", "interval", "steps", "drafted", "accepted")}
     plans = {}
     for src in (jsonl, est_path):
-        p = plan_settings(drafter, "--acceptance-from", str(src))
+        p = plan_settings(drafter, "--acceptance-from", _rel(src))
         plans[src.name] = {
             "argv": p["argv"],
             "expected_acceptance": p["expected_acceptance"],
@@ -561,7 +561,7 @@ def import_routing(
     out: dict[str, Any] = {}
     for label, extra in (("model", ["--model", TARGET]), ("num_experts", ["--num-experts", "64"])):
         npz = out_dir / f"routing_vllm_{label}.npz"
-        proc = _specmoe("convert", str(jsonl), str(npz), "--from", "vllm", *extra, "--json")
+        proc = _specmoe("convert", _rel(jsonl), _rel(npz), "--from", "vllm", *extra, "--json")
         trace = load_trace(npz)
         layers = [int(x) for x in trace.meta["layers"]]
         exact = trace.experts.shape == full[:, layers].shape and bool(
