@@ -456,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     record.setdefault("commands", []).append(
         "python scripts/whole_pass_campaign.py " + " ".join(argv or sys.argv[1:])
     )
+    # each invocation's machine, so that units of one configuration run on two machines show
+    record.setdefault("invocations", []).append(
+        {"started": time.time(), "machine": record["machine"], "configs": names}
+    )
     out.mkdir(parents=True, exist_ok=True)
     if not args.quick:  # every named configuration's prediction, before any of its units
         for c in names:
@@ -499,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             info = {
                 "status": "running",
+                "invocation": len(record["invocations"]) - 1,
                 "load_start": _load(),
                 "mem_available_gb_start": _mem_available_gb(),
                 "started": time.time(),
