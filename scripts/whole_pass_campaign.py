@@ -433,6 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     cpu.set_num_threads(int(os.environ["SPECMOE_NUM_THREADS"]))
     record_path = out / "runs_campaign.json"
     record = read_json(record_path, "campaign record") if record_path.exists() else {}
+    if "machine" in record and "invocations" not in record:  # a record from before the field
+        record["invocations"] = [{"started": None, "machine": record["machine"]}]
+        for info in record.get("units", {}).values():
+            info.setdefault("invocation", 0)
     record.update(
         {
             "protocol": PROTOCOL,
