@@ -139,14 +139,16 @@ def _moments(source: str | None):
         p = bundled_trace_path("fit")
         if not p.exists():
             raise InputError("--stats: the bundled fit trace is not installed; pass a trace")
-        source = str(p)
+        source, label = str(p), f"the bundled {p.name} trace"
+    else:
+        label = source
     if not Path(source).exists():
         raise InputError(f"--stats {source}: no such file or directory")
     mo = load_moments(source) if source.lower().endswith(".json") else None
     if mo is None:
         mo = fit_moments(open_trace(source), max_lag=8)
     mo.meta.setdefault("file", Path(source).name)
-    return mo, source
+    return mo, label
 
 
 def _efficiency(path: str, routing: str) -> dict[str, Any]:
