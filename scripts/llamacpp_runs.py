@@ -8,7 +8,8 @@ Needs ``make llama-cpp``. Exports the bundled target (each ``--outtypes``) and t
                      (``-p 1,...,9 -n 0 -d D -r R -t 1 -fa off``), per weight type: every
                      repetition's time, median and mean (ms)
 ``throughput.json``  per weight type: plain decoding (llama-bench ``-p 0 -n T -d C``, C the
-                     prompt length) and draft-model speculative decoding
+                     prompt length; before and after, and once just before each speculative
+                     run for a paired speedup) and draft-model speculative decoding
                      (llama-speculative-simple, greedy, k = 1..8 drafts a round) on
                      ``--num-prompts`` validation documents of C tokens, ``--repeats`` runs
                      each: tokens/s as llama.cpp reports it, accepted and drafted tokens
@@ -138,12 +139,18 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for k in ks:
                 for pi, (name, text) in enumerate(prompts):
-                    tps, acc, dr, pred = [], [], [], []
+                    tps, acc, dr, pred, paired = [], [], [], [], []
                     for _ in range(args.repeats):
+                        # a plain decode of the same length just before: a paired speedup
+                        # that a slow drift of the machine's load cancels from
+                        base = llamacpp.bench_decode(
+                            gguf, tokens=args.tokens, depth=args.context, repeats=1
+                        )
                         run = llamacpp.run_speculative(
                             gguf, draft, text, k=k, n_predict=args.tokens, rounds=False
                         )
                         tps.append(run.tokens_per_s)
+                        paired.append(run.tokens_per_s / base.tokens_per_s)
                         acc.append(run.n_accept)
                         dr.append(run.n_drafted)
                         pred.append(run.n_predict)
@@ -171,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                             "n_drafted": dr,
                             "acceptance": float(np.sum(acc) / np.sum(dr)),
                             "speedup_vs_plain_before": float(np.median(tps)) / plain_tps,
+                            "paired_speedups": paired,
+                            "median_paired_speedup": float(np.median(paired)),
                         }
                     )
                     print(
