@@ -117,6 +117,15 @@ def test_shard_sums_merge_to_the_sums_of_the_whole_trace_in_memory(shard_dir, sh
             open_trace(shard_dir), max_n=6, max_lag=5, aligned=aligned, per_document_counts=True
         )
         assert_sums_equal(streamed, ref)
+        # pooled: one row of totals per shard, added up; lengths stay per document
+        pooled = merge_sums(
+            [shard_sums(tr, max_n=6, max_lag=5, aligned=aligned, pooled=True) for tr in shards]
+        )
+        assert pooled.pooled and np.array_equal(pooled.lengths, ref.lengths)
+        assert np.array_equal(pooled.expert_counts, ref.expert_counts)
+        for key in ("reuse", "union", "windows", "overlap", "pairs"):
+            want = getattr(ref, key).sum(axis=0, keepdims=True)
+            assert np.array_equal(getattr(pooled, key), want), key
 
 
 def test_merged_union_sums_equal_per_window_sets(shards):
@@ -162,6 +171,10 @@ def test_merge_refuses_parts_of_other_settings(shards):
         merge_sums([a, shard_sums(shards[1], max_n=4, max_lag=3, per_document_counts=True)])
     with pytest.raises(InputError, match="parts: no sums"):
         merge_sums([])
+    with pytest.raises(InputError, match="parts: part 1 has pooled=True"):
+        merge_sums([a, shard_sums(shards[1], max_n=4, max_lag=3, pooled=True)])
+    with pytest.raises(InputError, match="pooled: pooled sums keep no per-document counts"):
+        shard_sums(shards[0], max_n=4, max_lag=3, pooled=True, per_document_counts=True)
 
 
 def test_a_document_may_not_span_shards(tmp_path, shards):
@@ -189,6 +202,10 @@ def test_ray_sums_equal_single_process_bit_for_bit(shard_dir, executor):
         ref = document_sums(reader, per_document_counts=True, **kw)
         got = document_sums(reader, per_document_counts=True, executor=executor, **kw)
         assert_sums_equal(got, ref)
+        ref = document_sums(reader, pooled=True, **kw)
+        got = document_sums(reader, pooled=True, executor=executor, **kw)
+        assert_sums_equal(got, ref)
+        assert got.pooled and got.reuse.shape[0] == 1
 
 
 def test_ray_stats_and_bootstrap_equal_single_process(shard_dir, executor):

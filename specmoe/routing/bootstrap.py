@@ -123,7 +123,7 @@ def bootstrap_intervals(
         )
     if not 0 < level < 1:
         raise InputError(f"must be in (0, 1), got {level}", argument="level")
-    if sums.doc_expert_counts is None:
+    if sums.pooled or sums.doc_expert_counts is None:
         raise InputError(
             "the bootstrap needs per-document expert counts "
             "(document_sums(..., per_document_counts=True))",

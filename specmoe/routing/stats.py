@@ -406,6 +406,7 @@ def compute_stats(
         max_lag=lag,
         aligned=aligned,
         per_document_counts=bootstrap > 0,
+        pooled=bootstrap == 0,  # the bootstrap alone needs the rows of each document
         progress=progress,
         executor=executor,
     )

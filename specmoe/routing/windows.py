@@ -151,6 +151,12 @@ class DocumentSums:
     ``overlap`` [D, L, lags] Σ over pairs of |S_t ∩ S_{t+j}|; ``pairs`` [D, lags];
     ``expert_counts`` [L, N] tokens selecting each expert; ``doc_expert_counts`` [D, L, N] the
     same per document (kept only when asked for, for the bootstrap of popularity).
+
+    ``pooled``: the rows of ``reuse``, ``union``, ``windows``, ``overlap`` and ``pairs`` are
+    summed over documents into one row ([1, ...]); ``lengths`` stays per document. Every point
+    estimate is the same (each sums over the rows); only the bootstrap needs the rows
+    per document, so pooled sums are what a pass without it keeps: O(L·n) per shard instead of
+    O(D·L·n), in a worker's result and on the driver.
     """
 
     num_experts: int
@@ -167,6 +173,7 @@ class DocumentSums:
     pairs: np.ndarray
     expert_counts: np.ndarray
     doc_expert_counts: np.ndarray | None = None
+    pooled: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -343,11 +350,15 @@ def shard_sums(
     max_lag: int,
     aligned: bool = False,
     per_document_counts: bool = False,
+    pooled: bool = False,
 ) -> DocumentSums:
     """The :class:`DocumentSums` of one shard (whole documents): its exact sufficient statistics.
 
-    :func:`merge_sums` of the shards' sums, in shard order, is the trace's sums.
+    :func:`merge_sums` of the shards' sums, in shard order, is the trace's sums. ``pooled``:
+    one row of totals instead of a row per document (not with ``per_document_counts``).
     """
+    if pooled and per_document_counts:
+        raise InputError("pooled sums keep no per-document counts", argument="pooled")
     part = _shard_sums(
         trace.experts,
         trace.doc_offsets,
@@ -363,6 +374,15 @@ def shard_sums(
     if per_document_counts:  # D·L·N of them: halve their memory (a document has < 2^31 tokens)
         doc_counts = counts.astype(np.int32)
         counts = counts.sum(axis=0, dtype=np.int64)
+    rows = {
+        "reuse": part["reuse"],
+        "union": part["union"],
+        "windows": _window_counts(lens, int(max_n), aligned),
+        "overlap": part["overlap"],
+        "pairs": _pair_counts(lens, int(max_lag)),
+    }
+    if pooled:
+        rows = {k: v.sum(axis=0, keepdims=True, dtype=np.int64) for k, v in rows.items()}
     return DocumentSums(
         num_experts=int(trace.num_experts),
         top_k=trace.top_k,
@@ -371,25 +391,24 @@ def shard_sums(
         max_lag=int(max_lag),
         aligned=bool(aligned),
         lengths=lens,
-        reuse=part["reuse"],
-        union=part["union"],
-        windows=_window_counts(lens, int(max_n), aligned),
-        overlap=part["overlap"],
-        pairs=_pair_counts(lens, int(max_lag)),
         expert_counts=counts,
         doc_expert_counts=doc_counts,
+        pooled=bool(pooled),
+        **rows,
     )
 
 
 _PER_DOCUMENT = ("lengths", "reuse", "union", "windows", "overlap", "pairs")
+_ROWS = _PER_DOCUMENT[1:]
 
 
 def merge_sums(parts: Sequence[DocumentSums]) -> DocumentSums:
     """The sums of the documents of ``parts`` taken in order: per-document arrays joined along
-    D, expert counts added (integers: exact in any grouping, so the merge is associative).
+    D (pooled rows added), expert counts added (integers: exact in any grouping, so the merge
+    is associative).
 
-    The parts must agree on N, m, layers, max_n, max_lag, aligned and on whether they keep
-    per-document expert counts; else an ``InputError`` naming ``parts``.
+    The parts must agree on N, m, layers, max_n, max_lag, aligned, pooling and on whether
+    they keep per-document expert counts; else an ``InputError`` naming ``parts``.
     """
     parts = list(parts)
     if not parts:
@@ -408,6 +427,9 @@ def merge_sums(parts: Sequence[DocumentSums]) -> DocumentSums:
             )
             raise InputError(f"part {i} has {what}", argument="parts")
     cat = {k: np.concatenate([getattr(p, k) for p in parts]) for k in _PER_DOCUMENT}
+    if first.pooled:
+        for k in _ROWS:
+            cat[k] = cat[k].sum(axis=0, keepdims=True, dtype=np.int64)
     doc_counts = None
     if first.doc_expert_counts is not None:
         doc_counts = np.concatenate([p.doc_expert_counts for p in parts])
@@ -426,6 +448,7 @@ _MERGE_FIELDS = (
     "max_lag",
     "aligned",
     "per_document_counts",
+    "pooled",
 )
 
 
@@ -439,6 +462,7 @@ def _merge_key(p: DocumentSums) -> tuple:
         p.max_lag,
         p.aligned,
         p.doc_expert_counts is not None,
+        p.pooled,
     )
 
 
@@ -449,6 +473,7 @@ def document_sums(
     max_lag: int = DEFAULT_MAX_LAG,
     aligned: bool = False,
     per_document_counts: bool = False,
+    pooled: bool = False,
     progress: Callable[[int, int], None] | None = None,
     executor=None,
 ) -> DocumentSums:
@@ -457,7 +482,8 @@ def document_sums(
 
     ``progress(done, total)`` is called after each shard. ``executor``: None computes the
     shards here, one at a time; else an executor of :func:`specmoe.routing.shardmap.map_shards`
-    (e.g. Ray tasks) computes them, with the same result.
+    (e.g. Ray tasks) computes them, with the same result. ``pooled``: keep one row of totals
+    per shard (:class:`DocumentSums`), enough for every point estimate.
     """
     from specmoe.routing.shardmap import map_shards
 
@@ -475,6 +501,7 @@ def document_sums(
         max_lag=int(max_lag),
         aligned=bool(aligned),
         per_document_counts=bool(per_document_counts),
+        pooled=bool(pooled),
     )
     return merge_sums(parts)
 
