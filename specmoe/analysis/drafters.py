@@ -19,10 +19,12 @@ C_p(1; L_d) = C_1 + L_d·c_p(1) − c_dense(1). At B = 1 the one-layer MoE draft
 C_1 + c_moe(1) − c_dense(1): the dense drafter's cost when both layers read the same bytes
 (the dense width is m·I, the MoE layer's active width), as M.2 finds for Qwen3-30B.
 
-**Bandwidth-bound.** A layer is bandwidth-bound at B while its time stays within a factor
-1 + tol of its bytes at its batch-1 effective bandwidth, t(B) <= (1 + tol)·bytes(B)·t(1)/bytes(1)
-(:func:`bandwidth_bound_limit`): its time follows its bytes (the dense layer's are fixed, the
-MoE layer's grow with the union U(B) of the batch's experts). The roofline batch is where the
+**Bandwidth-bound.** A layer is bandwidth-bound while its time follows its bytes (the dense
+layer's are fixed, the MoE layer's grow with the union U(B) of the batch's experts): its time
+per byte t(B)/bytes(B) stays within a factor 1 + tol of the best (lowest) time per byte at any
+batch up to B. It stops being bandwidth-bound at the first batch from which the time per byte
+stays above that bound at every larger batch of the sweep (:func:`bandwidth_bound_limit`; the
+running best and "stays" keep one noisy timing from deciding it). The roofline batch is where the
 compute time at the matmul peak reaches the byte time at the memory ceiling,
 flops(B)/peak >= bytes(B)/ceiling (:func:`roofline_batch`), with both rates measured by the
 benchmark (:mod:`specmoe.bench.machine`).
@@ -84,10 +86,10 @@ def bandwidth_bound_limit(
 ) -> dict[str, Any]:
     """The batches over which a layer stays bandwidth-bound (see the module docstring).
 
-    Returns ``ratio`` [B] t(B)·bytes(1)/(t(1)·bytes(B)) (1 where time follows bytes),
-    ``last_bound``: the largest B of the sweep up to which every ratio <= 1 + tol, and
-    ``first_unbound``: the next batch of the sweep (None when every batch stays bound).
-    The smallest batch of ``batches`` is the reference (batch 1 in a sweep from 1)."""
+    Returns ``ratio`` [B]: (t/bytes)(B) over the lowest t/bytes at any batch <= B (1 where the
+    layer is at its best rate so far), ``first_unbound``: the first batch of the sweep from
+    which every ratio exceeds 1 + tol (None when the last batch is still within it), and
+    ``last_bound``: the batch before it (None when even the first batch is unbound)."""
     b = np.asarray(batches, dtype=np.int64)
     t = np.asarray(times, dtype=np.float64)
     y = np.asarray(nbytes, dtype=np.float64)
@@ -99,10 +101,11 @@ def bandwidth_bound_limit(
         raise InputError("times and bytes must be positive", argument="times")
     if not tol >= 0:
         raise InputError(f"must be >= 0, got {tol}", argument="tol")
-    ratio = (t / y) / (t[0] / y[0])
-    ok = ratio <= 1 + tol
-    bad = np.flatnonzero(~ok)
-    i = int(bad[0]) if bad.size else b.size
+    per_byte = t / y
+    ratio = per_byte / np.minimum.accumulate(per_byte)
+    i = b.size  # first index from which every ratio > 1 + tol
+    while i > 0 and ratio[i - 1] > 1 + tol:
+        i -= 1
     return {
         "ratio": ratio.tolist(),
         "tol": tol,

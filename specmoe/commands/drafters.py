@@ -97,8 +97,8 @@ def add_arguments(parser) -> None:
         help="a bench profile.json of this machine: ceiling and peak",
     )
     parser.add_argument("--tol", type=float, default=0.25,
-                        help="bandwidth-bound while time <= (1+tol) x bytes at the batch-1 "
-                        "bandwidth (default 0.25)")  # fmt: skip
+                        help="bandwidth-bound while the time per byte stays within 1+tol of "
+                        "the best at any smaller batch (default 0.25)")  # fmt: skip
     parser.add_argument(
         "--tokens",
         type=int,
