@@ -316,8 +316,10 @@ def render_drafters(path: Path, d: dict, figs) -> str:
             for k, v in bb.items()
         ]
         parts.append(h.table(["layer", "bandwidth-bound up to B", "first B beyond", "roofline B"],
-                             rows, caption=f"Time within 1 + {next(iter(bb.values())).get('tol')} "
-                             "of its bytes at the batch-1 bandwidth"))  # fmt: skip
+                             rows, caption="Bandwidth-bound: time per byte within 1 + "
+                             f"{next(iter(bb.values())).get('tol')} of the best at any smaller "
+                             "batch; roofline: flops at the matmul peak reach bytes at the "
+                             "memory ceiling"))  # fmt: skip
     ch = d.get("moe_cheaper_from") or {}
     if ch:
         parts.append(
