@@ -316,3 +316,20 @@ def test_an_address_that_answers_nothing_is_refused_at_once():
     with pytest.raises(InputError, match=r"ray: no Ray cluster answers at '127.0.0.1:1'"):
         _probe("127.0.0.1:1", "ray")
     _probe("auto", "ray")  # not host:port: Ray's to read
+
+
+@pytest.mark.slow
+def test_cli_stats_ray_starts_its_own_local_runtime(shard_dir, tmp_path):
+    """A fresh process: --ray starts a local runtime of --ray-cpus CPUs and shuts it down;
+    stdout holds the JSON record alone, the same as without --ray."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("ray")
+    code = "import sys; from specmoe.cli import main; sys.exit(main())"
+    base = [sys.executable, "-c", code, "stats", str(shard_dir), "--bootstrap", "20", "--json"]
+    plain = subprocess.run(base, capture_output=True, text=True, check=True)
+    ray = subprocess.run([*base, "--ray", "--ray-cpus", "1"], capture_output=True, text=True)
+    assert ray.returncode == 0, ray.stderr[-2000:]
+    assert ray.stdout == plain.stdout
+    assert "Ray runtime local with 1 CPUs" in ray.stderr
