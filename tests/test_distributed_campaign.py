@@ -169,25 +169,20 @@ def test_ray_unit_beyond_the_cluster_fails_at_once_and_a_lost_worker_is_retried(
 
 
 def test_cli_campaign_of_command_units_on_ray(tmp_path, ray_runtime, capsys):
+    fit = Path(__file__).resolve().parents[1] / "specmoe" / "data" / "traces" / "fit.npz"
     units = {
         "units": [
             {"name": "spec-olmoe", "argv": ["spec", "OLMoE-1B-7B-0125", "--json"]},
             {
                 "name": "stats-fit",
-                "argv": ["stats", "specmoe/data/traces/fit.npz", "--max-n", "3", "--json"],
+                "argv": ["stats", str(fit), "--max-n", "3", "--json"],
                 "num_cpus": 1,
             },
         ]
     }
     path = tmp_path / "units.json"
     path.write_text(json.dumps(units))
-    root = Path(__file__).resolve().parents[1]
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        code = main(["campaign", str(path), "--out", str(tmp_path / "out"), "--ray", "--json"])
-    finally:
-        os.chdir(cwd)
+    code = main(["campaign", str(path), "--out", str(tmp_path / "out"), "--ray", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and (out["done"], out["failed"]) == (2, 0)
     spec_rec = out["units"][0]["result"]["stdout"]
