@@ -421,8 +421,9 @@ def _transfer_form(d: dict, form: str, path: Path) -> Path:
         ax[0, 1].scatter(np.asarray(m["r"])[idx], np.asarray(m["r_pred"])[idx], s=30, color=c,
                          label=m["held_out"])  # fmt: skip
     ax[0, 0].plot([lo, hi], [lo, hi], ":", color="gray")
-    ax[0, 0].set_xscale("log")
-    ax[0, 0].set_yscale("log")
+    if hi > 10 * lo:  # a log scale only where the bandwidths span a decade
+        ax[0, 0].set_xscale("log")
+        ax[0, 0].set_yscale("log")
     ax[0, 0].set_xlabel("measured β (GB/s)")
     ax[0, 0].set_ylabel("predicted from the other models (GB/s)")
     ax[0, 0].set_title("filled: per-slot, open: dedup", fontsize=9)
