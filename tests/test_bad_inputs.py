@@ -514,6 +514,13 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple]] = [
     ("report-dir-file", "report {file} --out {out}/r.html", ("file.txt", "is not a folder"), ()),
     ("report-out-proc", "report {runs_empty} --out /proc/x/r.html", ("--out", "/proc/x"), ()),
     ("report-out-dir", "report {runs_empty} --out {folder}", ("--out", "folder.json"), ()),
+    # --- campaign
+    ("campaign-missing", "campaign {out}/nothing.json --out {out}", ("nothing.json",), ()),
+    ("campaign-empty", "campaign {empty} --out {out}", ("empty.json",), ()),
+    ("campaign-nested", "campaign {nested} --out {out}", ("nested.json",), ()),
+    ("campaign-list", "campaign {stats_list} --out {out}", ("stats_list.json", "units"), ()),
+    ("campaign-folder", "campaign {folder} --out {out}", ("folder.json",), ()),
+    ("campaign-out-file", "campaign {stats_list} --out {file}", ("file.txt",), ()),
     # --- acceptance
     ("acc-empty", "acceptance {empty} --out {out}", ("empty.json", "empty"), ()),
     ("acc-text", "acceptance {file}", ("file.txt", "not an engine metrics file"), ()),

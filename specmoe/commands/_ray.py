@@ -20,15 +20,16 @@ from specmoe.errors import InputError
 LOCAL = "local"
 
 
-def add_ray_arguments(parser) -> None:
+def add_ray_arguments(parser, what: str = "compute the shards' statistics") -> None:
+    """``--ray [ADDRESS]`` and ``--ray-cpus N``; ``what`` says what runs as Ray tasks."""
     parser.add_argument(
         "--ray",
         nargs="?",
         const=LOCAL,
         default=None,
         metavar="ADDRESS",
-        help="compute the shards' statistics as Ray tasks: a local runtime (no ADDRESS) or the "
-        "cluster at ADDRESS (needs pip install 'specmoe[ray]')",
+        help=f"{what} as Ray tasks: a local runtime (no ADDRESS) or the cluster at ADDRESS "
+        "(needs pip install 'specmoe[ray]')",
     )
     parser.add_argument(
         "--ray-cpus",

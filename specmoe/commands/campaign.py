@@ -25,7 +25,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="rerun every unit, even those recorded as done"
     )
-    add_ray_arguments(parser)
+    add_ray_arguments(parser, "run the units")
     parser.add_argument("--json", action="store_true", help="print JSON on stdout")
 
 

@@ -76,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="torch dtype (default float32 on cpu)")
     parser.add_argument("--seed", type=int, default=0, help="seed (random models)")
-    add_ray_arguments(parser)
+    add_ray_arguments(parser, "capture the documents")
     parser.add_argument(
         "--ray-workers",
         type=int,
