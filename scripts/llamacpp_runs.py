@@ -66,6 +66,15 @@ def _prompts(count: int, context: int) -> list[tuple[str, str]]:
     raise SystemExit(f"only {len(out)} validation documents have {context} tokens")
 
 
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (no machine's paths in
+    committed results)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def _pass(t: Any) -> dict[str, Any]:
     return {
         "n": t.n_prompt or t.n_gen,
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         out / "runs.json",
         {
             "command": "python scripts/llamacpp_runs.py " + " ".join(argv or sys.argv[1:]),
-            "options": vars(args),
+            "options": {**vars(args), "out": _shown_path(out)},
             "llama_cpp": llamacpp.VERSION,
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
