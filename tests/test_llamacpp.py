@@ -243,3 +243,17 @@ def test_speculative_log_pieces_with_unicode_line_breaks():
     run = parse_speculative_log(log.replace(first, first + "\n" + odd, 1))
     assert " a\u2028b\x85c" in run.text
     assert run.n_predict == 26 and len(run.rounds) == 12
+
+
+def test_synthetic_rates_are_the_powers_of_the_acceptance():
+    from specmoe.engines.llamacpp_server import synthetic_rates
+
+    assert synthetic_rates(0.5, 3) == [0.5, 0.25, 0.125]
+    assert synthetic_rates(1.0, 2) == [1.0, 1.0] and synthetic_rates(0.0, 2) == [0.0, 0.0]
+    # llama.cpp turns them into per-draft probabilities P_i / P_(i-1): a, a, a, ...
+    r = synthetic_rates(0.8, 5)
+    assert [b / a for a, b in zip([1.0, *r], r)] == pytest.approx([0.8] * 5)
+    with pytest.raises(InputError, match="acceptance"):
+        synthetic_rates(1.5, 2)
+    with pytest.raises(InputError, match="k"):
+        synthetic_rates(0.5, 0)

@@ -206,3 +206,18 @@ def test_run_engine_llamacpp_writes_round_logs_and_a_summary(tmp_path, capsys):
     assert set(log["k"]) <= {0, 1, 2, 3} and set(log["budget"]) == {3}
     manifest = json.loads((tmp_path / "run.json").read_text())
     assert manifest["options"]["engine"] == "llama.cpp" and manifest["grid"]["k"] == [0, 3]
+
+
+def test_server_synthetic_acceptance_counts(gguf):
+    from specmoe.engines.llamacpp_server import serve_completion, synthetic_run
+
+    prompt = _stdlib_text(300)
+    plain = serve_completion(gguf["bf16"], prompt, n_predict=48)
+    assert plain.predicted_n == 48 and plain.draft_n == 0 and plain.tokens_per_s > 0
+    every = synthetic_run(gguf["bf16"], gguf["draft"], prompt, k=4, acceptance=1.0, n_predict=48)
+    assert every.predicted_n == 48 and every.draft_n > 0
+    assert every.draft_n_accepted == every.draft_n  # rate 1: every draft accepted
+    # each round: 4 drafts accepted and one target token, less at the end of the budget
+    assert every.draft_n <= 4 * (48 // 5 + 1)
+    none = synthetic_run(gguf["bf16"], gguf["draft"], prompt, k=4, acceptance=0.0, n_predict=48)
+    assert none.draft_n > 0 and none.draft_n_accepted == 0
