@@ -18,6 +18,11 @@ Needs ``make llama-cpp``. Exports the bundled target (each ``--outtypes``) and t
                      routing replayed in specmoe's engine
 ``runs.json``        the command, llama.cpp version, machine load before and after
 
+With ``--synthetic`` it writes only ``synthetic.json`` (bf16, with its own command and load):
+llama-server with the draft model at k = 1..8 and llama.cpp's synthetic acceptance at 11 rates
+a = 0.2..0.98 (``--spec-synth-rates a,a^2,...,a^k``), on the same prompts, against the same
+server without a draft: tokens/s as the server reports them, drafted and accepted tokens.
+
 Usage: ``python scripts/llamacpp_runs.py [--out DIR] [--quick]``
 """
 
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3, help="throughput runs per (k, prompt)")
+    ap.add_argument("--synthetic", action="store_true", help="only the synthetic-acceptance grid")
     ap.add_argument(
         "--quick", action="store_true", help="a minute's subset into out/llamacpp-quick"
     )
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     llamacpp.require_built()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.synthetic:
+        return synthetic(args, out, argv)
     from specmoe.cli import main as specmoe
     from specmoe.engine.models import load_model
 
@@ -213,6 +221,62 @@ def main(argv: list[str] | None = None) -> int:
             "llama_cpp": llamacpp.VERSION,
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
+            "load_before": load0,
+            "load_after": os.getloadavg(),
+            "wall_s": time.time() - t0,
+        },
+    )
+    return 0
+
+
+def synthetic(args: argparse.Namespace, out: Path, argv: list[str] | None) -> int:
+    """The synthetic-acceptance grid into ``out/synthetic.json``."""
+    from specmoe.cli import main as specmoe
+    from specmoe.engines.llamacpp_server import serve_completion, synthetic_run
+
+    t0, load0 = time.time(), os.getloadavg()
+    ks = _ints(args.k)
+    rates = [float(x) for x in np.linspace(0.2, 0.98, 11)]
+    prompts = _prompts(args.num_prompts, args.context)
+    rows, plain = [], []
+    with tempfile.TemporaryDirectory(prefix="specmoe-gguf-") as tmp:
+        draft, gguf = Path(tmp) / "draft-bf16.gguf", Path(tmp) / "bundled-bf16.gguf"
+        assert specmoe(["export", "--model", "bundled-draft", "--out", str(draft)]) == 0
+        assert specmoe(["export", "--model", "bundled", "--out", str(gguf)]) == 0
+        for name, text in prompts:
+            t = serve_completion(gguf, text, n_predict=args.tokens)
+            plain.append({"prompt": name, "when": "before", "tokens_per_s": t.tokens_per_s})
+        for k in ks:
+            for a in rates:
+                for name, text in prompts:
+                    t = synthetic_run(gguf, draft, text, k=k, acceptance=a, n_predict=args.tokens)
+                    rows.append(
+                        {
+                            "k": k,
+                            "acceptance": a,
+                            "prompt": name,
+                            "tokens_per_s": t.tokens_per_s,
+                            "predicted_n": t.predicted_n,
+                            "draft_n": t.draft_n,
+                            "draft_n_accepted": t.draft_n_accepted,
+                        }
+                    )
+                print(
+                    f"synthetic k={k} a={a:.3f}: {rows[-1]['tokens_per_s']:.0f} tok/s",
+                    file=sys.stderr,
+                )
+        for name, text in prompts:
+            t = serve_completion(gguf, text, n_predict=args.tokens)
+            plain.append({"prompt": name, "when": "after", "tokens_per_s": t.tokens_per_s})
+    atomic_write_json(
+        out / "synthetic.json",
+        {
+            "llama_cpp": llamacpp.VERSION,
+            "command": "python scripts/llamacpp_runs.py " + " ".join(argv or sys.argv[1:]),
+            "weights": "bf16",
+            "tokens": args.tokens,
+            "plain": plain,
+            "synthetic": rows,
             "load_before": load0,
             "load_after": os.getloadavg(),
             "wall_s": time.time() - t0,
