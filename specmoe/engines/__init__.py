@@ -3,7 +3,8 @@ model, time a verification pass of n tokens on a KV cache of depth d, run specul
 with the engine's drafters writing specmoe round logs.
 
 ``llamacpp``       llama.cpp built by ``make llama-cpp`` (GGUF export, llama-bench,
-                   llama-speculative-simple); ``llamacpp_logs`` parses its output.
+                   llama-speculative-simple); ``llamacpp_logs`` parses its output;
+                   ``llamacpp_server`` runs llama-server (synthetic acceptance).
 
 Submodules are imported on use; importing this package loads neither torch nor transformers.
 """
