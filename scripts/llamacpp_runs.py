@@ -4,10 +4,10 @@ Needs ``make llama-cpp``. Exports the bundled target (each ``--outtypes``) and t
 (bf16) to GGUF with ``specmoe export`` in a temporary folder, then writes under ``--out``
 (default ``results/cpu/llamacpp``):
 
-``verify.json``      llama-bench: one pass of n = 1..9 tokens on a KV cache of each ``--depths``
+``llamacpp_verify.json``      llama-bench: one pass of n = 1..9 tokens on a KV cache of each ``--depths``
                      (``-p 1,...,9 -n 0 -d D -r R -t 1 -fa off``), per weight type: every
                      repetition's time, median and mean (ms)
-``throughput.json``  per weight type: plain decoding (llama-bench ``-p 0 -n T -d C``, C the
+``llamacpp_throughput.json``  per weight type: plain decoding (llama-bench ``-p 0 -n T -d C``, C the
                      prompt length; before and after, and once just before each speculative
                      run for a paired speedup) and draft-model speculative decoding
                      (llama-speculative-simple, greedy, k = 1..8 drafts a round) on
@@ -209,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                 "plain": [{**_pass(p), "tokens_per_s": p.tokens_per_s} for p in plain_runs],
                 "draft_model": rows,
             }
-    atomic_write_json(out / "verify.json", {"llama_cpp": llamacpp.VERSION, "verify": verify})
     atomic_write_json(
-        out / "throughput.json", {"llama_cpp": llamacpp.VERSION, "throughput": throughput}
+        out / "llamacpp_verify.json", {"llama_cpp": llamacpp.VERSION, "verify": verify}
+    )
+    atomic_write_json(
+        out / "llamacpp_throughput.json", {"llama_cpp": llamacpp.VERSION, "throughput": throughput}
     )
     atomic_write_json(
         out / "runs.json",
