@@ -535,33 +535,6 @@ def test_cli_prints_settings_that_pass_the_checks(inputs, capsys, extra):  # noq
             assert st[e]["shell"] in text
 
 
-@stats_available
-@pytest.mark.parametrize(
-    "extra, word",
-    [
-        (["--drafter", "draft-model"], "--draft-model"),
-        (["--drafter", "eagle"], "--draft-model"),
-        (["--engine", "tgi"], "--engine"),
-        (["--compute-capability", "nine"], "--compute-capability"),
-    ],
-)
-def test_cli_engine_flags_bad_input(inputs, capsys, extra, word):  # noqa: F811
-    rc = main(
-        [
-            "plan",
-            "--model",
-            inputs["spec"],
-            "--trace",
-            inputs["trace"],
-            "--bandwidth",
-            inputs["profile"],
-            *extra,
-        ]
-    )
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1 and word in err
-
-
 def test_committed_plans_print_no_removed_flag():
     root = Path(__file__).resolve().parents[1]
     for folder in ("results/cpu/plan", "results/cpu/plan-olmoe-dummy-4L"):

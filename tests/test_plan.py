@@ -329,6 +329,11 @@ def test_cli_layers_cuts_the_spec(inputs, capsys):
         (["--k-max", "0"], "--k-max"),
         (["--draft-time=-1,0"], "--draft-time"),
         (["--expected-acceptance", "1"], "--expected-acceptance"),
+        # the engine settings' flags (specmoe.cost.engine_settings)
+        (["--drafter", "draft-model"], "--draft-model"),
+        (["--drafter", "eagle"], "--draft-model"),
+        (["--engine", "tgi"], "--engine"),
+        (["--compute-capability", "nine"], "--compute-capability"),
     ],
 )
 def test_cli_bad_input_is_one_line(inputs, capsys, extra, word):
