@@ -161,25 +161,36 @@ def _cli_cmd(out, *extra):
     return [sys.executable, "-m", "specmoe.cli", "run", *BASE, "--out", str(out), *extra]
 
 
-def _interrupt(out, sig, delay):
-    """Start the run, wait until it decodes (its lock is taken), then ``sig`` after ``delay``."""
+def _interrupt(out, sig, delay, *, mid_decode=False):
+    """Start the run, wait until it decodes (its lock is taken), then ``sig`` after ``delay``.
+    ``mid_decode``: wait instead for its first finished generation, so that the signal falls
+    between generations on a machine of any speed (the whole run takes well under a second on
+    a fast core)."""
     proc = subprocess.Popen(
         _cli_cmd(out), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + 60
-    while not (out / "run.json").exists():
+
+    def started() -> bool:
+        if not mid_decode:
+            return (out / "run.json").exists()
+        return (
+            any((out / "rounds").glob("*/part-*.parquet")) if (out / "rounds").exists() else False
+        )
+
+    while not started():
         assert proc.poll() is None, proc.stderr.read().decode()
         assert time.monotonic() < deadline
-        time.sleep(0.02)
+        time.sleep(0.005)
     time.sleep(delay)
     proc.send_signal(sig)
     proc.wait(timeout=60)
     return proc.returncode
 
 
-def _signal_then_rerun(reference, tmp_path, sig, delay):
+def _signal_then_rerun(reference, tmp_path, sig, delay, *, mid_decode=False):
     out = tmp_path / f"out-{sig}-{delay:.3f}"
-    rc = _interrupt(out, sig, delay)
+    rc = _interrupt(out, sig, delay, mid_decode=mid_decode)
     # -SIGINT: the signal came after the run, at the interpreter's exit
     assert rc in (0, 130, -signal.SIGINT, -signal.SIGKILL), rc
     done = _whole(out)  # no unfinished generation reads as finished
@@ -190,8 +201,8 @@ def _signal_then_rerun(reference, tmp_path, sig, delay):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_a_signal_then_a_rerun_equals_a_clean_run(reference, tmp_path, sig):
-    delay = float(np.random.default_rng(int(sig)).uniform(0.0, 0.4))
-    rc, done = _signal_then_rerun(reference, tmp_path, sig, delay)
+    delay = float(np.random.default_rng(int(sig)).uniform(0.0, 0.02))
+    rc, done = _signal_then_rerun(reference, tmp_path, sig, delay, mid_decode=True)
     assert rc != 0 and done < GENERATIONS  # it was interrupted while decoding
 
 
