@@ -6,8 +6,13 @@ prints one JSON record (stdout) with, for n = 1..9 on recorded windows:
 
 * each kernel's effective bandwidth β(n) (per-slot on n·m·b, dedup on U·b) and its roofline
   ratio: time / max(bytes / measured read ceiling, flops / measured matmul peak);
-* the targets: β_dedup(n) >= 0.9 β_slot(1) at n = 2..9, and every kernel within 1.25 of its
+* the targets: β_dedup(n) >= 0.95 β_slot(1) at n = 2..9, and every kernel within 1.1 of its
   roofline at every n, each with a yes/no and the worst value;
+* the read ceiling measured beside the kernels (a short read of another buffer timed in the
+  same rotation as the kernels of every recorded pass, ``specmoe.bench.machine.CeilingProbe``)
+  per n with its 10-90% spread, and each kernel's roofline ratio against it
+  (``roofline_ratio_beside``, the one the targets use; ``--no-ceiling-beside`` reverts to the
+  ceiling measured once before); the load average before and after;
 * the time ratio of each peer to ours of the same kind (per-slot: ``per_slot_torch`` and
   ``hf_batched_mm`` against ``per_slot``; dedup: ``dedup_torch``, ``grouped_mm``,
   ``hf_grouped_mm``, ``hf_eager`` against ``dedup``), summed over the recorded windows of each n.
@@ -36,6 +41,11 @@ PEERS = {
 }
 
 
+def _loadavg() -> list[str] | None:
+    p = Path("/proc/loadavg")
+    return p.read_text().split()[:3] if p.exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="OLMoE-1B-7B-0125")
@@ -52,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="also write profile.json here")
+    ap.add_argument(
+        "--no-ceiling-beside",
+        action="store_true",
+        help="measure the read ceiling once before the kernels only",
+    )
     a = ap.parse_args(argv)
 
     spec = resolve_spec(a.model)
@@ -68,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
             trace = sticky_trace(spec.num_experts, spec.top_k, max(a.layers, 1), a.keep)
             trace_note = trace.name
+    load_before = _loadavg()
     settings = Settings.for_run(
         quick=a.quick, device=a.device, max_layers=a.layers, windows=a.windows, reps=a.reps
     )
@@ -83,13 +99,16 @@ def main(argv: list[str] | None = None) -> int:
         threads=a.threads,
         clock=a.clock,
         settings=settings,
+        ceiling_beside=not a.no_ceiling_beside,
     )
     p = res.profile
+    beside = p.extra.get("ceiling_beside")
     ek = p.extra["kernels"]
     roles = p.extra["roles"]
     b1 = p.beta_slot[0]
     dedup_vs = [d / b1 for d in p.beta_dedup]
-    roof = {k: v["roofline_ratio"] for k, v in ek.items()}
+    roof_once = {k: v["roofline_ratio"] for k, v in ek.items()}
+    roof = beside["roofline_ratio"] if beside else roof_once
     peers = {}
     rec = [r for r in res.records if r.source == "recorded"]
     for kind, names in PEERS.items():
@@ -123,21 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         "reread_cost": p.reread_cost,
         "epsilon": p.epsilon,
         "crossover": p.crossover,
+        "ceiling_beside_gbps": beside["gbps"] if beside else None,
+        "ceiling_beside_p10_p90_gbps": beside["gbps_p10_p90"] if beside else None,
+        "roofline_ratio_once": roof_once,
+        "roofline_ratio_beside": beside["roofline_ratio"] if beside else None,
         "roofline_ratio": roof,
         "target_dedup_vs_slot1": {
             "ratio": dedup_vs[1:],
             "worst": min(dedup_vs[1:]),
-            "met": bool(min(dedup_vs[1:]) >= 0.9),
+            "met": bool(min(dedup_vs[1:]) >= 0.95),
         },
         "target_roofline": {
-            k: {"worst": max(v), "met": bool(max(v) <= 1.25)} for k, v in roof.items()
+            k: {"worst": max(v), "met": bool(max(v) <= 1.1)} for k, v in roof.items()
         },
         "peer_time_ratio": peers,
         "failed_kernels": p.extra.get("failed_kernels", {}),
         "wall_s": p.extra["wall_s"],
-        "loadavg": list(Path("/proc/loadavg").read_text().split()[:3])
-        if Path("/proc/loadavg").exists()
-        else None,
+        "loadavg": _loadavg(),
+        "loadavg_before": load_before,
     }
     if a.out:
         p.save(Path(a.out) / "profile.json")

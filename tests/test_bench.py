@@ -660,3 +660,56 @@ def test_a_failing_kernel_is_left_out_and_said(modelled, monkeypatch):
         run.benchmark(
             SPEC, trace=tr, progress=False, settings=_settings(), kernels=["grouped_mm", "per_slot"]
         )
+
+
+def test_the_ceiling_beside_is_timed_in_every_recorded_pass(modelled, monkeypatch):
+    """``ceiling_beside``: the probe joins the rotation of every recorded pass (not the chosen
+    ones), and each kernel's ratio is against the ceiling of its own pass."""
+    probe_bytes = 32 << 20
+    speeds = iter([8e9, 12e9] * 100_000)  # the modelled ceiling moves from call to call
+
+    class FakeProbe:
+        def __init__(self, device, threads=1):
+            self.bytes = probe_bytes
+
+        def __call__(self, *a, **k):
+            modelled.append(("ceiling", next(speeds)))
+
+    monkeypatch.setattr(machine, "CeilingProbe", FakeProbe)
+    b = SPEC.expert_bytes
+
+    def fake_timer(device, clock):
+        def t(call):
+            call()
+            kind, arg = modelled[-1]
+            return probe_bytes / arg if kind == "ceiling" else _model_time(kind, arg, b)
+
+        return t
+
+    monkeypatch.setattr(timing, "_timer", fake_timer)
+    res = run.benchmark(
+        SPEC, trace=_sticky_trace(), progress=False, settings=_settings(), seed=3,
+        ceiling_beside=True,
+    )  # fmt: skip
+    rec = [r for r in res.records if r.source == "recorded"]
+    assert all("ceiling" in r.timed and len(r.timed["ceiling"].times) == 2 for r in rec)
+    assert not any("ceiling" in r.timed for r in res.records if r.source == "chosen")
+    beside = res.profile.extra["ceiling_beside"]
+    # two reps a pass, one at 8 GB/s and one at 12: the median time is their mean time
+    per_pass = probe_bytes / np.median([probe_bytes / 8e9, probe_bytes / 12e9])
+    assert beside["gbps"] == pytest.approx([per_pass / 1e9] * len(res.profile.n))
+    r1 = [r for r in rec if r.n == 1]
+    t = sum(_model_time("per_slot", torch.as_tensor(r.ids), b) for r in r1)
+    bound = sum(max(4 * b / per_pass, 4 * 6 * 64 * 32 / 1e11) for _ in r1)
+    assert beside["roofline_ratio"]["per_slot"][0] == pytest.approx(t / bound)
+
+
+def test_the_real_probe_reads_the_next_chunk_each_call():
+    p = machine.CeilingProbe("cpu", chunk_bytes=1 << 20, buffer_bytes=6 << 20)
+    assert p.bytes == 1 << 20 and p.chunks == 6
+    seen = []
+    for _ in range(p.chunks + 1):
+        seen.append(p._next)
+        p()
+    assert seen[: p.chunks] == list(range(p.chunks)) and seen[-1] == 0  # round the buffer
+    assert p.gbps(1e-3) == pytest.approx((1 << 20) / 1e-3 / 1e9)

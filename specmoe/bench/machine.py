@@ -239,3 +239,52 @@ def measure_peak_flops(
     finally:
         torch.set_num_threads(prev)
     return 2.0 * size**3 / statistics.median(times)
+
+
+class CeilingProbe:
+    """A short read of another buffer, timed among the kernels (``benchmark(ceiling_beside=
+    True)``): the read ceiling measured beside each kernel timing rather than once before.
+
+    The buffer is at least twice the last-level cache and is read ``chunk_bytes`` at a time,
+    each call the next chunk round the buffer, so every call reads from memory (the kernels'
+    weight pool between two calls evicts the rest). ``gbps(seconds)`` converts one call's
+    time. CPU: the C read loop of the kernel library on ``threads`` threads (torch.sum without
+    it); CUDA: torch.sum of an int32 chunk."""
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        threads: int = 1,
+        chunk_bytes: int = 32 << 20,
+        buffer_bytes: int | None = None,
+    ) -> None:
+        check_device(device)
+        llc = last_level_cache_bytes(device) or (256 << 20)  # as the benchmark assumes
+        total = max(buffer_bytes or 2 * llc, 4 * chunk_bytes)
+        self.device, self.threads = device, int(threads)
+        self.chunk = int(chunk_bytes) // 4
+        self.chunks = max(2, total // (self.chunk * 4))
+        if device == "cuda":
+            self._buf = torch.ones(self.chunk * self.chunks, dtype=torch.int32, device="cuda")
+            self._lib = None
+        else:
+            from specmoe.kernels import _cbuild
+
+            self._buf = torch.empty(self.chunk * self.chunks, dtype=torch.float32).uniform_(-1, 1)
+            self._lib = _cbuild.load()
+        self._next = 0
+        self.bytes = self.chunk * 4
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        i, self._next = self._next, (self._next + 1) % self.chunks
+        part = self._buf[i * self.chunk : (i + 1) * self.chunk]
+        if self.device == "cuda":
+            part.sum(dtype=torch.float32)
+        elif self._lib is not None:
+            self._lib.lib.specmoe_read(part.data_ptr(), part.numel(), self.threads)
+        else:
+            float(part.sum())
+
+    def gbps(self, seconds: float) -> float:
+        return self.bytes / seconds / 1e9

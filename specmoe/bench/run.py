@@ -270,9 +270,13 @@ def benchmark(
     threads: int | None = None,
     clock: str = "wall",
     settings: Settings | None = None,
+    ceiling_beside: bool = False,
 ) -> BenchResult:
     """Time, fit and score; see the module docstring. ``threads`` (CPU): None picks the thread
-    count with the highest measured ceiling."""
+    count with the highest measured ceiling. ``ceiling_beside``: a short read of another buffer
+    (:class:`specmoe.bench.machine.CeilingProbe`) is timed among the kernels of every recorded
+    pass, in the same rotation, and the profile's ``extra`` gains the ceiling measured beside
+    each n and each kernel's roofline ratio against it (``ceiling_beside``)."""
     t_start = time.perf_counter()
     check_device(device)
     tdtype = torch_dtype(dtype)
@@ -316,6 +320,11 @@ def benchmark(
             f"[bold]matmul peak[/bold] {peak / 1e9:.1f} GFLOP/s ({dtype}, {device_name(device)})"
         )
         fns = [(k, get_kernel(k, device)) for k in kernels]
+        probe = None
+        if ceiling_beside:
+            from specmoe.bench.machine import CeilingProbe
+
+            probe = CeilingProbe(device, threads=threads or 1)
 
         # 2. Weights: a pool big enough that every timing reads from memory.
         n_values = list(range(1, cfg.n_max + 1))
@@ -398,9 +407,10 @@ def benchmark(
             try:
                 for i, idx in enumerate(order):
                     rec = records[idx]
+                    beside = probe is not None and rec.source == "recorded"
                     rec.timed = time_pass(
                         pool,
-                        fns,
+                        [*fns, (CEILING, probe)] if beside else fns,
                         rec.ids,
                         reps=cfg.reps,
                         device=device,
@@ -439,7 +449,47 @@ def benchmark(
         implementations=ran,
     )
     prof.extra["failed_kernels"] = failed
+    if probe is not None:
+        prof.extra["ceiling_beside"] = ceiling_beside_summary(
+            records, tspec, kernels, n_values, probe.bytes, peak
+        )
     return BenchResult(profile=prof, records=records, ceiling=ceiling)
+
+
+CEILING = "ceiling"  # the probe's name among the timed kernels of a pass
+
+
+def ceiling_beside_summary(
+    records: list[Record],
+    spec: ModelSpec,
+    kernels: list[str],
+    n_values: list[int],
+    probe_bytes: int,
+    peak: float | None,
+) -> dict[str, Any]:
+    """Per n: the read ceiling measured beside the kernels (median and 10-90% of each recorded
+    pass's median probe), and each kernel's roofline ratio against the ceiling of its own pass:
+    sum of t / sum of max(bytes / ceiling of that pass, flops / peak), as the profile's
+    ``roofline_ratio`` against the one ceiling measured before."""
+    m, b = spec.top_k, spec.expert_bytes
+    flops_per_slot = 6.0 * spec.hidden_size * spec.expert_intermediate
+    rec = [r for r in records if r.source == "recorded" and CEILING in r.timed]
+    ceil = np.array([probe_bytes / r.timed[CEILING].median for r in rec])  # bytes/s
+    ns = np.array([r.n for r in rec])
+    us = np.array([r.u for r in rec], dtype=float)
+    out: dict[str, Any] = {"probe_bytes": int(probe_bytes), "gbps": [], "gbps_p10_p90": []}
+    for n in n_values:
+        c = ceil[ns == n]
+        out["gbps"].append(float(np.median(c) / 1e9))
+        out["gbps_p10_p90"].append([float(q / 1e9) for q in np.percentile(c, [10, 90])])
+    ratios: dict[str, list[float]] = {}
+    for k in kernels:
+        t = np.array([r.timed[k].median for r in rec])
+        req = ns * m * b if kernel_kind(k) == "per_slot" else us * b
+        bound = np.maximum(req / ceil, ns * m * flops_per_slot / peak if peak else 0.0)
+        ratios[k] = [float(t[ns == n].sum() / bound[ns == n].sum()) for n in n_values]
+    out["roofline_ratio"] = ratios
+    return out
 
 
 def run_benchmark(
