@@ -87,23 +87,13 @@ def overlap_moments(
     (o_l(j) = Σ_e c_{l,e}(j)/m); ``layer_mean``: one layer whose o(j) is the mean over the
     source's layers (the benchmark times one layer), else one layer per source layer.
     """
-    N2, m2 = int(num_experts), int(top_k)
-    if not 0 < m2 < N2:
-        raise InputError(f"must lie in 1..num_experts-1={N2 - 1}, got {m2}", argument="top_k")
-    o = moments.overlap  # [L, J]
-    if layer_mean:
-        o = o.mean(axis=0, keepdims=True)
-    if np.any(o > 1 + 1e-12) or np.any(o < 0):
-        raise InputError("overlaps outside [0, 1]", argument="moments")  # pragma: no cover
-    L = o.shape[0]
-    co = np.repeat((m2 * np.minimum(o, 1.0) / N2)[:, :, None], N2, axis=2)  # [L, J, N']
-    return ExpertMoments(
-        num_experts=N2,
-        top_k=m2,
-        popularity=np.full((L, N2), m2 / N2),
-        coactivation=co,
-        tokens=moments.tokens,
-        union=None,
+    from dataclasses import replace
+
+    from specmoe.routing.synth import uniform_moments
+
+    out = uniform_moments(moments, num_experts, top_k=int(top_k), layer_mean=layer_mean)
+    return replace(
+        out,
         meta={
             **moments.meta,
             "overlap_from": {

@@ -62,20 +62,34 @@ __all__ = [
 ]
 
 
-def uniform_moments(moments: ExpertMoments, num_experts: int) -> ExpertMoments:
-    """The ``uniform`` variant's moments at ``num_experts`` experts: every expert has
-    p = m/N' and c(j) = m·o_l(j)/N', o_l(j) = Σ_e c_{l,e}(j)/m the source layer's overlap at
-    lag j, so Σ_e c(j) (hence o_l(j)) is the source's exactly."""
-    N2, m, L = int(num_experts), moments.top_k, moments.num_layers
-    if not m < N2:
-        raise InputError(f"must exceed m={m}, got {N2}", argument="num_experts")
-    if np.any(moments.coactivation.sum(axis=2) / N2 > m / N2 + 1e-12):
-        raise InputError("overlaps exceed m", argument="num_experts")  # pragma: no cover
-    co = np.repeat((moments.coactivation.sum(axis=2) / N2)[:, :, None], N2, axis=2)
+def uniform_moments(
+    moments: ExpertMoments,
+    num_experts: int,
+    *,
+    top_k: int | None = None,
+    layer_mean: bool = False,
+) -> ExpertMoments:
+    """The ``uniform`` variant's moments at N' = ``num_experts`` experts and m' = ``top_k``
+    (default the source's m): every expert has p = m'/N' and c(j) = m'·o_l(j)/N',
+    o_l(j) = Σ_e c_{l,e}(j)/m the source layer's overlap at lag j, so the overlap o_l(j) is the
+    source's exactly. ``layer_mean``: one layer whose o(j) is the mean over the source's
+    layers."""
+    N2 = int(num_experts)
+    m2 = moments.top_k if top_k is None else int(top_k)
+    if not 0 < m2 < N2:
+        arg = "num_experts" if top_k is None else "top_k"
+        raise InputError(f"must leave 0 < m < N (m={m2}, N={N2})", argument=arg)
+    o = moments.overlap  # [L, J]
+    if layer_mean:
+        o = o.mean(axis=0, keepdims=True)
+    if np.any(o > 1 + 1e-12) or np.any(o < 0):
+        raise InputError("overlaps outside [0, 1]", argument="moments")  # pragma: no cover
+    L = o.shape[0]
+    co = np.repeat((m2 * np.minimum(o, 1.0) / N2)[:, :, None], N2, axis=2)  # [L, J, N']
     return ExpertMoments(
         num_experts=N2,
-        top_k=m,
-        popularity=np.full((L, N2), m / N2),
+        top_k=m2,
+        popularity=np.full((L, N2), m2 / N2),
         coactivation=co,
         tokens=moments.tokens,
         union=None,
