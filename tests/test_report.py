@@ -147,7 +147,7 @@ def test_report_of_an_empty_folder_says_what_is_missing(tmp_path):
     assert main(["report", str(tmp_path / "empty")]) == 0
     page = (tmp_path / "empty" / "report.html").read_text()
     assert "Found: nothing specmoe writes" in page
-    assert page.count('class="missing"') == 12
+    assert page.count('class="missing"') == 13
     assert "specmoe validate --plan PLAN --runs DIR" in page
 
 

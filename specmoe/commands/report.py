@@ -20,6 +20,7 @@ MADE_BY = {
     "stops": "specmoe stops --runs DIR --out DIR",
     "drafters": "specmoe drafters --out DIR",
     "transfer": "specmoe transfer --profiles P P P --out DIR",
+    "llamacpp": "python scripts/llamacpp_runs.py (after make llama-cpp)",
     "rounds": "specmoe run --out DIR",
 }
 

@@ -45,6 +45,7 @@ JSON_KINDS = {
     "stops.json": "stops",
     "drafters.json": "drafters",
     "transfer.json": "transfer",
+    "llamacpp_verify.json": "llamacpp",
 }
 SCHEMA_KINDS = {
     "specmoe.bandwidth_profile/1": "profile",
@@ -63,6 +64,7 @@ ORDER = (
     "stops",
     "drafters",
     "transfer",
+    "llamacpp",
     "rounds",
 )
 TITLES = {
@@ -77,6 +79,7 @@ TITLES = {
     "stops": "Where the Oracle stops",
     "drafters": "MoE against dense draft layers (design study)",
     "transfer": "Bandwidth transfer to a held-out model",
+    "llamacpp": "llama.cpp beside specmoe's engine",
     "rounds": "Round logs",
 }
 
@@ -237,6 +240,7 @@ def build_report(
     number of results found per kind. ``made_by`` maps a kind (a key of ``TITLES``) to what
     produces it, shown where that kind is missing."""
     from specmoe.report import analysis_sections as asec
+    from specmoe.report import engine_sections as esec
     from specmoe.report import html_sections as sec
 
     root, out = Path(root), Path(out)
@@ -280,7 +284,13 @@ def build_report(
                 )
                 continue
             try:
-                render = asec.render if kind in asec.KINDS else sec.render
+                render = (
+                    asec.render
+                    if kind in asec.KINDS
+                    else esec.render
+                    if kind in esec.KINDS
+                    else sec.render
+                )
                 body.append(render(kind, path, data, figs, rel=rel))
             except Exception as exc:  # one bad file never sinks the page
                 body.append(
