@@ -713,3 +713,16 @@ def test_the_real_probe_reads_the_next_chunk_each_call():
         p()
     assert seen[: p.chunks] == list(range(p.chunks)) and seen[-1] == 0  # round the buffer
     assert p.gbps(1e-3) == pytest.approx((1 << 20) / 1e-3 / 1e9)
+
+
+@pytest.mark.parametrize("count", [1, 31, 128, 1000, 8 * 16 * 3 + 5, 65536 + 7])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_read_loop_reads_every_element_once(count, threads):
+    from specmoe.kernels import _cbuild
+
+    lib = _cbuild.load()
+    if lib is None:
+        pytest.skip("the C kernel library did not build here")
+    buf = torch.arange(1, count + 1, dtype=torch.float32) % 7  # small integers: sums are exact
+    got = lib.lib.specmoe_read(buf.data_ptr(), count, threads)
+    assert got == float(buf.double().sum())

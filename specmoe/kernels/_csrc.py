@@ -355,16 +355,26 @@ double specmoe_read(const float *buf, long long count, int threads) {
 #ifdef _OPENMP
         tid = omp_get_thread_num(); T = omp_get_num_threads();
 #endif
-        long long chunk = (count / T + 31) / 32 * 32;
+        long long chunk = ((count + T - 1) / T + 31) / 32 * 32;
         long long s = tid * chunk, e = s + chunk;
         if (s > count) s = count;
         if (e > count) e = count;
-        float acc[32] = {0};
-        long long i = s;
-        for (; i + 32 <= e; i += 32)
-            for (int j = 0; j < 32; j++) acc[j] += buf[i + j];
-        for (; i < e; i++) acc[0] += buf[i];
-        for (int j = 0; j < 32; j++) total += acc[j];
+        /* Eight interleaved streams per thread: one sequential stream leaves the memory
+           system idle between the prefetcher's requests on some cores (a single stream read
+           about 12 GB/s where the kernels, whose register blocks read several weight rows at
+           once, moved 14); eight streams reach the ceiling the kernels can. */
+        enum { SM_STREAMS = 8, SM_W = 16 };
+        float acc[SM_STREAMS][SM_W];
+        memset(acc, 0, sizeof acc);
+        long long per = (e - s) / SM_STREAMS / SM_W * SM_W;
+        for (long long i = 0; i < per; i += SM_W)
+            for (int q = 0; q < SM_STREAMS; q++) {
+                const float *p = buf + s + (long long)q * per + i;
+                for (int j = 0; j < SM_W; j++) acc[q][j] += p[j];
+            }
+        for (long long i = s + (long long)SM_STREAMS * per; i < e; i++) acc[0][0] += buf[i];
+        for (int q = 0; q < SM_STREAMS; q++)
+            for (int j = 0; j < SM_W; j++) total += acc[q][j];
     }
     return total;
 }
