@@ -167,7 +167,13 @@ def _interrupt(out, sig, delay, *, mid_decode=False):
     between generations on a machine of any speed (the whole run takes well under a second on
     a fast core)."""
     proc = subprocess.Popen(
-        _cli_cmd(out), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _cli_cmd(out),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        # a test worker may ignore SIGINT, and a child inherits that: Python then installs no
+        # KeyboardInterrupt handler, and the run never sees the signal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
 
