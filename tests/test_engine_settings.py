@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_plan import NMAX, inputs, stats_available, sticky_union, toy_profile, toy_spec  # noqa: F401
+from test_plan import NMAX, inputs, plan_argv, stats_available, sticky_union, toy_profile, toy_spec  # noqa: F401
 
 from specmoe.cli import main
 from specmoe.cost import theory
@@ -500,13 +500,7 @@ def test_plan_predicts_for_each_engines_kernel():
 def test_cli_prints_settings_that_pass_the_checks(inputs, capsys, extra):  # noqa: F811
     out = inputs["tmp"] / "out"
     args = [
-        "plan",
-        "--model",
-        inputs["spec"],
-        "--trace",
-        inputs["trace"],
-        "--bandwidth",
-        inputs["profile"],
+        *plan_argv(inputs),
         "--k-max",
         "4",
     ]
@@ -625,13 +619,7 @@ def test_llama_server_starts_with_the_printed_flags(inputs, tmp_path, capsys):  
             log.close()
 
     args = [
-        "plan",
-        "--model",
-        inputs["spec"],
-        "--trace",
-        inputs["trace"],
-        "--bandwidth",
-        inputs["profile"],
+        *plan_argv(inputs),
     ]
     args += ["--k-max", "4", "--engine", "llama.cpp", "--target-model", str(target)]
     started = 0

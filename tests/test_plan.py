@@ -215,18 +215,18 @@ def inputs(tmp_path):
     }
 
 
+def plan_argv(inputs):
+    """``specmoe plan`` on the fixture's spec, trace and profile (more flags follow)."""
+    return ["plan", "--model", inputs["spec"], "--trace", inputs["trace"], "--bandwidth",
+            inputs["profile"]]  # fmt: skip
+
+
 @stats_available
 def test_cli_json_and_out(inputs, capsys):
     out = inputs["tmp"] / "out"
     rc = main(
         [
-            "plan",
-            "--model",
-            inputs["spec"],
-            "--trace",
-            inputs["trace"],
-            "--bandwidth",
-            inputs["profile"],
+            *plan_argv(inputs),
             "--k-max",
             "5",
             "--acceptance",
@@ -339,13 +339,7 @@ def test_cli_layers_cuts_the_spec(inputs, capsys):
 def test_cli_bad_input_is_one_line(inputs, capsys, extra, word):
     rc = main(
         [
-            "plan",
-            "--model",
-            inputs["spec"],
-            "--trace",
-            inputs["trace"],
-            "--bandwidth",
-            inputs["profile"],
+            *plan_argv(inputs),
             *extra,
         ]
     )
@@ -376,13 +370,7 @@ def test_cli_profile_for_another_model(inputs, capsys):
 def test_cli_k_max_beyond_profile(inputs, capsys):
     rc = main(
         [
-            "plan",
-            "--model",
-            inputs["spec"],
-            "--trace",
-            inputs["trace"],
-            "--bandwidth",
-            inputs["profile"],
+            *plan_argv(inputs),
             "--k-max",
             "7",
         ]
