@@ -554,6 +554,18 @@ def _validate_files(
 # ------------------------------------------------------------------------------------------
 
 
+def skip_unit(status: dict, key: str, done: Path, start: float, budget_min: float) -> bool:
+    """True, with the unit's status set, when the unit is done (its file exists: resumed) or
+    the campaign's budget of minutes since ``start`` is spent."""
+    if done.exists():
+        status.setdefault(key, {})["status"] = "done"
+        return True
+    if (time.perf_counter() - start) / 60 > budget_min:
+        status[key] = {"status": "not run (budget spent)"}
+        return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     import json
 
@@ -604,11 +616,7 @@ def main(argv: list[str] | None = None) -> int:
             unit.model if unit.model.startswith("bundled") else f"olmoe-dummy-{cfg['layers']}L"
         )
         done = folder / "units" / f"{unit.name}.json"
-        if done.exists():
-            status.setdefault(key, {})["status"] = "done"
-            continue
-        if (time.perf_counter() - start) / 60 > args.budget:
-            status[key] = {"status": "not run (budget spent)"}
+        if skip_unit(status, key, done, start, args.budget):
             continue
         if unit.kind == "draft-model":
             from specmoe.data import corpus

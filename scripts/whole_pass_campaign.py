@@ -52,7 +52,7 @@ for p in (ROOT, ROOT / "scripts"):
 os.environ.setdefault("SPECMOE_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
-from measure_runs import _load, _machine, _mem_available_gb  # noqa: E402
+from measure_runs import _load, _machine, _mem_available_gb, skip_unit  # noqa: E402
 
 from specmoe._io import atomic_write_json, read_json  # noqa: E402
 
@@ -489,11 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         for unit in units_of(cfg):
             key = f"{c}/{unit.name}"
             done = folder / "units" / f"{unit.name}.json"
-            if done.exists():
-                status.setdefault(key, {})["status"] = "done"
-                continue
-            if (time.perf_counter() - start) / 60 > args.budget:
-                status[key] = {"status": "not run (budget spent)"}
+            if skip_unit(status, key, done, start, args.budget):
                 continue
             if not args.quick and c == "qwen3-dummy-4L":
                 err = check_prediction(record, c, args.predictions)

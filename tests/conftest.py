@@ -28,3 +28,16 @@ def byte_tok():
     from specmoe.engine.models import byte_tokenizer
 
     return byte_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def ray_runtime(request):
+    """A local Ray runtime with 2 CPUs for one test module (skipped without Ray). The module's
+    own functions go to the workers by value: a test module is not importable on a worker."""
+    ray = pytest.importorskip("ray")
+    mod = request.module
+    ray.cloudpickle.register_pickle_by_value(mod)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    ray.cloudpickle.unregister_pickle_by_value(mod)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,17 +71,6 @@ def check_two_gathered(out: Path, result) -> None:
         ("verify-n4", "done"),
         ("throughput", "done"),
     ]
-
-
-@pytest.fixture(scope="module")
-def ray_runtime():
-    ray = pytest.importorskip("ray")
-    # this test module is not importable on a worker: ship its unit functions by value
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 # ------------------------------------------------------------------------------------------

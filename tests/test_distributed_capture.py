@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +19,6 @@ from specmoe.cli import main
 from specmoe.formats.trace import open_trace
 
 DOCS = [(f"doc{i:02d}", (f"def f(x): return x * {i}\n") * (2 + i % 5)) for i in range(10)]
-
-
-@pytest.fixture(scope="module")
-def ray_runtime():
-    ray = pytest.importorskip("ray")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
 def load_tiny():

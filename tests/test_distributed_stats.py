@@ -64,14 +64,6 @@ def shard_dir(tmp_path_factory, shards) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ray_runtime():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def executor(ray_runtime):
     from specmoe.distributed.ray_runtime import RayShardExecutor
 
