@@ -15,14 +15,23 @@ prints one JSON record (stdout) with, for n = 1..9 on recorded windows:
   ceiling measured once before); the load average before and after;
 * the time ratio of each peer to ours of the same kind (per-slot: ``per_slot_torch`` and
   ``hf_batched_mm`` against ``per_slot``; dedup: ``dedup_torch``, ``grouped_mm``,
-  ``hf_grouped_mm``, ``hf_eager`` against ``dedup``), summed over the recorded windows of each n.
+  ``hf_grouped_mm``, ``hf_eager`` against ``dedup``; ``ggml``, ggml's CPU MUL_MAT_ID through
+  llama.cpp's expert FFN graph (:mod:`specmoe.engines.ggml_mmid`), against both), summed over
+  the recorded windows of each n.
+
+``ggml`` in ``--kernels`` needs the llama.cpp build (``make llama-cpp``); it runs float32 and
+bfloat16 weights in place. ``--dtype q8_0`` times ggml alone (specmoe's kernels have no q8_0
+path): its FFN on the same recorded windows, weights in ggml's q8_0 layout (34 bytes per 32
+weights) from a rotating pool, with the read ceiling timed in the same rotation, each n against
+max(U·b / ceiling, flops / the float32 matmul peak).
 
 Recorded windows come from ``--trace`` or the bundled fit trace; without either, from a sticky
 synthetic trace (each expert kept by the next token with probability ``--keep``, 0.363 = ρ(2)
 of OLMoE in paper 002 Section 2), said in the record.
 
     python benchmarks/kernel_roofline.py [--model OLMoE-1B-7B-0125] [--quick] [--clock wall|cpu]
-        [--threads K] [--kernels per_slot,dedup,...] [--out DIR]
+        [--threads K] [--kernels per_slot,dedup,...,ggml] [--dtype float32|bfloat16|q8_0]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ from specmoe.bench.run import Settings, benchmark
 from specmoe.spec import resolve_spec
 
 PEERS = {
-    "per_slot": ["per_slot_torch", "hf_batched_mm"],
-    "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager"],
+    "per_slot": ["per_slot_torch", "hf_batched_mm", "ggml"],
+    "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager", "ggml"],
 }
 
 
@@ -70,6 +79,21 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     spec = resolve_spec(a.model)
+    kernels = a.kernels.split(",")
+    if a.dtype == "q8_0":
+        if kernels != ["ggml"]:
+            print(
+                "kernel_roofline.py: --dtype q8_0: only --kernels ggml has a q8_0 path "
+                "(specmoe's kernels have none)",
+                file=sys.stderr,
+            )
+            return 2
+        print(json.dumps(_ggml_q8(a, spec), indent=1))
+        return 0
+    if "ggml" in kernels:
+        from specmoe.kernels.peers import register_ggml
+
+        register_ggml()
     trace = a.trace
     trace_note = a.trace
     if trace is None:
@@ -95,13 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         quick=a.quick,
         seed=a.seed,
         progress=True,
-        kernels=a.kernels.split(","),
+        kernels=kernels,
         threads=a.threads,
         clock=a.clock,
         settings=settings,
         ceiling_beside=not a.no_ceiling_beside,
     )
     p = res.profile
+    impls = p.extra.get("implementations", {})
+    if "ggml" in impls:  # a peer that is not transformers' code
+        impls["ggml"] = {**impls["ggml"], "requested": "ggml", "ran": "ggml"}
     beside = p.extra.get("ceiling_beside")
     ek = p.extra["kernels"]
     roles = p.extra["roles"]
@@ -165,6 +192,105 @@ def main(argv: list[str] | None = None) -> int:
         p.save(Path(a.out) / "profile.json")
     print(json.dumps(record, indent=1))
     return 0
+
+
+def _ggml_q8(a: argparse.Namespace, spec) -> dict:
+    """ggml's FFN in q8_0 on the recorded windows the benchmark draws (same layers, windows per
+    n, seed), against the read ceiling timed beside it; see the module docstring."""
+    import numpy as np
+    import torch
+
+    from specmoe.bench.machine import measure_peak_flops
+    from specmoe.bench.passes import recorded_windows
+    from specmoe.bench.run import _select_layers, resolve_trace
+    from specmoe.engines import ggml_mmid
+
+    settings = Settings.for_run(
+        quick=a.quick, device="cpu", max_layers=a.layers, windows=a.windows, reps=a.reps
+    )
+    tr, label = resolve_trace(a.trace, spec)
+    threads = a.threads or 1
+    clock = a.clock
+    if clock == "cpu" and threads != 1:
+        raise SystemExit("kernel_roofline.py: --clock cpu: one thread only")
+    E, d, m, k = spec.num_experts, spec.hidden_size, spec.expert_intermediate, spec.top_k
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    peak = measure_peak_flops("cpu", torch.float32, clock=clock)
+    torch.set_num_threads(prev)
+    rng = np.random.default_rng(a.seed)
+    load_before = _loadavg()
+    layers = _select_layers(tr.num_layers, settings.max_layers)
+    pool = None
+    per_n = []
+    for n in range(1, settings.n_max + 1):
+        t = b = roof = 0.0
+        ceil = []
+        for li in layers:
+            ws = recorded_windows(tr.experts, tr.doc_offsets, n, li, settings.windows, rng)
+            res = ggml_mmid.time_mul_mat_id(
+                experts=E,
+                hidden=d,
+                inter=m,
+                top_k=k,
+                ids=[w.ids for w in ws],
+                wtype="q8_0",
+                threads=threads,
+                ops=("ffn",),
+                reps=settings.reps,
+                warmup=settings.warmup,
+                clock=clock,
+                seed=a.seed,
+                pool=pool,
+            )
+            if pool is None:  # one pool for every call (made for u up to n·k of the first)
+                from specmoe.bench.machine import last_level_cache_bytes
+                from specmoe.bench.passes import pool_size
+
+                eb = res["expert_bytes"]["ffn"]
+                slots = pool_size(
+                    E, min(settings.n_max * k, E), eb, 2 * (last_level_cache_bytes() or 0)
+                )
+                pool = ggml_mmid.random_weights("q8_0", slots, d, m, seed=a.seed)
+            v = res["ops"]["ffn"]
+            for tt, bb, g, ids in zip(v["median_s"], v["bytes"], res["ceiling"]["gbps"], ws):
+                flops = 2 * ids.ids.size * 3 * d * m
+                t, b = t + tt, b + bb
+                roof += max(bb / (g * 1e9), flops / peak)
+                ceil.append(g)
+        per_n.append(
+            {
+                "n": n,
+                "time_s": t,
+                "bytes": b,
+                "beta_gbps": b / t / 1e9,
+                "roofline_ratio": t / roof,
+                "ceiling_gbps": float(np.median(ceil)),
+                "ceiling_p10_p90_gbps": [float(q) for q in np.percentile(ceil, [10, 90])],
+            }
+        )
+    return {
+        "benchmark": "kernel_roofline",
+        "model": spec.name,
+        "dtype": "q8_0",
+        "kernels": ["ggml"],
+        "note": "specmoe's per_slot and dedup kernels have no q8_0 path: ggml alone",
+        "clock": clock,
+        "threads": threads,
+        "trace": label,
+        "layers": layers,
+        "windows": settings.windows,
+        "reps": settings.reps,
+        "peak_gflops_fp32": peak / 1e9,
+        "bytes_per_weight": 34 / 32,
+        "ggml": per_n,
+        "target_roofline": {
+            "worst": max(r["roofline_ratio"] for r in per_n),
+            "met": bool(max(r["roofline_ratio"] for r in per_n) <= 1.1),
+        },
+        "loadavg_before": load_before,
+        "loadavg": _loadavg(),
+    }
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ transformers' code unchanged on a small stand-in module that holds views of our 
   views).
 
 transformers is imported only when a peer runs.
+
+One peer is not transformers': ``ggml`` (:func:`ggml`), llama.cpp's CPU ``MUL_MAT_ID`` expert
+FFN through :mod:`specmoe.engines.ggml_mmid`, registered by :func:`register_ggml` for the
+processes that time it (it needs the llama.cpp build).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from specmoe.errors import InputError
@@ -184,3 +189,100 @@ def hf_eager(
     mod = _Experts(w_gate_up.transpose(1, 2), w_down.transpose(1, 2), activation, b_gate_up, b_down)
     fwd = getattr(GptOssExperts.forward, "__wrapped__", GptOssExperts.forward)
     return fwd(mod, x, ids.long(), weights.to(x.dtype))
+
+
+# ggml's CPU MUL_MAT_ID (llama.cpp's expert FFN graph), behind the same contract.
+_GGML_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_GGML_CACHE: dict[tuple, Any] = {}
+_GGML_CACHE_MAX = 32
+
+
+def ggml(
+    x,
+    w_gate_up,
+    w_down,
+    ids,
+    weights,
+    *,
+    activation="swiglu",
+    b_gate_up=None,
+    b_down=None,
+    check=True,
+):
+    """ggml's CPU ``MUL_MAT_ID`` expert FFN (:mod:`specmoe.engines.ggml_mmid`), dedup: each
+    selected expert read once, rows grouped by expert. SwiGLU without biases, float32 or
+    bfloat16 weights used in place (no copy), on ``torch.get_num_threads()`` ggml threads; x
+    enters as float32 (ggml converts it to the weights' dot-product type itself). A graph is
+    kept per weights, shapes and thread count (up to 32), so a timed call runs the graph only.
+    Needs the llama.cpp build (``make llama-cpp``)."""
+    n, m, _, h, inter = check_inputs(
+        x,
+        w_gate_up,
+        w_down,
+        ids,
+        weights,
+        activation=activation,
+        b_gate_up=b_gate_up,
+        b_down=b_down,
+        check_ids=check,
+    )
+    if activation != "swiglu" or b_gate_up is not None or b_down is not None:
+        raise NotImplementedError("ggml: the harness runs SwiGLU experts without biases only")
+    wtype = _GGML_TYPES.get(w_gate_up.dtype)
+    if wtype is None or w_down.dtype != w_gate_up.dtype:
+        raise NotImplementedError(f"ggml: no {w_gate_up.dtype} weights (float32 or bfloat16)")
+    if x.device.type != "cpu" or not (w_gate_up.is_contiguous() and w_down.is_contiguous()):
+        raise NotImplementedError("ggml: contiguous CPU tensors only")
+    from specmoe.engines import ggml_mmid
+
+    threads = torch.get_num_threads()
+    num = w_gate_up.shape[0]
+    key = (w_gate_up.data_ptr(), w_down.data_ptr(), tuple(w_gate_up.shape), wtype, n, m, threads)
+    har = _GGML_CACHE.get(key)
+    if har is None:
+        if len(_GGML_CACHE) >= _GGML_CACHE_MAX:
+            _GGML_CACHE.pop(next(iter(_GGML_CACHE))).close()
+        har = ggml_mmid.Harness(
+            wtype,
+            w_gate_up,
+            w_down,
+            experts=num,
+            hidden=h,
+            inter=inter,
+            top_k=m,
+            n=n,
+            threads=threads,
+        )
+        _GGML_CACHE[key] = har
+    idn = ids.detach().to("cpu").numpy()
+    if check:
+        idn = ggml_mmid.check_ids(idn, num, m)
+    else:
+        idn = np.ascontiguousarray(idn, dtype=np.int32)
+    y, _ = har.run(x.detach().float().numpy(), idn, weights.detach().float().numpy(), checked=True)
+    return torch.from_numpy(y).to(x.dtype)
+
+
+def ggml_clear() -> None:
+    """Drop the kept ggml graphs (and with them their references to the weights)."""
+    while _GGML_CACHE:
+        _GGML_CACHE.popitem()[1].close()
+
+
+def register_ggml() -> None:
+    """Add ``ggml`` (this module's :func:`ggml`, a dedup peer) to
+    :data:`specmoe.kernels.KERNELS` for this process, so the benchmark can time it by name. It
+    is not registered by default: it needs the llama.cpp build, which the kernels' contract
+    and self-check do not assume."""
+    from specmoe.kernels import KERNELS, KernelInfo
+
+    KERNELS.setdefault(
+        "ggml",
+        KernelInfo(
+            "ggml",
+            "dedup",
+            {"cpu": "specmoe.kernels.peers:ggml"},
+            "ggml's CPU MUL_MAT_ID (llama.cpp's expert FFN graph)",
+            peer=True,
+        ),
+    )
