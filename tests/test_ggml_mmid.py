@@ -132,7 +132,7 @@ def test_q8_0_within_its_quantization_error():
 
 @needs_build
 def test_each_mul_mat_id_alone():
-    x, wgu, wd, ids, w = _case(3, 2, 5)
+    x, wgu, wd, ids, _ = _case(3, 2, 5)
     kw = {"experts": 5, "hidden": 64, "inter": 32, "top_k": 2, "n": 3}
     gate, _ = ggml_mmid.Harness("f32", wgu, wd, op="gate", **kw).run(x, ids)
     up, _ = ggml_mmid.Harness("f32", wgu, wd, op="up", **kw).run(x, ids)
@@ -150,7 +150,7 @@ def test_each_mul_mat_id_alone():
 def test_harness_rejects_bad_input():
     x, wgu, wd, ids, w = _case(2, 2, 4)
     kw = {"experts": 4, "hidden": 64, "inter": 32, "top_k": 2, "n": 2}
-    with pytest.raises(ValueError, match="w_gate_up: .* bytes, the shapes need"):
+    with pytest.raises(ValueError, match=r"w_gate_up: .* bytes, the shapes need"):
         ggml_mmid.Harness("f32", wgu[:3], wd, **kw)
     with pytest.raises(ValueError, match="w_down: must be a C-contiguous"):
         ggml_mmid.Harness("f32", wgu, wd.transpose(0, 2, 1), **kw)
