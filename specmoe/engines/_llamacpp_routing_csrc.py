@@ -1,0 +1,276 @@
+"""C source of the routing recorder against libllama (compiled by
+:mod:`specmoe.engines.llamacpp_routing` on first use, against the llama.cpp build's headers).
+
+Legend: ``n`` tokens of one sequence, ``L`` layers, ``k`` experts per token, ``E`` experts.
+
+The recorder is llama.cpp's own eval callback (``llama_context_params.cb_eval``): asked about a
+graph node, it says yes only for ``ffn_moe_topk-<l>`` (and ``ffn_moe_probs-<l>`` when the router
+probabilities are wanted), so that the scheduler computes up to that node and hands it over;
+handed one, it copies each token's row into the output at the next free position of layer l.
+Ubatches are decoded in order and each layer's node holds the ubatch's tokens in order, so the
+positions of a layer fill in the sequence's order. Every position asks for its logits, so the
+last layer's MoE block (which llama.cpp runs on the output rows only) sees every token.
+"""
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#define RR_ERRLEN 512
+
+typedef struct {
+    struct llama_model * model;
+    struct llama_context * ctx;
+    int n_layer, top_k, n_expert, n_ctx, batch;
+    /* one record call */
+    int64_t n;           /* positions of the sequence */
+    int32_t * out_ids;   /* [n, L, k] */
+    float * out_probs;   /* [n, L, E] or NULL */
+    int64_t * fill_ids;  /* [L] positions filled so far */
+    int64_t * fill_probs;
+    int failed;
+    char err[RR_ERRLEN];
+} rr_state;
+
+static char rr_log_last[RR_ERRLEN];
+
+static void rr_log(enum ggml_log_level level, const char * text, void * user) {
+    (void) user;
+    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
+        size_t n = strlen(text);
+        if (n >= RR_ERRLEN) n = RR_ERRLEN - 1;
+        memcpy(rr_log_last, text, n);
+        rr_log_last[n] = 0;
+        while (n > 0 && (rr_log_last[n - 1] == '\n' || rr_log_last[n - 1] == '\r')) rr_log_last[--n] = 0;
+    }
+    if (getenv("SPECMOE_LLAMACPP_VERBOSE")) fputs(text, stderr);
+}
+
+/* the layer of a node named exactly "<prefix>-<layer>", else -1 */
+static int rr_layer(const char * name, const char * prefix) {
+    size_t p = strlen(prefix);
+    if (strncmp(name, prefix, p) != 0 || name[p] != '-') return -1;
+    const char * s = name + p + 1;
+    if (*s < '0' || *s > '9') return -1;
+    char * end = NULL;
+    long l = strtol(s, &end, 10);
+    if (*end != 0) return -1;
+    return (int) l;
+}
+
+static void rr_fail(rr_state * st, const char * msg) {
+    if (!st->failed) {
+        st->failed = 1;
+        snprintf(st->err, RR_ERRLEN, "%s", msg);
+    }
+}
+
+static bool rr_callback(struct ggml_tensor * t, bool ask, void * user) {
+    rr_state * st = (rr_state *) user;
+    int lt = rr_layer(t->name, "ffn_moe_topk");
+    int lp = st->out_probs ? rr_layer(t->name, "ffn_moe_probs") : -1;
+    if (ask) return lt >= 0 || lp >= 0;
+    if (st->n == 0) return true; /* a pass outside record (none is made) */
+    char msg[RR_ERRLEN];
+    if (lt >= 0) {
+        if (lt >= st->n_layer || t->type != GGML_TYPE_I32 || t->ne[0] != st->top_k) {
+            snprintf(msg, RR_ERRLEN, "%s: type %d shape [%lld, %lld], expected i32 [%d, n] of %d layers",
+                     t->name, (int) t->type, (long long) t->ne[0], (long long) t->ne[1], st->top_k, st->n_layer);
+            rr_fail(st, msg);
+            return true;
+        }
+        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        if (st->fill_ids[lt] + rows > st->n) {
+            snprintf(msg, RR_ERRLEN, "%s: more positions than the %lld tokens given", t->name, (long long) st->n);
+            rr_fail(st, msg);
+            return true;
+        }
+        for (int64_t j = 0; j < rows; j++) {
+            int32_t * dst = st->out_ids + ((st->fill_ids[lt] + j) * st->n_layer + lt) * st->top_k;
+            ggml_backend_tensor_get(t, dst, (size_t) j * t->nb[1], (size_t) st->top_k * sizeof(int32_t));
+        }
+        st->fill_ids[lt] += rows;
+    }
+    if (lp >= 0) {
+        if (lp >= st->n_layer || t->type != GGML_TYPE_F32 || t->ne[0] != st->n_expert) {
+            snprintf(msg, RR_ERRLEN, "%s: type %d shape [%lld, %lld], expected f32 [%d, n]",
+                     t->name, (int) t->type, (long long) t->ne[0], (long long) t->ne[1], st->n_expert);
+            rr_fail(st, msg);
+            return true;
+        }
+        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+        if (st->fill_probs[lp] + rows > st->n) {
+            snprintf(msg, RR_ERRLEN, "%s: more positions than the %lld tokens given", t->name, (long long) st->n);
+            rr_fail(st, msg);
+            return true;
+        }
+        for (int64_t j = 0; j < rows; j++) {
+            float * dst = st->out_probs + ((st->fill_probs[lp] + j) * st->n_layer + lp) * st->n_expert;
+            ggml_backend_tensor_get(t, dst, (size_t) j * t->nb[1], (size_t) st->n_expert * sizeof(float));
+        }
+        st->fill_probs[lp] += rows;
+    }
+    return true;
+}
+
+static int rr_meta_int(struct llama_model * m, const char * arch, const char * key) {
+    char k[256], v[64];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (llama_model_meta_val_str(m, k, v, sizeof v) < 0) return -1;
+    return atoi(v);
+}
+
+const char * rr_version(void) { return "specmoe-routing-1"; }
+
+void * rr_open(const char * path, int n_ctx, int batch, int threads, char * err, int errlen) {
+    static int backend_ready = 0;
+    llama_log_set(rr_log, NULL);
+    if (!backend_ready) {
+        llama_backend_init();
+        backend_ready = 1;
+    }
+    rr_log_last[0] = 0;
+    rr_state * st = (rr_state *) calloc(1, sizeof(rr_state));
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    st->model = llama_model_load_from_file(path, mp);
+    if (!st->model) {
+        snprintf(err, errlen, "llama.cpp could not load it (%s)", rr_log_last[0] ? rr_log_last : "no message");
+        free(st);
+        return NULL;
+    }
+    char arch[128];
+    if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) arch[0] = 0;
+    st->n_layer = llama_model_n_layer(st->model);
+    st->top_k = rr_meta_int(st->model, arch, "expert_used_count");
+    st->n_expert = rr_meta_int(st->model, arch, "expert_count");
+    if (st->top_k <= 0 || st->n_expert <= 0) {
+        snprintf(err, errlen, "not a mixture-of-experts model (architecture %s has no %s.expert_count)", arch, arch);
+        llama_model_free(st->model);
+        free(st);
+        return NULL;
+    }
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t) n_ctx;
+    cp.n_batch = (uint32_t) batch;
+    cp.n_ubatch = (uint32_t) batch;
+    cp.n_seq_max = 1;
+    cp.n_threads = threads;
+    cp.n_threads_batch = threads;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.cb_eval = rr_callback;
+    cp.cb_eval_user_data = st;
+    cp.no_perf = true;
+    st->ctx = llama_init_from_model(st->model, cp);
+    if (!st->ctx) {
+        snprintf(err, errlen, "llama.cpp could not make a context (%s)", rr_log_last[0] ? rr_log_last : "no message");
+        llama_model_free(st->model);
+        free(st);
+        return NULL;
+    }
+    st->n_ctx = (int) llama_n_ctx(st->ctx);
+    st->batch = batch;
+    st->fill_ids = (int64_t *) calloc((size_t) st->n_layer, sizeof(int64_t));
+    st->fill_probs = (int64_t *) calloc((size_t) st->n_layer, sizeof(int64_t));
+    return st;
+}
+
+void rr_dims(void * h, int32_t * dims) {
+    rr_state * st = (rr_state *) h;
+    dims[0] = st->n_layer;
+    dims[1] = st->top_k;
+    dims[2] = st->n_expert;
+    dims[3] = st->n_ctx;
+    dims[4] = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
+}
+
+/* Teacher-forced pass over tokens[0..n) at positions 0..n-1 on an empty cache, in batches of
+   st->batch tokens. out_ids [n, L, k] (-1 where a layer saw no MoE node), out_probs [n, L, E]
+   or NULL; filled [L] gets each layer's count of positions. 0 on success. */
+int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float * out_probs,
+              int64_t * filled, char * err, int errlen) {
+    rr_state * st = (rr_state *) h;
+    if (n <= 0 || n > st->n_ctx) {
+        snprintf(err, errlen, "%d tokens for a context of %d", n, st->n_ctx);
+        return 2;
+    }
+    int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            snprintf(err, errlen, "token %d at position %d is outside the vocabulary of %d", tokens[i], i, n_vocab);
+            return 2;
+        }
+    }
+    for (int64_t i = 0; i < (int64_t) n * st->n_layer * st->top_k; i++) out_ids[i] = -1;
+    memset(st->fill_ids, 0, sizeof(int64_t) * st->n_layer);
+    memset(st->fill_probs, 0, sizeof(int64_t) * st->n_layer);
+    st->n = n;
+    st->out_ids = out_ids;
+    st->out_probs = out_probs;
+    st->failed = 0;
+    st->err[0] = 0;
+    llama_memory_clear(llama_get_memory(st->ctx), true);
+    struct llama_batch b = llama_batch_init(st->batch, 0, 1);
+    int rc = 0;
+    for (int start = 0; start < n && rc == 0; start += st->batch) {
+        int m = n - start < st->batch ? n - start : st->batch;
+        b.n_tokens = m;
+        for (int j = 0; j < m; j++) {
+            b.token[j] = tokens[start + j];
+            b.pos[j] = start + j;
+            b.n_seq_id[j] = 1;
+            b.seq_id[j][0] = 0;
+            b.logits[j] = 1; /* every position is an output: the last layer's MoE sees them all */
+        }
+        rr_log_last[0] = 0;
+        int32_t r = llama_decode(st->ctx, b);
+        if (r != 0) {
+            snprintf(err, errlen, "llama_decode returned %d at position %d (%s)", r, start,
+                     rr_log_last[0] ? rr_log_last : "no message");
+            rc = 1;
+        } else if (st->failed) {
+            snprintf(err, errlen, "%s", st->err);
+            rc = 1;
+        }
+    }
+    llama_batch_free(b);
+    for (int l = 0; l < st->n_layer; l++) filled[l] = st->fill_ids[l];
+    if (rc == 0 && out_probs) {
+        for (int l = 0; l < st->n_layer; l++) {
+            if (st->fill_probs[l] != st->fill_ids[l]) {
+                snprintf(err, errlen, "layer %d: %lld positions of probabilities, %lld of experts", l,
+                         (long long) st->fill_probs[l], (long long) st->fill_ids[l]);
+                rc = 1;
+                break;
+            }
+        }
+    }
+    st->n = 0;
+    st->out_ids = NULL;
+    st->out_probs = NULL;
+    return rc;
+}
+
+/* llama.cpp's tokens of text (no special tokens added; special tokens in the text parsed),
+   at most n_max of them; the count, or minus the count needed when n_max is too small. */
+int rr_tokenize(void * h, const char * text, int text_len, int32_t * out, int n_max) {
+    rr_state * st = (rr_state *) h;
+    return llama_tokenize(llama_model_get_vocab(st->model), text, text_len, out, n_max, false, true);
+}
+
+void rr_close(void * h) {
+    rr_state * st = (rr_state *) h;
+    if (!st) return;
+    llama_free(st->ctx);
+    llama_model_free(st->model);
+    free(st->fill_ids);
+    free(st->fill_probs);
+    free(st);
+}
+"""

@@ -1,0 +1,191 @@
+"""Routing recorded inside llama.cpp (specmoe.engines.llamacpp_routing) on the bundled model,
+against transformers' own routing of the same tokens.
+
+Skipped when llama.cpp is not built (``make llama-cpp``); with SPECMOE_REQUIRE_LLAMACPP=1 a
+missing build fails these tests instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specmoe.engines import llamacpp
+from specmoe.errors import InputError
+
+REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
+pytestmark = pytest.mark.skipif(
+    not llamacpp.is_built() and not REQUIRED,
+    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+STDLIB_FILE = "textwrap.py"  # a stdlib source file (as in test_llamacpp_engine)
+N = 640
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    """The bundled target as f32 GGUF, exported by ``specmoe export``."""
+    from specmoe.cli import main
+
+    path = tmp_path_factory.mktemp("gguf") / "f32.gguf"
+    argv = ["export", "--format", "gguf", "--model", "bundled", "--out", str(path)]
+    assert main([*argv, "--outtype", "f32"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def target():
+    from specmoe.engine.models import load_model, load_tokenizer
+
+    return load_model("bundled"), load_tokenizer("bundled")  # float32 on the CPU
+
+
+@pytest.fixture(scope="module")
+def ids(target):
+    from specmoe.data.corpus import stdlib_root
+
+    _, tok = target
+    text = (stdlib_root() / STDLIB_FILE).read_text(encoding="utf-8")
+    out = tok.encode(text, add_special_tokens=False)[:N]
+    assert len(out) == N
+    return out
+
+
+@pytest.fixture(scope="module")
+def recorded(gguf, ids):
+    from specmoe.engines.llamacpp_routing import record_routing
+
+    return record_routing(gguf, ids, batch=64, probs=True)
+
+
+def test_experts_equal_transformers_on_99_percent_of_pairs(recorded, target, ids):
+    from specmoe.engine.capture import capture_tokens
+    from specmoe.engines.routing_check import agreement, top_gaps
+
+    model, _ = target
+    ref, _ = capture_tokens(model, ids, max_context=N)  # one window: the same positions
+    # transformers' full router probabilities, for the near-tie test
+    probs = _transformers_probs(model, ids)
+    a = agreement(ref, recorded.experts, probs, recorded.probs)
+    assert a.pairs == N * 4
+    assert a.set_agreement >= 0.99, a
+    # float32 weights in both engines: any disagreement is a near tie in transformers' own
+    # probabilities (its m-th and (m+1)-th expert within 1e-3), and a swap at the boundary
+    d = a.disagreements
+    assert d["gap_below_0.001"] == d["count"] and d["boundary_swaps"] == d["count"]
+    # and the two engines' router probabilities are the same numbers to float32 rounding
+    assert a.probs_abs_diff["p99"] < 1e-4
+    pm, gap = top_gaps(probs, 8)
+    assert (gap > 0).all() and (pm > 0).all()
+
+
+def _transformers_probs(model, ids):
+    import torch
+
+    from specmoe.engine.models import moe_layers
+
+    out = []
+    hooks = [
+        m.register_forward_hook(lambda mod, a, o: out.append(o[0].double().softmax(-1)))
+        for _, m in moe_layers(model)
+    ]
+    try:
+        with torch.inference_mode():
+            model.base_model(input_ids=torch.tensor([ids]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(out, dim=1).numpy()  # [T, L, N]
+
+
+def test_shapes_and_llamacpps_own_order(recorded):
+    e, p = recorded.experts, recorded.probs
+    assert e.shape == (N, 4, 8) and p.shape == (N, 4, 64)
+    assert recorded.layers == (0, 1, 2, 3)
+    assert e.min() >= 0 and e.max() < 64
+    assert all(len(set(row)) == 8 for row in e.reshape(-1, 8).tolist())
+    assert np.allclose(p.sum(-1), 1.0, atol=1e-5)  # the softmax over the experts
+    # its ids are the top 8 of its own probabilities, highest first
+    chosen = np.take_along_axis(p, e, -1)
+    assert (np.diff(chosen, axis=-1) <= 0).all()
+    rest = p.copy()
+    np.put_along_axis(rest, e, -1.0, -1)
+    assert (chosen[..., -1] >= rest.max(-1)).all()
+
+
+def test_batch_size_does_not_change_the_positions(gguf, ids, recorded):
+    from specmoe.engines.llamacpp_routing import LlamaRouting
+
+    n = 200
+    with LlamaRouting(gguf, n_ctx=N, batch=1) as one:
+        e1 = one.record(ids[:n]).experts
+    with LlamaRouting(gguf, n_ctx=N, batch=7) as seven:  # ubatches across odd boundaries
+        e7 = seven.record(ids[:n]).experts
+        again = seven.record(ids[:n]).experts  # a second sequence: the cache starts empty
+    assert (e1 == recorded.experts[:n]).all()
+    assert (e7 == recorded.experts[:n]).all()
+    assert (again == e7).all()
+
+
+def test_a_prefix_is_routed_as_the_start_of_the_whole(gguf, ids, recorded):
+    """Positions are in order: causal attention makes the first t tokens route the same
+    whether or not more follow; a shifted sequence does not."""
+    from specmoe.engines.llamacpp_routing import LlamaRouting
+
+    with LlamaRouting(gguf, n_ctx=N, batch=64) as rec:
+        head = rec.record(ids[:100]).experts
+        shifted = rec.record(ids[1:101]).experts
+    assert (head == recorded.experts[:100]).all()
+    assert (shifted != recorded.experts[1:101]).any()
+
+
+def test_tokenize_equals_transformers(gguf, target):
+    from specmoe.data.corpus import stdlib_root
+    from specmoe.engines.llamacpp_routing import LlamaRouting
+
+    _, tok = target
+    text = (stdlib_root() / STDLIB_FILE).read_text(encoding="utf-8")
+    with LlamaRouting(gguf, n_ctx=64) as rec:
+        assert rec.tokenize(text) == tok.encode(text, add_special_tokens=False)
+
+
+def test_bad_inputs_are_one_error(gguf, tmp_path):
+    from specmoe.engines.llamacpp_routing import LlamaRouting, record_routing
+
+    with pytest.raises(InputError, match="no such GGUF file"):
+        record_routing(tmp_path / "missing.gguf", [1, 2, 3])
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    with pytest.raises(InputError, match="could not load"):
+        record_routing(junk, [1, 2, 3])
+    with LlamaRouting(gguf, n_ctx=16, batch=4) as rec:
+        with pytest.raises(InputError, match="empty"):
+            rec.record([])
+        with pytest.raises(InputError, match="exceed the context"):
+            rec.record(list(range(rec.n_ctx + 1)))
+        with pytest.raises(InputError, match="outside the vocabulary"):
+            rec.record([1, 2, rec.n_vocab])
+        assert rec.record([1, 2, 3]).experts.shape == (3, 4, 8)  # still usable after errors
+    with pytest.raises(InputError, match="batch"):
+        LlamaRouting(gguf, batch=0)
+
+
+def test_script_missing_gguf_exits_2_with_one_line(tmp_path):
+    missing = tmp_path / "missing.gguf"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cross_engine_routing.py"), "--gguf", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing.gguf" in lines[0] and "no such GGUF file" in lines[0]
+    assert proc.stdout == ""
