@@ -148,3 +148,130 @@ def test_cli_capture_ray_equals_one_process(tmp_path, ray_runtime, capsys):
     assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
     code = main([*base, "--out", str(tmp_path / "x"), "--ray", "--tokens", "10"])
     assert code == 2 and "--tokens needs one process" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# greedy generation: the prompts over workers
+
+PROMPTS = [f"def g{i}(x):\n    return x + {i}" for i in range(5)]
+GEN = 6
+
+
+def load_prefills(log: str, die_at: int | None = None, marker: str | None = None, fail=False):
+    """A replica whose prompt passes (forward calls of more than one token) are appended to
+    ``log`` after the call; with ``die_at`` its process exits at the start of its prompt pass
+    ``die_at`` the first time (``marker`` records that it did), with ``fail`` it raises."""
+    model, tok, label = load_tiny()
+    seen = [0]
+
+    def width(args, kwargs) -> int:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        return 0 if ids is None else int(ids.shape[-1])
+
+    def pre(module, args, kwargs):
+        if width(args, kwargs) > 1:
+            seen[0] += 1
+            if die_at is not None and seen[0] == die_at:
+                if fail:
+                    raise RuntimeError("replica failed")
+                if not Path(marker).exists():
+                    Path(marker).write_text("killed")
+                    os._exit(1)
+
+    def post(module, args, kwargs, output):
+        if width(args, kwargs) > 1:
+            with open(log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+
+    model.base_model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.base_model.register_forward_hook(post, with_kwargs=True)
+    return model, tok, label
+
+
+@pytest.fixture(scope="module")
+def single_generation(tmp_path_factory) -> Path:
+    from specmoe.engine.capture import capture_generation
+    from specmoe.formats.trace import save_trace
+
+    model, tok, label = load_tiny()
+    tr = capture_generation(
+        model, tok, PROMPTS, max_new_tokens=GEN, progress=False, model_name=label
+    )
+    return save_trace(tr, tmp_path_factory.mktemp("gen") / "generation.npz")
+
+
+def check_same_generation(got: Path, ref: Path) -> None:
+    from specmoe.formats.trace import load_trace
+
+    a, b = load_trace(got), load_trace(ref)
+    assert np.array_equal(a.doc_offsets, b.doc_offsets)
+    assert np.array_equal(a.experts, b.experts)
+    assert (a.weights is None) == (b.weights is None)
+    if a.weights is not None:
+        assert np.array_equal(a.weights, b.weights)
+    assert a.meta == b.meta and len(a.meta["token_ids"]) == len(PROMPTS)
+    assert not got.with_name(got.name + ".ray-parts").exists()
+
+
+def test_ray_generation_equals_one_process_and_a_killed_worker_resumes(
+    tmp_path, ray_runtime, single_generation
+):
+    import functools
+
+    from specmoe.distributed.capture import generate_on_ray
+
+    log, marker = tmp_path / "calls.log", tmp_path / "marker"
+    load = functools.partial(load_prefills, str(log), die_at=2, marker=str(marker))
+    out = tmp_path / "generation.npz"
+    generate_on_ray(load, PROMPTS, out, max_new_tokens=GEN, workers=2, label="random-olmoe")
+    assert marker.exists()  # a replica died at its second prompt; its task was retried
+    check_same_generation(out, single_generation)
+    pids = log.read_text().split()
+    assert len(pids) == len(PROMPTS)  # one prompt pass each: nothing finished ran twice
+    assert len(set(pids)) >= 2
+
+
+def test_a_failed_generation_keeps_its_prompts_and_a_rerun_generates_the_rest(
+    tmp_path, ray_runtime, single_generation
+):
+    import functools
+
+    from specmoe.distributed.capture import generate_on_ray
+    from specmoe.errors import InputError
+
+    log, out = tmp_path / "calls.log", tmp_path / "generation.npz"
+    stage = tmp_path / "generation.npz.ray-parts"
+    bad = functools.partial(load_prefills, str(log), die_at=2, fail=True)
+    kw = {"max_new_tokens": GEN, "workers": 2, "label": "random-olmoe"}
+    with pytest.raises(RuntimeError, match=r"replica failed.*rerun to generate the rest"):
+        generate_on_ray(bad, PROMPTS, out, **kw)
+    assert len(log.read_text().split()) == 2  # each part finished one prompt
+    assert len(list(stage.glob("prompt-*.npz"))) == 2 and not out.exists()
+    good = functools.partial(load_prefills, str(log))
+    with pytest.raises(InputError, match=r"holds a generation with other max_new_tokens"):
+        generate_on_ray(good, PROMPTS, out, **(kw | {"max_new_tokens": GEN + 1}))
+    generate_on_ray(good, PROMPTS, out, **kw)
+    assert len(log.read_text().split()) == len(PROMPTS)  # the rerun did only the rest
+    check_same_generation(out, single_generation)
+
+
+def test_cli_capture_generate_on_ray_equals_one_process(tmp_path, ray_runtime, capsys):
+    from specmoe.formats.trace import load_trace
+
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([*PROMPTS[:3], ""]))
+    base = ["capture", "--model", "random:olmoe", "--generate", "4", "--prompts", str(prompts)]
+    base += ["--json", "--quiet"]
+    code = main([*base, "--out", str(tmp_path / "bad.npz"), "--ray", "--ray-workers", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "prompt 3 is empty after tokenization" in err, err
+    prompts.write_text(json.dumps(PROMPTS[:3]))
+    assert main([*base, "--out", str(tmp_path / "one")]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main([*base, "--out", str(tmp_path / "ray"), "--ray", "--ray-workers", "2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got.pop("out").endswith("generation.npz") and one.pop("out")
+    assert got == one and got["mode"] == "generation" and got["documents"] == 3
+    a = load_trace(tmp_path / "ray" / "generation.npz")
+    b = load_trace(tmp_path / "one" / "generation.npz")
+    assert np.array_equal(a.experts, b.experts) and a.meta == b.meta

@@ -17,12 +17,22 @@ is computed twice. The result: the shard directory a capture in one process writ
 same documents; each document's routing is that of the same model on the same tokens (equal
 ids where the replicas compute as the single process does).
 
+Greedy generation (:func:`generate_on_ray`) splits the prompts the same way: each task runs
+:func:`specmoe.engine.capture.capture_generation` one prompt at a time (batch 1, as the single
+process does, so each prompt's tokens and routing are the same) and writes each prompt's trace
+atomically into the staging folder ``OUT.ray-parts/`` beside the output file, next to a
+``run.json`` naming the prompts' digest and the settings. A retried task (a killed worker) or a
+rerun skips every prompt already there; when all are there, they are joined in prompt order
+into the one ``.npz`` a single process writes, and the staging folder is removed.
+
 The driver never loads the model: ``load`` (a picklable callable returning ``(model,
 tokenizer, label)``) runs on the workers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import socket
@@ -33,7 +43,15 @@ from typing import Any
 from specmoe.errors import InputError
 from specmoe.formats.shards import MANIFEST, OPTIONS, SAME, ShardWriter, shard_header
 
-__all__ = ["STAGING", "capture_on_ray", "capture_part", "split_documents"]
+__all__ = [
+    "STAGING",
+    "capture_on_ray",
+    "capture_part",
+    "generate_on_ray",
+    "generate_part",
+    "join_generations",
+    "split_documents",
+]
 
 STAGING = ".ray-parts"
 
@@ -222,3 +240,166 @@ def capture_on_ray(
         "documents": sum(s["documents"] for s in writer.shards),
         "parts": len(parts),
     }
+
+
+# ------------------------------------------------------------------------------------------
+# greedy generation
+
+
+def _prompt_file(stage: Path, index: int) -> Path:
+    return stage / f"prompt-{index:06d}.npz"
+
+
+def generate_part(
+    load: Callable[[], tuple[Any, Any, str]],
+    prompts: Sequence[tuple[int, str]],
+    stage: str,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """One worker's task: load a replica and generate from each ``(index, prompt)`` whose trace
+    is not yet in ``stage``, writing ``prompt-INDEX.npz`` atomically after each."""
+    from specmoe.engine.capture import capture_generation
+    from specmoe.formats.trace import save_trace
+
+    model, tokenizer, label = load()
+    made = 0
+    for index, prompt in prompts:
+        path = _prompt_file(Path(stage), index)
+        if path.exists():
+            continue
+        try:
+            trace = capture_generation(
+                model, tokenizer, [prompt], progress=False, model_name=label, **options
+            )
+        except InputError as exc:  # the error names the prompt by its place in the whole list
+            msg = exc.message
+            if msg.startswith("prompt 0 "):
+                msg = f"prompt {index} " + msg.removeprefix("prompt 0 ")
+            raise InputError(msg, argument=exc.argument) from None
+        save_trace(trace, path)
+        made += 1
+    return {"node": socket.gethostname(), "pid": os.getpid(), "documents": len(prompts)}
+
+
+def join_generations(traces: Sequence[Any]):
+    """One trace of the one-prompt generation traces ``traces``, in order: the trace
+    :func:`~specmoe.engine.capture.capture_generation` gives for all the prompts at once."""
+    import numpy as np
+
+    from specmoe.formats.trace import RoutingTrace
+
+    first = traces[0]
+    meta = {k: v for k, v in first.meta.items() if k not in ("num_experts", "documents")}
+    meta["documents"] = [f"prompt-{i:04d}" for i in range(len(traces))]
+    meta["prompt_tokens"] = [n for t in traces for n in t.meta["prompt_tokens"]]
+    meta["token_ids"] = [ids for t in traces for ids in t.meta["token_ids"]]
+    lengths = [t.num_tokens for t in traces]
+    weights = [t.weights for t in traces]
+    return RoutingTrace(
+        experts=np.concatenate([t.experts for t in traces]),
+        doc_offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        num_experts=first.num_experts,
+        weights=None if any(w is None for w in weights) else np.concatenate(weights),
+        meta=meta,
+        name=f"generation of {meta.get('model')}",
+    )
+
+
+def _generation_run(prompts: Sequence[str], options: dict[str, Any], label: str) -> dict:
+    h = hashlib.sha256()
+    for p in prompts:
+        b = p.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little") + b)
+    return {"prompts_sha256": h.hexdigest(), "prompts": len(prompts), "model": label, **options}
+
+
+def generate_on_ray(
+    load: Callable[[], tuple[Any, Any, str]],
+    prompts: Sequence[str],
+    out: str | os.PathLike,
+    *,
+    max_new_tokens: int,
+    workers: int,
+    include_prompt: bool = False,
+    label: str = "",
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    overwrite: bool = False,
+    max_retries: int = 3,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+):
+    """Greedy generation from ``prompts`` with ``workers`` Ray tasks, written to the ``.npz``
+    file ``out`` (see the module docstring); returns the trace. ``label`` names the model in
+    ``run.json`` (a staging folder of another model or settings is refused). Needs a Ray
+    runtime."""
+    from specmoe.distributed.ray_runtime import import_ray
+    from specmoe.formats.trace import load_trace, save_trace
+
+    ray = import_ray("ray")
+    if not prompts:
+        raise InputError("no prompts given", argument="prompts")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise InputError(f"must be an integer >= 1, got {workers!r}", argument="workers")
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, int)
+        or max_new_tokens < 1
+    ):
+        raise InputError(
+            f"must be a positive integer, got {max_new_tokens!r}", argument="max_new_tokens"
+        )
+    out = Path(out)
+    stage = out.with_name(out.name + STAGING)
+    options = {"max_new_tokens": int(max_new_tokens), "include_prompt": bool(include_prompt)}
+    run = _generation_run(prompts, options, label)
+    if overwrite:
+        shutil.rmtree(stage, ignore_errors=True)
+    run_file = stage / "run.json"
+    if run_file.exists():
+        try:
+            held = json.loads(run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            held = None
+        if held != run:
+            diff = next((k for k in run if not isinstance(held, dict) or held.get(k) != run[k]), "")
+            raise InputError(
+                f"{stage}: holds a generation with other {diff or 'settings'}; "
+                "write to another file, or overwrite this one",
+                argument="out",
+            )
+    else:
+        from specmoe._io import atomic_write_json
+
+        stage.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_file, run)
+    todo = [(i, p) for i, p in enumerate(prompts) if not _prompt_file(stage, i).exists()]
+    parts = split_documents(todo, workers)
+    task = ray.remote(generate_part).options(
+        num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries
+    )
+    refs = {task.remote(load, part, str(stage), options): i for i, part in enumerate(parts)}
+    errors: list[Exception] = []
+    pending = list(refs)
+    while pending:  # every part runs to its end: a failure keeps the others' prompts
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                info = ray.get(ref)
+            except Exception as exc:
+                errors.append(getattr(exc, "cause", None) or exc)
+                continue
+            if progress is not None:
+                progress({"part": refs[ref], **info})
+    bad = next((e for e in errors if isinstance(e, InputError)), None)
+    if bad is not None:
+        raise InputError(bad.message, argument=bad.argument)
+    if errors:
+        raise RuntimeError(
+            f"{len(errors)} of {len(parts)} generation parts failed "
+            f"({type(errors[0]).__name__}: {errors[0]}); their finished prompts are kept in "
+            f"{stage}: rerun to generate the rest"
+        )
+    trace = join_generations([load_trace(_prompt_file(stage, i)) for i in range(len(prompts))])
+    save_trace(trace, out)
+    shutil.rmtree(stage, ignore_errors=True)
+    return trace
