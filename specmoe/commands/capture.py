@@ -8,7 +8,8 @@ directory (resumable: rerun the same command after an interruption); an ``--out`
 initialised model of a supported family (seeded by ``--seed``), for demos. ``--ray
 [ADDRESS]`` splits the documents over Ray workers, one model replica each (a GPU each with
 ``--device cuda``), each writing its own shards; one manifest at the end, resumable in the same
-way (:mod:`specmoe.distributed.capture`).
+way (:mod:`specmoe.distributed.capture`); with ``--generate`` it splits the prompts, each
+prompt's trace kept as it finishes, joined into the one ``.npz`` at the end.
 """
 
 from __future__ import annotations
@@ -197,8 +198,6 @@ def _check(args: argparse.Namespace) -> None:
             check_out_dir(out.with_name(out.name + ".parts"))  # the shards, merged at the end
         else:
             check_out_dir(out)
-    if args.ray is not None and args.generate is not None:
-        raise InputError("--ray: captures documents (teacher-forced), not --generate")
     if args.ray is not None and args.tokens is not None:
         raise InputError("--ray: captures whole documents; --tokens needs one process")
     if args.ray_workers is not None and (args.ray is None or args.ray_workers < 1):
@@ -285,16 +284,19 @@ def _generate(
     out = Path(args.out or f"capture-{label}-generation.npz")
     if out.suffix != ".npz":
         out = out / "generation.npz"
-    trace = capture_generation(
-        model,
-        tokenizer,
-        prompts,
-        max_new_tokens=args.generate,
-        include_prompt=args.include_prompt,
-        progress=progress,
-        model_name=label,
-    )
-    save_trace(trace, out)
+    if args.ray is not None:  # writes ``out`` itself
+        trace = _generate_on_ray(args, label, prompts, out)
+    else:
+        trace = capture_generation(
+            model,
+            tokenizer,
+            prompts,
+            max_new_tokens=args.generate,
+            include_prompt=args.include_prompt,
+            progress=progress,
+            model_name=label,
+        )
+        save_trace(trace, out)
     return _summary(
         trace.meta,
         out=out,
@@ -377,46 +379,81 @@ def _capture(
     )
 
 
+def _replicas(args: argparse.Namespace, info: dict) -> tuple[int, Any]:
+    """(workers, load): one replica per CPU or GPU of the runtime unless ``--ray-workers``."""
+    import functools
+
+    cuda = str(args.device).startswith("cuda")
+    have = info["gpus"] if cuda else info["cpus"]
+    if have < 1:
+        raise InputError(f"--device {args.device}: the Ray runtime has no GPU")
+    load = functools.partial(
+        load_replica, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed
+    )
+    return args.ray_workers or max(1, int(have)), load
+
+
+def _part_done(args: argparse.Namespace, what: str):
+    def progress(part: dict[str, Any]) -> None:
+        if not args.quiet:
+            print(
+                f"capture: part {part['part']} ({part['documents']} {what}) done on {part['node']}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    return progress
+
+
+def _generate_on_ray(args: argparse.Namespace, label: str, prompts: list[str], out: Path):
+    """The prompts over Ray workers, a replica each (:func:`generate_on_ray`)."""
+    from specmoe.distributed.capture import generate_on_ray
+
+    with ray_runtime(args, "capture") as info:
+        workers, load = _replicas(args, info)
+        try:
+            return generate_on_ray(
+                load,
+                prompts,
+                out,
+                max_new_tokens=args.generate,
+                workers=workers,
+                include_prompt=args.include_prompt,
+                label=label,
+                num_cpus=1,
+                num_gpus=1 if str(args.device).startswith("cuda") else 0,
+                overwrite=args.overwrite,
+                progress=_part_done(args, "prompts"),
+            )
+        except InputError as exc:
+            if exc.argument == "out":
+                raise InputError(f"{exc.message} (--overwrite)", argument="out") from None
+            if exc.argument == "prompts":
+                raise InputError(f"--prompts {args.prompts}: {exc.message}") from None
+            raise
+
+
 def _capture_on_ray(
     args: argparse.Namespace, docs: list[tuple[str, str]], shard_dir: Path, source: str
 ) -> None:
     """The documents over Ray workers, a replica each (:mod:`specmoe.distributed.capture`)."""
-    import functools
-
     from specmoe.distributed.capture import capture_on_ray
 
-    cuda = str(args.device).startswith("cuda")
     with ray_runtime(args, "capture") as info:
-        have = info["gpus"] if cuda else info["cpus"]
-        if have < 1:
-            raise InputError(f"--device {args.device}: the Ray runtime has no GPU")
-        workers = args.ray_workers or max(1, int(have))
-        load = functools.partial(
-            load_replica, model=args.model, device=args.device, dtype=args.dtype, seed=args.seed
-        )
-
-        def progress(part: dict[str, Any]) -> None:
-            if not args.quiet:
-                print(
-                    f"capture: part {part['part']} ({part['documents']} documents) done on "
-                    f"{part['node']}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-
+        workers, load = _replicas(args, info)
         capture_on_ray(
             load,
             docs,
             shard_dir,
             workers=workers,
             num_cpus=1,
-            num_gpus=1 if cuda else 0,
+            num_gpus=1 if str(args.device).startswith("cuda") else 0,
             max_context=args.max_context,
             overlap=args.overlap,
             shard_tokens=args.shard_tokens,
             source=source,
             overwrite=args.overwrite,
-            progress=progress,
+            progress=_part_done(args, "documents"),
         )
 
 
