@@ -347,6 +347,121 @@ def test_c_kernels_odd_widths(h, inter):
         assert rel_err(f(x, wgu, wd, ids, w), ref) < 1e-5
 
 
+def _bf16_rounded_activation_reference(x, wgu, wd, ids, w):
+    """The float64 reference with the one rounding the bf16 dot-product path adds: the
+    intermediate activation rounded to bfloat16 before the down projection."""
+    d = torch.float64
+    xd, gud, dd = x.to(d), wgu.to(d), wd.to(d)
+    y = torch.zeros(x.shape[0], x.shape[1], dtype=d)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            a = activate(gud[e] @ xd[t], "swiglu").to(torch.bfloat16).to(d)
+            y[t] += float(w[t, j]) * (dd[e] @ a)
+    return y.to(x.dtype)
+
+
+@pytest.fixture
+def bf16_dot():
+    """The C kernels' AVX-512 BF16 path, or a skip where the build has none."""
+    from specmoe.kernels import _cbuild, cpu
+
+    lib = _cbuild.load()
+    if lib is None or not lib.bf16dp:
+        pytest.skip("the C kernels have no AVX-512 BF16 path on this machine")
+    prev = cpu.set_bf16_dot(True)
+    yield cpu
+    cpu.set_bf16_dot(prev)
+
+
+@pytest.mark.parametrize("h,inter", [(64, 32), (37, 19), (100, 70), (256, 96)])
+def test_c_bf16_dot_path_tokens_1_to_9(bf16_dot, h, inter):
+    """vdpbf16ps on bf16 activations: every group size 1..9 (all tokens on one expert set),
+    widths with and without a tail of the 32-element steps. It matches the reference within
+    the contract's bf16 tolerance, and the reference with the activation rounded to bf16 far
+    closer (the only rounding it adds); the widening path (forced) matches the unrounded one."""
+    cpu = bf16_dot
+    for n in range(1, 10):
+        x, wgu, wd, ids, w, _ = make_case(
+            n, 3, 5, "same_set", torch.bfloat16, h=h, inter=inter, seed=n
+        )
+        ref = reference.expert_op(x, wgu, wd, ids, w)
+        ref16 = _bf16_rounded_activation_reference(x, wgu, wd, ids, w)
+        for f in (cpu.per_slot, cpu.dedup):
+            cpu.set_bf16_dot(True)
+            y = f(x, wgu, wd, ids, w)
+            assert y.dtype == torch.bfloat16
+            assert rel_err(y, ref) < TOL[torch.bfloat16]
+            assert rel_err(y, ref16) < 1e-3
+            cpu.set_bf16_dot(False)
+            y_wide = f(x, wgu, wd, ids, w)
+            assert rel_err(y_wide, ref) < 1e-3
+            assert rel_err(y_wide, ref) < rel_err(y, ref)  # the switch changed the path
+
+
+def test_c_bf16_dot_path_many_tokens_per_expert(bf16_dot):
+    """Groups above the 9-token register block (split into blocks of at most 9)."""
+    cpu = bf16_dot
+    for n in (10, 17, 19):
+        x, wgu, wd, ids, w, _ = make_case(n, 2, 3, "same_set", torch.bfloat16, h=48, inter=40)
+        ref16 = _bf16_rounded_activation_reference(x, wgu, wd, ids, w)
+        assert rel_err(cpu.dedup(x, wgu, wd, ids, w), ref16) < 1e-3
+
+
+def test_c_bf16_dot_path_is_bitwise_deterministic_across_threads(bf16_dot):
+    cpu = bf16_dot
+    # 3·h·I·2 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
+    x, wgu, wd, ids, w, _ = make_case(9, 8, 12, "duplicates", torch.bfloat16, h=512, inter=512)
+    try:
+        outs = {}
+        for k in (1, 2, 3):
+            cpu.set_num_threads(k)
+            outs[k] = (cpu.per_slot(x, wgu, wd, ids, w), cpu.dedup(x, wgu, wd, ids, w))
+    finally:
+        cpu.set_num_threads(None)
+    for k in (2, 3):
+        assert torch.equal(outs[1][0], outs[k][0]) and torch.equal(outs[1][1], outs[k][1])
+    assert rel_err(outs[1][1], reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.bfloat16]
+
+
+def test_c_build_reports_avx512_bf16_as_the_processor_has_it():
+    """-march=native builds the BF16 path exactly where /proc/cpuinfo lists avx512_bf16."""
+    from specmoe.kernels import _cbuild
+
+    lib = _cbuild.load()
+    if lib is None:
+        pytest.skip("no C compiler")
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    if "-march=native" not in lib.flags:
+        assert not lib.bf16dp
+    else:
+        assert lib.bf16dp == ("avx512_bf16" in flags and "avx512bw" in flags)
+    assert _cbuild.build().status()["avx512_bf16"] == lib.bf16dp
+
+
+def test_c_build_key_includes_the_instruction_set(monkeypatch, tmp_path):
+    """A processor of the same name with other instruction-set flags gets another build (not
+    one compiled for extensions it lacks): the signature holds the flags line."""
+    from specmoe.kernels import _cbuild
+
+    block = "processor\t: {i}\nmodel name\t: Some CPU\nflags\t\t: fpu avx2 avx512f{extra}\n\n"
+    sigs = []
+    for extra in ("", " avx512_bf16"):
+        f = tmp_path / f"cpuinfo{len(sigs)}"
+        f.write_text(block.format(i=0, extra=extra) + block.format(i=1, extra=" other"))
+        sigs.append(_cbuild._cpu_signature(str(f)))
+    assert sigs[0] != sigs[1] and "Some CPU" in sigs[0] and "other" not in sigs[0]
+    assert "avx512_bf16" in sigs[1]
+    keys = []
+    for sig in sigs:
+        monkeypatch.setattr(_cbuild, "_cpu_signature", lambda sig=sig: sig)
+        keys.append(_cbuild.build_key("cc", "v1", ("-O3", "-march=native")))
+    assert keys[0] != keys[1]
+
+
 @pytest.fixture
 def fresh_fallbacks(monkeypatch):
     """Fallback warnings as in a fresh process (each is said once per process)."""

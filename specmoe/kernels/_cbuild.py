@@ -60,14 +60,24 @@ def find_compiler() -> str | None:
     return None
 
 
-def _cpu_signature() -> str:
+def _cpu_signature(path: str = "/proc/cpuinfo") -> str:
+    """The processor's name and its instruction-set flags (the first processor's), so that a
+    build with ``-march=native`` is never reused on a processor with other extensions (one
+    without AVX-512 BF16, say)."""
+    keys = ("model name", "flags", "Features", "isa", "cpu model")
+    found: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
-                if line.startswith(("flags", "Features", "model name")):
-                    return line.strip()
+                key = line.split(":", 1)[0].strip()
+                if key in keys and key not in found:
+                    found[key] = line.strip()
+                if not line.strip() and found:
+                    break  # the end of the first processor's block
     except OSError:
         pass
+    if found:
+        return "\n".join(found[k] for k in keys if k in found)
     return platform.processor() or platform.machine()
 
 
@@ -111,6 +121,9 @@ class CLib:
         self.flags = flags
         self.openmp = bool(lib.specmoe_has_openmp())
         self.avx2 = bool(lib.specmoe_has_avx2())
+        self.bf16dp = bool(lib.specmoe_has_bf16dp())
+        lib.specmoe_set_bf16dp.argtypes = [ctypes.c_int]
+        lib.specmoe_set_bf16dp.restype = ctypes.c_int
         f = lib.specmoe_expert_op
         p, i, ll, fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
         f.argtypes = [p, i, i, p, p, i, i, ll, ll, ll, ll, p, p, p, p, i, ll, i, i, fl, fl, i, p]
@@ -146,8 +159,16 @@ class Build:
             "flags": None if lib is None else " ".join(lib.flags),
             "openmp": None if lib is None else lib.openmp,
             "avx2": None if lib is None else lib.avx2,
+            "avx512_bf16": None if lib is None else lib.bf16dp,
             "error": self.error,
         }
+
+
+def build_key(cc: str, version: str, flags: tuple[str, ...]) -> str:
+    """The cache key of a build: the source, the compiler, its flags and the processor (its
+    name and instruction-set flags, :func:`_cpu_signature`)."""
+    parts = [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
 @cache
@@ -162,12 +183,7 @@ def build() -> Build:
         version = _compiler_version(cc)
         errors = []
         for flags in _FLAG_SETS:
-            key = hashlib.sha256(
-                "\0".join(
-                    [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
-                ).encode()
-            ).hexdigest()[:16]
-            target = cache_dir() / f"expert_op_{key}.so"
+            target = cache_dir() / f"expert_op_{build_key(cc, version, flags)}.so"
             if target.exists():
                 lib = _try_load(target, flags)
                 if lib is not None:

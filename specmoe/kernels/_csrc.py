@@ -16,8 +16,13 @@ copy). Work is split across OpenMP threads by output rows, so every output eleme
 writer and is summed in one fixed order: the result is bitwise the same for every thread count.
 Experts under 1 MiB run on one thread: a barrier per group would cost more than it saves.
 
-Weights may be float32 (code 0), bfloat16 (1) or float16 (2); activations, accumulation and
-the output are float32. AVX2+FMA register blocks (rows x tokens: 4x1, 4x2, 4x3, 3x4, then 2x3
+Weights may be float32 (code 0), bfloat16 (1) or float16 (2); accumulation and the output are
+float32. bfloat16 weights on a core with AVX-512 BF16 (built with ``-march=native`` there) take
+a dot-product path: x and the intermediate activation are rounded to bfloat16 once per call
+(x exactly: it is bfloat16 under the contract), and ``vdpbf16ps`` multiplies 32 weights read
+straight from memory by 32 activations per instruction, fp32 accumulation, register blocks of
+up to 4 rows by 9 tokens (``specmoe_set_bf16dp(0)`` turns it off, for tests). Otherwise
+activations are float32 and AVX2+FMA register blocks (rows x tokens: 4x1, 4x2, 4x3, 3x4, then 2x3
 to 2x6) load each weight vector once for all of a group's tokens and prefetch the next block's
 rows while they compute, so the memory stream overlaps the FMAs; activation rows are copied to
 64-byte-aligned buffers so that no vector load splits a cache line. A portable loop
@@ -45,6 +50,18 @@ SOURCE = r"""
 #else
 #define SM_AVX2 0
 #endif
+
+/* bfloat16 weights on a core with AVX-512 BF16: vdpbf16ps multiplies 32 bf16 weights by 32
+   bf16 activations per instruction and accumulates pairs in fp32, so the weights are never
+   widened (the AVX2 path spends a shift and a widening per 8 weights). The activations are
+   rounded to bf16 once per call (x is bf16 already under the contract: exact; the
+   intermediate activation is rounded, as transformers' bf16 experts do). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+#define SM_BF16DP 1
+#else
+#define SM_BF16DP 0
+#endif
+static int sm_bf16dp_on = 1;  /* runtime switch (specmoe_set_bf16dp), e.g. to test the fallback */
 
 #define WT_F32 0
 #define WT_BF16 1
@@ -152,6 +169,129 @@ SM_BLOCK(2, 5)
 SM_BLOCK(2, 6)
 SM_BLOCK(1, 1)
 SM_BLOCK(1, 4)
+#endif
+
+static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN stays NaN */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#if SM_BF16DP
+/* A register block for bf16 weights: RB rows by TB tokens, 16-lane fp32 accumulators fed by
+   vdpbf16ps on one 64-byte line of each row per step. Activation rows xp[t] are bf16,
+   64-byte aligned and zero-padded to a multiple of 32, so the tail is a masked weight load.
+   The rows SM_DP_PF bytes ahead in the same rows' stream are prefetched one line per row per
+   step. */
+#ifndef SM_DP_PF
+#define SM_DP_PF 0   /* 0: the next block's rows (RB rows ahead); > 0: bytes ahead; < 0: none */
+#endif
+#ifndef SM_DP_HINT
+#define SM_DP_HINT _MM_HINT_T0
+#endif
+#define SM_DPSTEP(RB, TB, cc, MASKED)                                                        \
+    {                                                                                       \
+        __m512i wv[RB];                                                                     \
+        for (int r = 0; r < RB; r++)                                                        \
+            wv[r] = MASKED ? _mm512_maskz_loadu_epi16(mk, w + (size_t)r * ldw + (cc))       \
+                           : _mm512_loadu_si512((const void *)(w + (size_t)r * ldw + (cc))); \
+        for (int t = 0; t < TB; t++) {                                                      \
+            __m512i xv = _mm512_load_si512((const void *)(xp[t] + (cc)));                   \
+            for (int r = 0; r < RB; r++)                                                    \
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);     \
+        }                                                                                   \
+    }
+#define SM_DPBLOCK(RB, TB)                                                                  \
+static inline __attribute__((always_inline)) void sm_dpblock_##RB##x##TB(                   \
+        const uint16_t *w, size_t ldw, const uint16_t *const *xp, int cols, float *out,     \
+        size_t ldo) {                                                                       \
+    __m512 acc[RB][TB];                                                                     \
+    const char *pf = SM_DP_PF ? (const char *)w + SM_DP_PF                                  \
+                              : (const char *)(w + (size_t)RB * ldw);                       \
+    int c32 = cols & ~31;                                                                   \
+    __mmask32 mk = (__mmask32)~0u;                                                          \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
+    for (int c = 0; c < c32; c += 32) {                                                     \
+        if (SM_DP_PF >= 0)                                                                  \
+            for (int r = 0; r < RB; r++)                                                    \
+                _mm_prefetch(pf + ((size_t)r * ldw + c) * 2, SM_DP_HINT);                   \
+        SM_DPSTEP(RB, TB, c, 0)                                                             \
+    }                                                                                       \
+    if (c32 < cols) {                                                                       \
+        mk = (__mmask32)((1ull << (cols - c32)) - 1);                                       \
+        SM_DPSTEP(RB, TB, c32, 1)                                                           \
+    }                                                                                       \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
+        out[(size_t)t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);                         \
+}
+#define SM_DPROW(RB) SM_DPBLOCK(RB, 1) SM_DPBLOCK(RB, 2) SM_DPBLOCK(RB, 3) SM_DPBLOCK(RB, 4)  \
+    SM_DPBLOCK(RB, 5) SM_DPBLOCK(RB, 6) SM_DPBLOCK(RB, 7) SM_DPBLOCK(RB, 8) SM_DPBLOCK(RB, 9)
+SM_DPROW(1)
+SM_DPROW(2)
+SM_DPROW(3)
+SM_DPROW(4)
+SM_DPBLOCK(8, 1)
+SM_DPBLOCK(6, 1)
+SM_DPBLOCK(6, 2)
+SM_DPBLOCK(6, 3)
+
+#ifndef SM_DP_RB1
+#define SM_DP_RB1 4
+#endif
+/* Rows per block for a block of tb tokens: as many as the 32 vector registers hold
+   (RB * TB accumulators + RB weight vectors + one activation vector). */
+static inline int sm_dp_rb(int tb) {
+    if (tb == 1) return SM_DP_RB1;
+    if (tb <= 4) return 4;
+    if (tb <= 7) return 3;
+    return 2;
+}
+#define SM_DP_CALL(RB, tb, ...)                                                             \
+    switch (tb) {                                                                           \
+    case 1: sm_dpblock_##RB##x1(__VA_ARGS__); break;                                        \
+    case 2: sm_dpblock_##RB##x2(__VA_ARGS__); break;                                        \
+    case 3: sm_dpblock_##RB##x3(__VA_ARGS__); break;                                        \
+    case 4: sm_dpblock_##RB##x4(__VA_ARGS__); break;                                        \
+    case 5: sm_dpblock_##RB##x5(__VA_ARGS__); break;                                        \
+    case 6: sm_dpblock_##RB##x6(__VA_ARGS__); break;                                        \
+    case 7: sm_dpblock_##RB##x7(__VA_ARGS__); break;                                        \
+    case 8: sm_dpblock_##RB##x8(__VA_ARGS__); break;                                        \
+    default: sm_dpblock_##RB##x9(__VA_ARGS__); break;                                       \
+    }
+
+/* out[t * ldo + r] = W[r, :] . xp[t] (bf16 weights and activations, fp32 sums) for rows
+   [r0, r1) and tokens [0, k): tokens in blocks of at most 9 (as even as possible), rows in
+   blocks of sm_dp_rb(tb), leftover rows one at a time. */
+static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint16_t *const *xp,
+                       int k, int cols, float *out, size_t ldo) {
+    int nb = (k + 8) / 9;
+    for (int b = 0, t = 0; b < nb; b++) {
+        int tb = k / nb + (b < k % nb);
+        int rb = sm_dp_rb(tb);
+        const uint16_t *const *xt = xp + t;
+        int r = r0;
+        for (; r + rb <= r1; r += rb) {
+            const uint16_t *wr = w + (size_t)r * ldw;
+            float *o = out + (size_t)t * ldo + r;
+            if (rb == 8) sm_dpblock_8x1(wr, ldw, xt, cols, o, ldo);
+            else if (rb == 6) {
+                if (tb == 1) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo);
+                else if (tb == 2) sm_dpblock_6x2(wr, ldw, xt, cols, o, ldo);
+                else sm_dpblock_6x3(wr, ldw, xt, cols, o, ldo);
+            }
+            else if (rb == 4) { SM_DP_CALL(4, tb, wr, ldw, xt, cols, o, ldo) }
+            else if (rb == 3) { SM_DP_CALL(3, tb, wr, ldw, xt, cols, o, ldo) }
+            else { SM_DP_CALL(2, tb, wr, ldw, xt, cols, o, ldo) }
+        }
+        for (; r < r1; r++) {
+            const uint16_t *wr = w + (size_t)r * ldw;
+            float *o = out + (size_t)t * ldo + r;
+            SM_DP_CALL(1, tb, wr, ldw, xt, cols, o, ldo)
+        }
+        t += tb;
+    }
+}
 #endif
 
 /* out[t * ldo + r] = W[r, :] . xp[t] for rows r in [r0, r1) and t in [0, k).
@@ -277,10 +417,21 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
     float *G = (float *)sm_alloc(sizeof(float) * (size_t)kmax * 2 * I);
     float *A = (float *)sm_alloc(sizeof(float) * (size_t)kmax * lda * 2);  /* double buffer */
     float *Y = (float *)sm_alloc(sizeof(float) * (size_t)kmax * h);
-    if (!X || !G || !A || !Y) {
-        free(ord); free(gs); free(X); free(G); free(A); free(Y); return -2;
+    /* bf16 dot-product path: x and the activations as bf16 rows padded (with zeros) to 32 */
+    int dp = SM_BF16DP && wt == WT_BF16 && sm_bf16dp_on;
+    int ldx16 = (h + 31) & ~31, lda16 = (I + 31) & ~31;
+    uint16_t *X16 = dp ? (uint16_t *)sm_alloc(2 * (size_t)n * ldx16) : NULL;
+    uint16_t *A16 = dp ? (uint16_t *)sm_alloc(2 * (size_t)kmax * lda16 * 2) : NULL;
+    if (!X || !G || !A || !Y || (dp && (!X16 || !A16))) {
+        free(ord); free(gs); free(X); free(G); free(A); free(Y); free(X16); free(A16); return -2;
     }
     for (int t = 0; t < n; t++) memcpy(X + (size_t)t * ldx, x + (size_t)t * h, sizeof(float) * (size_t)h);
+    if (dp) {
+        memset(X16, 0, 2 * (size_t)n * ldx16);
+        memset(A16, 0, 2 * (size_t)kmax * lda16 * 2);
+        for (int t = 0; t < n; t++)
+            for (int c = 0; c < h; c++) X16[(size_t)t * ldx16 + c] = sm_f32_to_bf16(x[(size_t)t * h + c]);
+    }
     int nth = threads > 0 ? threads : 1;
     /* Small experts: a barrier per group costs more than the bytes it splits. */
     if ((double)3 * h * I * es < SM_MIN_PARALLEL_BYTES) nth = 1;
@@ -299,6 +450,8 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
         /* each thread keeps its own row pointers: no sharing, no barrier to build them */
         const float **xg = (const float **)malloc(sizeof(float *) * (size_t)kmax);
         const float **ag = (const float **)malloc(sizeof(float *) * (size_t)kmax);
+        const uint16_t **xg16 = (const uint16_t **)malloc(sizeof(uint16_t *) * (size_t)kmax);
+        const uint16_t **ag16 = (const uint16_t **)malloc(sizeof(uint16_t *) * (size_t)kmax);
         for (int g = 0; g < ng; g++) {
             int k = gs[g + 1] - gs[g];
             const int *sl = ord + gs[g];
@@ -306,17 +459,34 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
             const char *wg = (const char *)wgu + (size_t)e * sgu_e * es;
             const char *wdn = (const char *)wd + (size_t)e * sd_e * es;
             float *Ab = A + (size_t)(g & 1) * kmax * lda;
+            uint16_t *Ab16 = dp ? A16 + (size_t)(g & 1) * kmax * lda16 : NULL;
             for (int i = 0; i < k; i++) { xg[i] = X + (size_t)(sl[i] / m) * ldx; ag[i] = Ab + (size_t)i * lda; }
+            if (dp)
+                for (int i = 0; i < k; i++) {
+                    xg16[i] = X16 + (size_t)(sl[i] / m) * ldx16;
+                    ag16[i] = Ab16 + (size_t)i * lda16;
+                }
             /* phase 1: this thread's gate rows [a0, a1) and the matching up rows */
             if (a1 > a0) {
-                sm_rows(wg, wt, (size_t)sgu_r, a0, a1, xg, k, h, G, (size_t)2 * I);
-                sm_rows(wg, wt, (size_t)sgu_r, I + a0, I + a1, xg, k, h, G, (size_t)2 * I);
+#if SM_BF16DP
+                if (dp) {
+                    const uint16_t *w16 = (const uint16_t *)wg;
+                    sm_rows_dp(w16, (size_t)sgu_r, a0, a1, xg16, k, h, G, (size_t)2 * I);
+                    sm_rows_dp(w16, (size_t)sgu_r, I + a0, I + a1, xg16, k, h, G, (size_t)2 * I);
+                } else
+#endif
+                {
+                    sm_rows(wg, wt, (size_t)sgu_r, a0, a1, xg, k, h, G, (size_t)2 * I);
+                    sm_rows(wg, wt, (size_t)sgu_r, I + a0, I + a1, xg, k, h, G, (size_t)2 * I);
+                }
                 for (int i = 0; i < k; i++) {
                     float *gi = G + (size_t)i * 2 * I;
                     for (int j = a0; j < a1; j++) {
                         float gv = gi[j], uv = gi[I + j];
                         if (bgu) { gv += bgu[(size_t)e * 2 * I + j]; uv += bgu[(size_t)e * 2 * I + I + j]; }
-                        Ab[(size_t)i * lda + j] = sm_act(gv, uv, act, alpha, limit);
+                        float av = sm_act(gv, uv, act, alpha, limit);
+                        if (dp) Ab16[(size_t)i * lda16 + j] = sm_f32_to_bf16(av);
+                        else Ab[(size_t)i * lda + j] = av;
                     }
                 }
             }
@@ -325,6 +495,10 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
 #endif
             /* phase 2: this thread's output rows [h0, h1), then the weighted sum over slots */
             if (h1 > h0) {
+#if SM_BF16DP
+                if (dp) sm_rows_dp((const uint16_t *)wdn, (size_t)sd_r, h0, h1, ag16, k, I, Y, (size_t)h);
+                else
+#endif
                 sm_rows(wdn, wt, (size_t)sd_r, h0, h1, ag, k, I, Y, (size_t)h);
                 for (int i = 0; i < k; i++) {
                     int s = sl[i];
@@ -336,9 +510,9 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                 }
             }
         }
-        free(xg); free(ag);
+        free(xg); free(ag); free(xg16); free(ag16);
     }
-    free(ord); free(gs); free(X); free(G); free(A); free(Y);
+    free(ord); free(gs); free(X); free(G); free(A); free(Y); free(X16); free(A16);
     return 0;
 }
 
@@ -387,4 +561,8 @@ int specmoe_has_openmp(void) {
 #endif
 }
 int specmoe_has_avx2(void) { return SM_AVX2; }
+int specmoe_has_bf16dp(void) { return SM_BF16DP; }
+/* Turn the bf16 dot-product path on (1) or off (0: bf16 weights take the widening path);
+   returns the previous setting. Not thread-safe: set it between calls. */
+int specmoe_set_bf16dp(int on) { int prev = sm_bf16dp_on; sm_bf16dp_on = on ? 1 : 0; return prev; }
 """

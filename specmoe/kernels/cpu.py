@@ -56,6 +56,17 @@ def set_num_threads(k: int | None) -> None:
     _threads = k
 
 
+def set_bf16_dot(on: bool) -> bool:
+    """Use (True, the default) or not the C kernels' AVX-512 BF16 path for bfloat16 weights
+    (vdpbf16ps on bf16 activations; without it bf16 weights are widened to fp32, the path of
+    processors without AVX-512 BF16). Returns the previous setting; a no-op returning False
+    when the build has no such path. Set it between calls, not during one."""
+    lib = _cbuild.load()
+    if lib is None or not lib.bf16dp:
+        return False
+    return bool(lib.lib.specmoe_set_bf16dp(1 if on else 0))
+
+
 def c_available() -> bool:
     return _cbuild.load() is not None
 
