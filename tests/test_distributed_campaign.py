@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+import _synthetic_runs
 import pytest
 
 from specmoe.cli import main
@@ -195,3 +196,71 @@ def test_cli_campaign_refuses_a_bad_units_file(tmp_path, capsys):
     path.write_text(json.dumps({"units": [{"name": "x", "argv": "spec"}]}))
     assert main(["campaign", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "units[0]: 'argv' must be a non-empty list of strings" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# what the campaign gathers is read by validate and report as they read any results folder
+
+
+def world_unit(folder: Path) -> dict:
+    """A bandwidth profile, a plan on it and measured runs (``tests/_synthetic_runs``, shipped
+    to the worker by value: a test helper is not importable there)."""
+    plan, runs = _synthetic_runs.world(folder)
+    return {"plan": plan.relative_to(folder).as_posix(), "runs": runs.name}
+
+
+def test_validate_and_report_read_a_campaign_folder_unchanged(tmp_path, ray_runtime, capsys):
+    import shutil
+
+    ray_runtime.cloudpickle.register_pickle_by_value(_synthetic_runs)
+    fit = Path(__file__).resolve().parents[1] / "specmoe" / "data" / "traces" / "fit.npz"
+    units = [
+        Unit("world", world_unit, {}, num_cpus=1),
+        command_unit("routing", ["stats", str(fit), "--max-n", "3", "--out", "{out}/routing"]),
+    ]
+    out = tmp_path / "campaign"
+    try:
+        result = run_campaign(units, out, executor="ray")
+    finally:
+        ray_runtime.cloudpickle.unregister_pickle_by_value(_synthetic_runs)
+    assert [u.status for u in result.units] == ["done", "done"], [u.error for u in result.units]
+    assert (out / MANIFEST).is_file() and (out / RECORDS / "world.json").is_file()
+    plan, runs = out / result.units[0].result["plan"], out / result.units[0].result["runs"]
+    # the plan names its profile by the unit's folder on the worker: relocated to the campaign's
+    named = json.loads(plan.read_text())["sources"]["bandwidth"]["path"]
+    assert named == str((out / "profile.json").resolve())
+
+    def read_both() -> tuple[dict, dict]:
+        vdir, page = tmp_path / "validation", tmp_path / "page" / "report.html"
+        shutil.rmtree(vdir, ignore_errors=True)
+        argv = ["validate", "--plan", str(plan), "--runs", str(runs), "--json"]
+        assert main([*argv, "--out", str(vdir)]) == 0
+        scores = json.loads(capsys.readouterr().out)
+        shutil.copytree(vdir, out / "validation", dirs_exist_ok=True)
+        assert main(["report", str(out), "--out", str(page), "--json"]) == 0
+        return scores, json.loads(capsys.readouterr().out)["found"]
+
+    scores, found = read_both()
+    assert scores["configurations"] and "all_hold" in scores
+    assert {"plan", "profile", "runs", "routing", "validation"} <= set(found), found
+    # the same folder less what the campaign adds (its manifest and unit records)
+    (out / MANIFEST).unlink()
+    shutil.rmtree(out / RECORDS)
+    shutil.rmtree(out / "validation")
+    assert read_both() == (scores, found)
+
+
+def test_relocate_replaces_the_unit_folder_at_a_path_boundary_only():
+    from specmoe.distributed.campaign import relocate
+
+    roots = ["/tmp/specmoe-unit-ab"]
+    doc = {
+        "a": "/tmp/specmoe-unit-ab/plan/plan.json",
+        "b": ["/tmp/specmoe-unit-ab", "/tmp/specmoe-unit-abc/x", "x/tmp/specmoe-unit-ab/y"],
+        "c": 3,
+    }
+    assert relocate(doc, roots, "/runs/c") == {
+        "a": "/runs/c/plan/plan.json",
+        "b": ["/runs/c", "/tmp/specmoe-unit-abc/x", "x/tmp/specmoe-unit-ab/y"],
+        "c": 3,
+    }

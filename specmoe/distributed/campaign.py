@@ -16,7 +16,10 @@ Ray places on nodes with the declared resources free) and gathers, into the camp
 
 A unit runs in a fresh temporary folder on its worker and its files travel back with its
 result, so no shared file system is needed (``max_bytes`` caps one unit's files). Every file
-is written atomically. Rerunning the same campaign skips units with a ``done`` record and
+is written atomically. A path that a unit writes into its JSON files or its result, inside its
+own folder (a plan naming the profile it was built on), is relocated to the campaign folder:
+the unit's folder prefix is replaced by ``out``'s, so the gathered files name each other where
+they now are. Rerunning the same campaign skips units with a ``done`` record and
 reruns the rest (failed, or cut off by a killed worker or driver) from the start. A unit that
 needs more of a resource than the whole cluster has fails at once instead of waiting forever.
 
@@ -141,12 +144,47 @@ def run_unit(func: Callable[..., Any], kwargs: dict[str, Any], max_bytes: int) -
             if total > max_bytes:
                 raise InputError(f"wrote more than {max_bytes} bytes of files", argument="unit")
             files[path.relative_to(folder).as_posix()] = path.read_bytes()
+        roots = sorted({str(folder), str(folder.resolve())}, key=len, reverse=True)
     return {
         "result": to_jsonable(result),
         "files": files,
         "seconds": seconds,
         "node": socket.gethostname(),
+        "roots": roots,
     }
+
+
+def relocate(value: Any, roots: Sequence[str], out: str) -> Any:
+    """``value`` (JSON-able) with every string's prefix ``root`` (one of ``roots``, a unit's
+    folder on its worker) replaced by ``out``, at a path boundary."""
+    if isinstance(value, str):
+        for root in roots:
+            if value == root or value.startswith(root + "/"):
+                return out + value[len(root) :]
+        return value
+    if isinstance(value, list):
+        return [relocate(v, roots, out) for v in value]
+    if isinstance(value, dict):
+        return {k: relocate(v, roots, out) for k, v in value.items()}
+    return value
+
+
+def _relocate_file(rel: str, data: bytes, roots: Sequence[str], out: str) -> bytes:
+    """A JSON file's bytes with the unit's folder relocated (other files, and JSON that does
+    not name the folder or does not parse, unchanged)."""
+    if not rel.endswith(".json") or not any(r.encode() in data for r in roots):
+        return data
+    import json
+
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return data
+    moved = relocate(doc, roots, out)
+    if moved == doc:
+        return data
+    text = json.dumps(moved, indent=2 if data.lstrip()[:2] in (b"{\n", b"[\n") else None)
+    return (text + ("\n" if data.endswith(b"\n") else "")).encode()
 
 
 def run_specmoe_command(folder: Path, *, argv: Sequence[str], threads: int | None = None) -> dict:
@@ -224,13 +262,14 @@ class _Gatherer:
             return self.fail(
                 name, f"writes {clash[0]}, also written by unit {self.owner[clash[0]]}"
             )
+        roots, dest = payload.get("roots", []), str(self.out.resolve())
         for rel, data in files.items():
-            atomic_write_bytes(self.out / rel, data)
+            atomic_write_bytes(self.out / rel, _relocate_file(rel, data, roots, dest))
             self.owner[rel] = name
         res = UnitResult(
             name=name,
             status="done",
-            result=payload["result"],
+            result=relocate(payload["result"], roots, dest),
             seconds=payload["seconds"],
             node=payload["node"],
             files=sorted(files),
