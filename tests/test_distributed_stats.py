@@ -216,6 +216,45 @@ def test_ray_stats_and_bootstrap_equal_single_process(shard_dir, executor):
     assert seen == [(i, len(SHARD_DOCS)) for i in range(1, len(SHARD_DOCS) + 1)]
     assert got.tokens == sum(map(sum, SHARD_DOCS))
     assert got.documents == sum(map(len, SHARD_DOCS))
+    # the intervals are there and not degenerate, and the seed matters: equality is not vacuous
+    iv = got.intervals
+    assert iv is not None and iv.resamples == 64 and iv.seed == 3
+    assert np.all(iv.u_bar.lo[1:] < iv.u_bar.hi[1:])  # ū(1) = 1 in every resample
+    assert np.all(iv.rho_mean.lo[1:] < iv.rho_mean.hi[1:])
+    other = compute_stats(reader, max_n=7, bootstrap=64, seed=4, executor=executor)
+    assert record(other) != record(ref)
+    assert record(other) == record(compute_stats(reader, max_n=7, bootstrap=64, seed=4))
+
+
+class SpyExecutor:
+    """The Ray executor, keeping what each task was asked for and what it returned."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def map_files(self, func, files, kwargs, progress=None):
+        out = self.inner.map_files(func, files, kwargs, progress)
+        self.calls.append((func.__name__, dict(kwargs), out))
+        return out
+
+
+def test_the_bootstrap_sums_per_document_on_the_workers(shard_dir, executor):
+    """With the bootstrap, each task returns its shard's per-document rows (expert counts, window
+    and pair sums); the driver only stacks them and resamples. Without it, pooled totals."""
+    reader = open_trace(shard_dir)
+    spy = SpyExecutor(executor)
+    compute_stats(reader, max_n=5, bootstrap=16, seed=1, executor=spy)
+    ((name, kw, parts),) = spy.calls
+    assert name == "shard_sums" and kw["per_document_counts"] and not kw["pooled"]
+    for part, docs in zip(parts, SHARD_DOCS):
+        assert part.doc_expert_counts.shape == (len(docs), L, N)
+        assert part.reuse.shape[0] == part.windows.shape[0] == len(docs)
+        assert part.doc_expert_counts.sum() == sum(docs) * L * M
+    spy.calls.clear()
+    compute_stats(reader, max_n=5, executor=spy)
+    ((_, kw, parts),) = spy.calls
+    assert kw["pooled"] and not kw["per_document_counts"]
+    assert all(p.doc_expert_counts is None and p.reuse.shape[0] == 1 for p in parts)
 
 
 def test_ray_ipf_moments_equal_single_process(shard_dir, executor):
