@@ -9,7 +9,10 @@ initialised model of a supported family (seeded by ``--seed``), for demos. ``--r
 [ADDRESS]`` splits the documents over Ray workers, one model replica each (a GPU each with
 ``--device cuda``), each writing its own shards; one manifest at the end, resumable in the same
 way (:mod:`specmoe.distributed.capture`); with ``--generate`` it splits the prompts, each
-prompt's trace kept as it finishes, joined into the one ``.npz`` at the end.
+prompt's trace kept as it finishes, joined into the one ``.npz`` at the end. ``--engine
+llama.cpp --gguf FILE`` records the routing inside llama.cpp instead (its eval callback,
+:mod:`specmoe.engines.llamacpp_routing`), teacher-forced on the same tokens (``--model``'s
+tokenizer) into the same shard format.
 """
 
 from __future__ import annotations
@@ -73,6 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap", type=int, help="context tokens re-fed between windows")
     parser.add_argument(
         "--shard-tokens", type=int, default=1 << 16, help="tokens per shard (default 65536)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("transformers", "llama.cpp"),
+        default="transformers",
+        help="where routing is recorded: transformers (default) or llama.cpp (needs --gguf)",
+    )
+    parser.add_argument(
+        "--gguf", metavar="FILE", help="with --engine llama.cpp: the GGUF export of --model"
     )
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--dtype", default=None, help="torch dtype (default float32 on cpu)")
@@ -202,6 +214,16 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--ray: captures whole documents; --tokens needs one process")
     if args.ray_workers is not None and (args.ray is None or args.ray_workers < 1):
         raise InputError("--ray-workers: needs --ray and must be >= 1")
+    if args.engine == "llama.cpp":
+        if not args.gguf:
+            raise InputError("--engine llama.cpp needs --gguf FILE (specmoe export --format gguf)")
+        if not Path(args.gguf).is_file():
+            raise InputError(f"--gguf {args.gguf}: no such GGUF file")
+        if args.generate is not None or args.ray is not None:
+            flag = "--generate" if args.generate is not None else "--ray"
+            raise InputError(f"--engine llama.cpp: teacher-forced in one process only, not {flag}")
+    elif args.gguf:
+        raise InputError("--gguf is only used with --engine llama.cpp")
     if args.generate is not None and not args.prompts:
         raise InputError("--generate needs --prompts FILE")
     if args.prompts and args.generate is None:
@@ -226,7 +248,12 @@ def run(args: argparse.Namespace) -> int:
     texts = [(p, _read_text(p, "--text")) for p in args.text] if args.text else None
     prompts = read_prompts(args.prompts) if args.generate is not None else None
     torch.manual_seed(args.seed)
-    if args.ray is None:
+    if args.engine == "llama.cpp":  # the model's tokenizer only: llama.cpp holds the weights
+        from specmoe.engine import models
+
+        model, label = None, _label(args)
+        tokenizer = models.load_tokenizer(models.resolve_model_dir(str(args.model)))
+    elif args.ray is None:
         model, tokenizer, label = _load(args)
     else:  # the replicas load on the Ray workers
         model = tokenizer = None
@@ -344,6 +371,23 @@ def _capture(
     try:
         if args.ray is not None:
             _capture_on_ray(args, docs, shard_dir, source)
+        elif args.engine == "llama.cpp":
+            from specmoe.engines.llamacpp_routing import capture_documents_gguf
+
+            capture_documents_gguf(
+                args.gguf,
+                tokenizer,
+                docs,
+                shard_dir,
+                max_tokens=args.tokens,
+                max_context=args.max_context,
+                overlap=args.overlap,
+                shard_tokens=args.shard_tokens,
+                progress=progress,
+                source=source,
+                model_name=label,
+                overwrite=args.overwrite,
+            )
         else:
             capture_documents(
                 model,
