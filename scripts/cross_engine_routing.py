@@ -2,7 +2,8 @@
 
     python scripts/cross_engine_routing.py [--model bundled|DIR] [--gguf FILE ...]
                                            [--outtype f32,bf16] [--tokens 5000] [--window 1024]
-                                           [--batch 64] [--threads 1] [--out FILE]
+                                           [--batch 64] [--threads 1] [--kv-type f16,f32]
+                                           [--out FILE]
 
 The first ``--tokens`` tokens of the bundled corpus's validation split (stdlib source files,
 tokenized by the model's own tokenizer; llama.cpp's tokens of the same documents are compared
@@ -11,6 +12,8 @@ eval callback on ``ffn_moe_topk-<l>``), in windows of ``--window`` tokens from p
 each GGUF: the share of (token, layer) pairs whose top-k expert sets agree (target >= 99%), and
 the near ties among the pairs that disagree (:mod:`specmoe.engines.routing_check`). Without
 ``--gguf`` the model is exported to a temporary GGUF per ``--outtype`` by ``specmoe export``.
+Each GGUF runs with llama.cpp's KV cache in float16 (its default, what it serves with) and in
+float32 (which leaves the weights' type as the only difference in storage).
 Prints the JSON record; ``--out`` writes it too. Needs ``make llama-cpp``.
 """
 
@@ -43,9 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=1024, help="tokens per window (default 1024)")
     ap.add_argument("--batch", type=int, default=64, help="llama.cpp ubatch (default 64)")
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads (default 1)")
+    ap.add_argument(
+        "--kv-type",
+        default="f16,f32",
+        help="llama.cpp's KV cache type(s): f16 (its default), f32 (default both)",
+    )
     ap.add_argument("--name", default=None, help="the model's name in the record")
     ap.add_argument("--out", default=None, help="write the JSON record here")
     args = ap.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return _run(args, atomic_path)
     except InputError as exc:
@@ -54,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, atomic_path) -> int:
-    from specmoe.engine.models import load_model, load_tokenizer, resolve_model_dir
+    from specmoe.engine.models import load_tokenizer, resolve_model_dir
     from specmoe.engines import llamacpp
-    from specmoe.engines.routing_check import cross_engine_check
+    from specmoe.engines.llamacpp_routing import KV_TYPES
+    from specmoe.engines.routing_check import cross_engine_check, transformers_reference
     from specmoe.errors import InputError
 
     llamacpp.require_built()
@@ -65,8 +75,19 @@ def _run(args: argparse.Namespace, atomic_path) -> int:
     for g in args.gguf or []:
         if not os.path.isfile(g):
             raise InputError(f"{g}: no such GGUF file", argument="--gguf")
-    model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
+    for kv in args.kv_type.split(","):
+        if kv.strip() not in KV_TYPES:
+            raise InputError(
+                f"unknown {kv!r} (choose from {', '.join(KV_TYPES)})", argument="--kv-type"
+            )
+    kv_types = [x.strip() for x in args.kv_type.split(",") if x.strip()]
     t0 = time.time()
+    tok = load_tokenizer(str(model_dir))
+    print(f"transformers: {args.tokens} tokens of {name}", file=sys.stderr)
+    # the model is loaded there and released before llama.cpp loads its copy
+    ref = transformers_reference(
+        model_dir, tokens=args.tokens, window=args.window, tokenizer=tok, model_name=name
+    )
     checks = []
     with tempfile.TemporaryDirectory(prefix="specmoe-routing-check-") as tmp:
         if args.gguf:
@@ -79,30 +100,23 @@ def _run(args: argparse.Namespace, atomic_path) -> int:
                 llamacpp.export_gguf(model_dir, path, outtype=ot)
                 ggufs.append((f"specmoe export --format gguf --outtype {ot}", path))
         for label, path in ggufs:
-            rec = cross_engine_check(
-                model_dir,
-                path,
-                tokens=args.tokens,
-                window=args.window,
-                batch=args.batch,
-                threads=args.threads,
-                model=model,
-                tokenizer=tok,
-                model_name=name,
-            )
-            rec["gguf"] = label
-            rec["gguf_bytes"] = path.stat().st_size
-            checks.append(rec)
-            a = rec["agreement"]
-            print(
-                f"{name} {label}: set agreement {a['set_agreement']:.5f} over {a['pairs']} "
-                f"pairs, {a['disagreements']['count']} disagreements "
-                f"({a['disagreements']['gap_within_bf16_ulp']} within a bf16 ulp)",
-                file=sys.stderr,
-            )
+            for kv in kv_types:
+                rec = cross_engine_check(
+                    ref, path, tokenizer=tok, batch=args.batch, threads=args.threads, kv_type=kv
+                )
+                rec["gguf"] = label
+                rec["gguf_bytes"] = path.stat().st_size
+                checks.append(rec)
+                a = rec["agreement"]
+                print(
+                    f"{name} {label} (KV {kv}): set agreement {a['set_agreement']:.5f} over "
+                    f"{a['pairs']} pairs, {a['disagreements']['count']} disagreements "
+                    f"({a['disagreements']['gap_within_bf16_ulp']} within a bf16 ulp)",
+                    file=sys.stderr,
+                )
     out = {
         "what": "cross-engine routing check: transformers against llama.cpp, teacher-forced",
-        "command": "python scripts/cross_engine_routing.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/cross_engine_routing.py " + " ".join(args.argv),
         "llama_cpp": llamacpp.VERSION,
         "machine": platform.machine(),
         "wall_s": round(time.time() - t0, 1),

@@ -189,3 +189,61 @@ def test_script_missing_gguf_exits_2_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "missing.gguf" in lines[0] and "no such GGUF file" in lines[0]
     assert proc.stdout == ""
+
+
+def test_capture_into_shards_matches_the_transformers_capture(gguf, target, tmp_path):
+    """The same documents, windows (context 96, overlap 24: several windows a document) and
+    shard format as specmoe.engine.capture.capture_documents, routing from llama.cpp."""
+    from specmoe.data.corpus import stdlib_root
+    from specmoe.engine.capture import capture_documents
+    from specmoe.engines.llamacpp_routing import capture_documents_gguf
+    from specmoe.formats.trace import open_trace
+
+    model, tok = target
+    text = (stdlib_root() / STDLIB_FILE).read_text(encoding="utf-8")
+    docs = [("a", text[:1500]), ("b", text[3000:4200])]
+    opts = {"max_context": 96, "overlap": 24, "shard_tokens": 300, "progress": False}
+    capture_documents(model, tok, docs, tmp_path / "hf", model_name="bundled", **opts)
+    out = capture_documents_gguf(gguf, tok, docs, tmp_path / "ll", model_name="bundled", **opts)
+    hf, ll = open_trace(tmp_path / "hf").load(), open_trace(out).load()
+    assert (hf.doc_offsets == ll.doc_offsets).all() and hf.num_tokens > 300
+    same = (np.sort(hf.experts, -1) == np.sort(ll.experts, -1)).all(-1)
+    assert same.mean() >= 0.99
+    # the weights: the router's probabilities of the chosen experts, highest first
+    # (equal to float32 rounding on 99% of them, as the probabilities are above)
+    d = np.abs(np.sort(hf.weights[same], -1) - np.sort(ll.weights[same], -1))
+    assert np.quantile(d, 0.99) < 1e-4
+    assert (np.diff(ll.weights, axis=-1) <= 0).all()
+    shards = sorted((tmp_path / "ll").glob("shard-*.npz"))
+    # a rerun finds every document done and writes nothing new
+    capture_documents_gguf(gguf, tok, docs, tmp_path / "ll", model_name="bundled", **opts)
+    assert sorted((tmp_path / "ll").glob("shard-*.npz")) == shards
+    # a transformers capture folder is not resumed by llama.cpp (the engines do not mix)
+    with pytest.raises(InputError, match="capture"):
+        capture_documents_gguf(gguf, tok, docs, tmp_path / "hf", model_name="bundled", **opts)
+
+
+def test_cross_engine_check_on_both_kv_cache_types(gguf, target):
+    """The check the script runs, small: corpus tokens, windows, tokenization, both KV types.
+    A float32 KV cache removes llama.cpp's float16 rounding of keys and values: its router
+    probabilities are closer to transformers' (float32 throughout)."""
+    from specmoe.engines.routing_check import cross_engine_check, transformers_reference
+
+    model, tok = target
+    ref = transformers_reference(
+        "bundled", tokens=600, window=256, model=model, tokenizer=tok, model_name="bundled"
+    )
+    assert ref.experts.shape == (600, 4, 8) and len(ref.windows) >= 3
+    out = {
+        kv: cross_engine_check(ref, gguf, tokenizer=tok, batch=32, kv_type=kv)
+        for kv in ("f16", "f32")
+    }
+    for rec in out.values():
+        assert rec["tokens"] == 600 and rec["layers"] == [0, 1, 2, 3]
+        t = rec["tokenization"]
+        assert t["documents_equal"] == t["documents"] >= 1 and t["first_difference"] is None
+        assert rec["agreement"]["set_agreement"] >= 0.99 and rec["agreement"]["passed"]
+    p16 = out["f16"]["agreement"]["probs_abs_diff"]["p99"]
+    p32 = out["f32"]["agreement"]["probs_abs_diff"]["p99"]
+    assert p32 < 1e-6 < p16  # float32 rounding, against float16 keys and values
+    assert out["f32"]["agreement"]["set_agreement"] >= 0.999

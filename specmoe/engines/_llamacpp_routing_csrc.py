@@ -128,7 +128,8 @@ static int rr_meta_int(struct llama_model * m, const char * arch, const char * k
 
 const char * rr_version(void) { return "specmoe-routing-1"; }
 
-void * rr_open(const char * path, int n_ctx, int batch, int threads, char * err, int errlen) {
+/* kv_f32: the KV cache in float32 (llama.cpp's default, kv_f32 = 0, is float16) */
+void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32, char * err, int errlen) {
     static int backend_ready = 0;
     llama_log_set(rr_log, NULL);
     if (!backend_ready) {
@@ -164,6 +165,10 @@ void * rr_open(const char * path, int n_ctx, int batch, int threads, char * err,
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    if (kv_f32) {
+        cp.type_k = GGML_TYPE_F32;
+        cp.type_v = GGML_TYPE_F32;
+    }
     cp.cb_eval = rr_callback;
     cp.cb_eval_user_data = st;
     cp.no_perf = true;
@@ -255,6 +260,21 @@ int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float 
     st->out_ids = NULL;
     st->out_probs = NULL;
     return rc;
+}
+
+/* a metadata value of the model as text ("<arch>." prefixed when key starts with a dot);
+   its length, or -1 when absent */
+int rr_meta(void * h, const char * key, char * buf, int buf_size) {
+    rr_state * st = (rr_state *) h;
+    char full[256];
+    if (key[0] == '.') {
+        char arch[128];
+        if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) return -1;
+        snprintf(full, sizeof full, "%s%s", arch, key);
+    } else {
+        snprintf(full, sizeof full, "%s", key);
+    }
+    return llama_model_meta_val_str(st->model, full, buf, (size_t) buf_size);
 }
 
 /* llama.cpp's tokens of text (no special tokens added; special tokens in the text parsed),

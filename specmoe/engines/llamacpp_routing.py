@@ -36,9 +36,17 @@ from specmoe.engines import llamacpp
 from specmoe.engines._llamacpp_routing_csrc import SOURCE
 from specmoe.errors import InputError
 
-__all__ = ["LlamaRouting", "Recorded", "build_recorder", "record_routing"]
+__all__ = [
+    "KV_TYPES",
+    "LlamaRouting",
+    "Recorded",
+    "build_recorder",
+    "capture_documents_gguf",
+    "record_routing",
+]
 
 _ERRLEN = 512
+KV_TYPES = ("f16", "f32")  # the KV cache's type: llama.cpp's default, or float32
 _LOCK = threading.Lock()
 
 
@@ -89,12 +97,14 @@ def build_recorder() -> Path:
 def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build_recorder()))
     p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
-    lib.rr_open.argtypes = [c, i, i, i, c, i]
+    lib.rr_open.argtypes = [c, i, i, i, i, c, i]
     lib.rr_open.restype = p
     lib.rr_dims.argtypes = [p, p]
     lib.rr_dims.restype = None
     lib.rr_record.argtypes = [p, p, i, p, p, p, c, i]
     lib.rr_record.restype = i
+    lib.rr_meta.argtypes = [p, c, c, i]
+    lib.rr_meta.restype = i
     lib.rr_tokenize.argtypes = [p, c, i, p, i]
     lib.rr_tokenize.restype = i
     lib.rr_close.argtypes = [p]
@@ -114,10 +124,17 @@ class Recorded:
 
 class LlamaRouting:
     """One GGUF model loaded in libllama with a context of ``n_ctx`` tokens that decodes in
-    ubatches of ``batch`` tokens on ``threads`` threads; a context manager."""
+    ubatches of ``batch`` tokens on ``threads`` threads, its KV cache in ``kv_type`` (``f16``,
+    llama.cpp's default, or ``f32``); a context manager."""
 
     def __init__(
-        self, gguf: str | os.PathLike, *, n_ctx: int = 4096, batch: int = 64, threads: int = 1
+        self,
+        gguf: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        batch: int = 64,
+        threads: int = 1,
+        kv_type: str = "f16",
     ):
         path = Path(gguf)
         if not path.is_file():
@@ -125,14 +142,22 @@ class LlamaRouting:
         for name, v in (("n_ctx", n_ctx), ("batch", batch), ("threads", threads)):
             if int(v) < 1:
                 raise InputError(f"must be >= 1, got {v}", argument=name)
+        if kv_type not in KV_TYPES:
+            raise InputError(
+                f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
+            )
         lib = _lib()
         err = ctypes.create_string_buffer(_ERRLEN)
-        h = lib.rr_open(str(path).encode(), int(n_ctx), int(batch), int(threads), err, _ERRLEN)
+        kv32 = int(kv_type == "f32")
+        h = lib.rr_open(
+            str(path).encode(), int(n_ctx), int(batch), int(threads), kv32, err, _ERRLEN
+        )
         if not h:
             raise InputError(f"{path}: {err.value.decode(errors='replace')}", argument="gguf")
         self._h = h
         self.path = path
         self.batch = int(batch)
+        self.kv_type = kv_type
         dims = (ctypes.c_int32 * 5)()
         lib.rr_dims(h, dims)
         self.n_layer, self.top_k, self.num_experts, self.n_ctx, self.n_vocab = map(int, dims)
@@ -181,6 +206,14 @@ class LlamaRouting:
             layers=tuple(moe),
         )
 
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text (``.name``: the architecture's ``<arch>.name``)."""
+        if self._h is None:
+            raise ValueError("meta: the model is closed")
+        buf = ctypes.create_string_buffer(1024)
+        n = _lib().rr_meta(self._h, key.encode(), buf, 1024)
+        return None if n < 0 else buf.value.decode(errors="replace")
+
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's tokens of ``text`` (``llama_tokenize``: no BOS/EOS added, special
         tokens written in the text parsed as such, as a transformers tokenizer does)."""
@@ -221,9 +254,132 @@ def record_routing(
     batch: int = 64,
     threads: int = 1,
     probs: bool = False,
+    kv_type: str = "f16",
 ) -> Recorded:
     """Open ``gguf``, record the routing of ``token_ids`` (one sequence from position 0),
     close. The context is the sequence's length."""
     n = len(token_ids)
-    with LlamaRouting(gguf, n_ctx=max(n, 1), batch=batch, threads=threads) as rec:
+    with LlamaRouting(gguf, n_ctx=max(n, 1), batch=batch, threads=threads, kv_type=kv_type) as rec:
         return rec.record(token_ids, probs=probs)
+
+
+# ------------------------------------------------------------------------------------------
+# teacher-forced capture into shards (the trace format of specmoe.engine.capture)
+
+
+def _windows(n: int, c: int, ov: int) -> list[tuple[int, int, int]]:
+    """``(start, ctx, end)`` per window, as :func:`specmoe.engine.capture.capture_tokens` cuts
+    a sequence of ``n`` tokens: window ``[start - ctx, end)``, its first ``ctx`` tokens context
+    only, so that every token is recorded once."""
+    out, start = [], 0
+    while start < n:
+        ctx = 0 if start == 0 else min(ov, start)
+        end = min(n, start - ctx + c)
+        out.append((start, ctx, end))
+        start = end
+    return out
+
+
+def capture_documents_gguf(
+    gguf: str | os.PathLike,
+    tokenizer: object,
+    documents: Sequence[tuple[str, str]],
+    out_dir: str | os.PathLike,
+    *,
+    max_tokens: int | None = None,
+    max_context: int | None = None,
+    overlap: int | None = None,
+    shard_tokens: int = 1 << 16,
+    batch: int = 64,
+    threads: int = 1,
+    source: str = "",
+    model_name: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Teacher-forced capture of ``documents [(name, text)]`` in llama.cpp into shards under
+    ``out_dir``: the windows, shards, manifest and resumption of
+    :func:`specmoe.engine.capture.capture_documents`, the routing recorded inside llama.cpp.
+
+    Tokens are ``tokenizer``'s (the model's own, no special tokens added: the same ids the
+    transformers capture feeds). Weights: the router's probabilities of the chosen experts, as
+    OLMoE's graph in llama.cpp uses them (it does not renormalise them). The shards record
+    ``capture: teacher_forced:llama.cpp``, so that a resumed capture cannot mix engines."""
+    from specmoe.engine.capture import _encode, _progress, documents_digest
+    from specmoe.formats.shards import ShardWriter
+
+    names = [str(n) for n, _ in documents]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(f"names must be unique (repeated {dup!r})", argument="documents")
+    if max_tokens is not None and max_tokens < 1:
+        raise InputError(f"must be a positive integer, got {max_tokens}", argument="max_tokens")
+    if shard_tokens < 1:
+        raise InputError(f"must be a positive integer, got {shard_tokens}", argument="shard_tokens")
+    path = Path(gguf)
+    if not path.is_file():
+        raise InputError(f"{path}: no such GGUF file", argument="gguf")
+    probe = LlamaRouting(path, n_ctx=16, batch=1, threads=threads)
+    try:
+        limit = int(probe.meta(".context_length") or 4096)
+        arch = probe.meta("general.architecture") or "unknown"
+        label = model_name or (probe.meta("general.name") or path.stem)
+        num_experts, top_k = probe.num_experts, probe.top_k
+    finally:
+        probe.close()
+    c = min(limit, 4096) if max_context is None else int(max_context)
+    if not 2 <= c <= limit:
+        raise InputError(
+            f"must be in 2..{limit} (the model's context), got {c}", argument="max_context"
+        )
+    ov = c // 4 if overlap is None else int(overlap)
+    if not 0 <= ov < c:
+        raise InputError(f"must be in 0..{c - 1} (below max_context), got {ov}", argument="overlap")
+    out = Path(out_dir)
+    with LlamaRouting(path, n_ctx=c, batch=batch, threads=threads) as rec:
+        first = rec.record([0], probs=False)  # which layers are MoE layers
+        header = {
+            "model": label,
+            "model_type": arch,
+            "num_experts": num_experts,
+            "top_k": top_k,
+            "layers": list(first.layers),
+            "source": source,
+            "capture": "teacher_forced:llama.cpp",
+            "engine": f"llama.cpp {llamacpp.VERSION}",
+            "max_context": c,
+            "overlap": ov,
+            "max_tokens": max_tokens,
+            "documents_sha256": documents_digest(documents),
+        }
+        writer = ShardWriter(out, header, shard_tokens=shard_tokens, overwrite=overwrite)
+        todo = [(str(n), t) for n, t in documents if str(n) not in writer.done]
+        budget = None if max_tokens is None else max(0, max_tokens - writer.tokens)
+        bar = _progress(
+            budget if budget is not None else len(todo), enabled=progress, desc=f"capture {label}"
+        )
+        try:
+            for name, text in todo:
+                if budget is not None and budget <= 0:
+                    break
+                ids = _encode(tokenizer, text)
+                if not ids:
+                    continue
+                cut = budget is not None and len(ids) > budget
+                if cut:
+                    ids = ids[:budget]
+                e_parts, w_parts = [], []
+                for start, ctx, end in _windows(len(ids), c, ov):
+                    r = rec.record(ids[start - ctx : end], probs=True)
+                    e_parts.append(r.experts[ctx:])
+                    w_parts.append(np.take_along_axis(r.probs[ctx:], r.experts[ctx:], -1))
+                writer.add(name, np.concatenate(e_parts), np.concatenate(w_parts), truncated=cut)
+                if budget is not None:
+                    budget -= len(ids)
+                bar.update(len(ids) if budget is not None else 1)
+        finally:
+            writer.flush()
+            bar.close()
+    if not writer.shards:
+        raise InputError("nothing to capture (every document is empty)", argument="documents")
+    return out

@@ -11,17 +11,18 @@ bfloat16 ulp of ``p_(m)`` (``2^(floor(log2 p_(m)) - 7)``: a difference that roun
 router's input or weights to bfloat16 can reverse). The same gaps over all pairs say how often
 the model is that close to a tie anywhere.
 
-:func:`cross_engine_check` runs both engines: the token sequence is cut into windows of at most
-``window`` tokens, each decoded from position 0 on an empty cache in both (transformers:
-:class:`specmoe.engine.capture.RouterRecorder` with the routers' logits hooked beside it;
-llama.cpp: :class:`specmoe.engines.llamacpp_routing.LlamaRouting`), and llama.cpp's tokens of
-each document are compared with transformers' tokenizer's.
+:func:`transformers_reference` runs transformers once: the token sequence is cut into windows
+of at most ``window`` tokens, each decoded from position 0 without a cache
+(:class:`specmoe.engine.capture.RouterRecorder`, the routers' logits hooked beside it).
+:func:`cross_engine_check` feeds the same windows to llama.cpp, each from position 0 on an empty
+KV cache (:class:`specmoe.engines.llamacpp_routing.LlamaRouting`; the cache float16 as
+llama.cpp serves, or float32), compares, and compares llama.cpp's tokens of each document with
+transformers' tokenizer's.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,7 +31,17 @@ import numpy as np
 
 from specmoe.errors import InputError
 
-__all__ = ["TARGET", "Agreement", "agreement", "bf16_ulp", "cross_engine_check", "top_gaps"]
+__all__ = [
+    "TARGET",
+    "Agreement",
+    "Reference",
+    "agreement",
+    "bf16_ulp",
+    "cross_engine_check",
+    "stdlib_tokens",
+    "top_gaps",
+    "transformers_reference",
+]
 
 TARGET = 0.99  # the issue's target: set agreement on >= 99% of (token, layer) pairs
 _GAP_LIMITS = (1e-4, 1e-3)
@@ -205,44 +216,86 @@ def stdlib_tokens(tokenizer: Any, n_tokens: int, *, split: str = "validation") -
     return out
 
 
-def cross_engine_check(
+@dataclass(frozen=True)
+class Reference:
+    """Transformers' routing of the check's tokens: ``experts [T, L, m]``, ``probs [T, L, N]``,
+    the ``windows`` they were fed in and the ``docs`` ``[(name, text, ids)]`` they came from."""
+
+    model: str
+    dtype: str
+    split: str
+    window: int
+    docs: list[tuple[str, str, list[int]]]
+    windows: list[list[int]]
+    experts: np.ndarray
+    probs: np.ndarray
+
+
+def transformers_reference(
     model_dir: str | os.PathLike,
-    gguf: str | os.PathLike,
     *,
     tokens: int = 5000,
     window: int = 1024,
-    batch: int = 64,
-    threads: int = 1,
     split: str = "validation",
     model: Any = None,
     tokenizer: Any = None,
-    progress: bool = True,
     model_name: str | None = None,
-) -> dict[str, Any]:
-    """Teacher-force the first ``tokens`` tokens of the corpus ``split`` through transformers
-    (the Hugging Face checkpoint ``model_dir``, float32 on the CPU) and llama.cpp (``gguf``,
-    exported from it) and compare their routing (:func:`agreement`). Returns a JSON-ready
-    record: the agreement, the tokenization check and what was run."""
+) -> Reference:
+    """Teacher-force the first ``tokens`` tokens of the corpus ``split`` (by the model's own
+    tokenizer) through transformers (the checkpoint ``model_dir``, float32 on the CPU unless
+    ``model`` is given), in windows of at most ``window`` tokens from position 0. A model
+    loaded here is released before returning (llama.cpp loads its own copy next)."""
     from specmoe.engine.models import load_model, load_tokenizer
-    from specmoe.engines.llamacpp_routing import LlamaRouting
 
     if tokens < 1:
         raise InputError(f"must be >= 1, got {tokens}", argument="tokens")
     if window < 2:
         raise InputError(f"must be >= 2, got {window}", argument="window")
-    if not os.path.isfile(gguf):
-        raise InputError(f"{gguf}: no such GGUF file", argument="gguf")
-    model = load_model(str(model_dir)) if model is None else model
     tokenizer = load_tokenizer(str(model_dir)) if tokenizer is None else tokenizer
     docs = stdlib_tokens(tokenizer, tokens, split=split)
     windows = [ids[s : s + window] for _, _, ids in docs for s in range(0, len(ids), window)]
-    say = (lambda msg: print(msg, file=sys.stderr)) if progress else (lambda msg: None)
-    say(f"routing check: {tokens} tokens, {len(windows)} windows of <= {window}")
-    ref_e, ref_p = _transformers_routing(model, windows)
-    say("routing check: transformers done")
+    own = model is None
+    model = load_model(str(model_dir)) if own else model
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    experts, probs = _transformers_routing(model, windows)
+    if own:
+        import gc
+
+        del model
+        gc.collect()
+    return Reference(
+        model=model_name or os.path.basename(os.path.normpath(str(model_dir))),
+        dtype=dtype,
+        split=split,
+        window=int(window),
+        docs=docs,
+        windows=windows,
+        experts=experts,
+        probs=probs,
+    )
+
+
+def cross_engine_check(
+    ref: Reference,
+    gguf: str | os.PathLike,
+    *,
+    tokenizer: Any,
+    batch: int = 64,
+    threads: int = 1,
+    kv_type: str = "f16",
+) -> dict[str, Any]:
+    """Teacher-force the reference's windows through llama.cpp (``gguf``, exported from the
+    reference's model; its KV cache in ``kv_type``) and compare the routing
+    (:func:`agreement`); check that llama.cpp tokenizes each document as ``tokenizer`` does.
+    Returns a JSON-ready record: the agreement, the tokenization check and what was run."""
+    from specmoe.engines.llamacpp_routing import LlamaRouting
+
+    if not os.path.isfile(gguf):
+        raise InputError(f"{gguf}: no such GGUF file", argument="gguf")
     tok_equal, tok_first_diff, doc_tokens = 0, None, 0
-    with LlamaRouting(gguf, n_ctx=window, batch=batch, threads=threads) as rec:
-        for name, text, _ids in docs:
+    opts = {"batch": batch, "threads": threads, "kv_type": kv_type}
+    with LlamaRouting(gguf, n_ctx=ref.window, **opts) as rec:
+        for name, text, _ids in ref.docs:
             full = list(tokenizer.encode(text, add_special_tokens=False))
             doc_tokens += len(full)
             lt = rec.tokenize(text)
@@ -253,33 +306,33 @@ def cross_engine_check(
                     (j for j, (x, y) in enumerate(zip(lt, full)) if x != y), min(len(lt), len(full))
                 )
                 tok_first_diff = {"document": name, "position": i}
-        parts = [rec.record(w, probs=True) for w in windows]
+        parts = [rec.record(w, probs=True) for w in ref.windows]
         layers = parts[0].layers
-    say("routing check: llama.cpp done")
     e = np.concatenate([p.experts for p in parts])
     p = np.concatenate([p.probs for p in parts])
-    if e.shape != ref_e.shape:
+    if e.shape != ref.experts.shape:
         raise RuntimeError(
-            f"routing check: llama.cpp recorded {e.shape}, transformers {ref_e.shape} "
+            f"routing check: llama.cpp recorded {e.shape}, transformers {ref.experts.shape} "
             "([T, L, m]; a layer count that differs?)"
         )
-    agr = agreement(ref_e, e, ref_p, p)
+    agr = agreement(ref.experts, e, ref.probs, p)
     return {
-        "model": model_name or os.path.basename(os.path.normpath(str(model_dir))),
+        "model": ref.model,
         "gguf": os.path.basename(str(gguf)),
+        "kv_cache": kv_type,
         "tokens": int(e.shape[0]),
         "layers": list(layers),
         "top_k": int(e.shape[2]),
         "num_experts": int(p.shape[2]),
-        "window": int(window),
-        "windows": len(windows),
+        "window": ref.window,
+        "windows": len(ref.windows),
         "batch": int(batch),
         "threads": int(threads),
-        "split": split,
-        "documents": [n for n, _, _ in docs],
-        "transformers_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "split": ref.split,
+        "documents": [n for n, _, _ in ref.docs],
+        "transformers_dtype": ref.dtype,
         "tokenization": {
-            "documents": len(docs),
+            "documents": len(ref.docs),
             "documents_equal": tok_equal,
             "tokens": int(doc_tokens),
             "first_difference": tok_first_diff,
