@@ -7,6 +7,7 @@ missing build fails these tests instead.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,26 @@ def test_cross_engine_check_on_both_kv_cache_types(gguf, target):
     p32 = out["f32"]["agreement"]["probs_abs_diff"]["p99"]
     assert p32 < 1e-6 < p16  # float32 rounding, against float16 keys and values
     assert out["f32"]["agreement"]["set_agreement"] >= 0.999
+
+
+def test_capture_command_with_the_llamacpp_engine(gguf, tmp_path, capsys):
+    from specmoe.cli import main
+    from specmoe.formats.trace import open_trace
+
+    out = tmp_path / "cap"
+    argv = ["capture", "--engine", "llama.cpp", "--gguf", str(gguf), "--split", "validation"]
+    assert main([*argv, "--tokens", "300", "--max-context", "128", "--out", str(out)]) == 0
+    t = open_trace(out).load()
+    assert t.num_tokens == 300 and t.experts.shape[1:] == (4, 8)
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["capture"] == "teacher_forced:llama.cpp"
+    capsys.readouterr()
+    bad = [
+        (["capture", "--engine", "llama.cpp", "--out", str(tmp_path / "x")], "needs --gguf"),
+        (["capture", "--gguf", str(gguf), "--out", str(tmp_path / "x")], "only used with"),
+        ([*argv[:4], str(tmp_path / "no.gguf"), "--out", str(tmp_path / "x")], "no such GGUF"),
+    ]
+    for args, words in bad:
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0]
