@@ -241,3 +241,10 @@ def test_roofline_q8_0_is_ggml_alone(capsys):
     spec.loader.exec_module(mod)
     assert mod.main(["--dtype", "q8_0", "--kernels", "per_slot,ggml"]) == 2
     assert "only --kernels ggml has a q8_0 path" in capsys.readouterr().err
+
+
+@needs_build
+def test_vec_dot_probe():
+    assert ggml_mmid.vec_dot_ns("bf16", rows=4, cols=64, tokens=2, reps=2) > 0
+    with pytest.raises(ValueError, match="multiple of q8_0's block"):
+        ggml_mmid.vec_dot_ns("q8_0", rows=4, cols=48)

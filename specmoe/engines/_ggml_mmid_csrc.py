@@ -165,6 +165,42 @@ double smm_run(smm_t *s, const float *in, const int32_t *ids, const float *wts, 
     return t;
 }
 
+// ggml's own vec_dot for a type (its CPU type traits), on `rows` weight rows of `cols` against
+// `tokens` activation rows converted to the vec_dot type, every token against every row, in the
+// order ggml's MUL_MAT_ID block takes them (token outer, row inner); `reps` sweeps after one
+// warm sweep. Returns ns per (row, token) vec_dot on the calling thread's CPU clock.
+double smm_vec_dot_ns(int type, int rows, int cols, int tokens, int reps) {
+    static int inited = 0;
+    if (!inited) { ggml_cpu_init(); inited = 1; }
+    const struct ggml_type_traits_cpu *tc = ggml_get_type_traits_cpu(type);
+    enum ggml_type vt = tc->vec_dot_type;
+    size_t rs = ggml_row_size(type, cols), vs = ggml_row_size(vt, cols);
+    float *f = malloc(sizeof(float) * (size_t)cols * (rows > tokens ? rows : tokens));
+    char *w = malloc(rs * rows + 64), *x = malloc(vs * tokens + 64);
+    if (!f || !w || !x) { free(f); free(w); free(x); return -1.0; }
+    uint32_t z = 12345;
+    for (size_t i = 0; i < (size_t)cols * (rows > tokens ? rows : tokens); i++) {
+        z = z * 1664525u + 1013904223u;
+        f[i] = ((z >> 8) / 16777216.0f - 0.5f) * 0.05f;
+    }
+    ggml_quantize_chunk(type, f, w, 0, rows, cols, NULL);
+    for (int t = 0; t < tokens; t++) ggml_get_type_traits_cpu(vt)->from_float(f + (size_t)t * cols, x + t * vs, cols);
+    volatile float sink = 0;
+    float s;
+    double t0 = 0;
+    for (int it = 0; it <= reps; it++) {
+        if (it == 1) t0 = now(1);
+        for (int t = 0; t < tokens; t++)
+            for (int r = 0; r < rows; r++) {
+                tc->vec_dot(cols, &s, 0, w + r * rs, 0, x + t * vs, 0, 1);
+                sink += s;
+            }
+    }
+    double dt = now(1) - t0;
+    free(f); free(w); free(x);
+    return 1e9 * dt / ((double)reps * rows * tokens);
+}
+
 // Read n floats (the cache flush between timed calls); returns their sum so it is not elided.
 double smm_read(const float *buf, long long n) {
     double acc = 0;

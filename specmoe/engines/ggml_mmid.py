@@ -53,6 +53,7 @@ __all__ = [
     "op_bytes",
     "quantize",
     "time_mul_mat_id",
+    "vec_dot_ns",
     "weight_bytes",
 ]
 
@@ -147,6 +148,8 @@ def _lib() -> ctypes.CDLL:
     lib.smm_quantize.restype = ll
     lib.smm_dequantize.argtypes = [i, p, p, ll]
     lib.smm_dequantize.restype = None
+    lib.smm_vec_dot_ns.argtypes = [i, i, i, i, i]
+    lib.smm_vec_dot_ns.restype = d
     lib.smm_read.argtypes = [p, ll]
     lib.smm_read.restype = d
     return lib
@@ -179,6 +182,18 @@ def dequantize(q: np.ndarray, wtype: str, cols: int) -> np.ndarray:
     out = np.empty((*q.shape[:-1], cols), dtype=np.float32)
     _lib().smm_dequantize(_tid(wtype), q.ctypes.data, out.ctypes.data, out.size)
     return out
+
+
+def vec_dot_ns(wtype: str, *, rows: int, cols: int, tokens: int = 1, reps: int = 20) -> float:
+    """ns per call of ggml's own ``vec_dot`` for ``wtype`` (one weight row against one
+    activation row converted to its vec_dot type), every token against every one of ``rows``
+    rows as ggml's ``MUL_MAT_ID`` block does: ``rows`` sets where the weights sit (16 rows, ggml's
+    block, of 2048 bf16 weights are 64 KiB: L2). Thread CPU time."""
+    row_size(wtype, cols)
+    t = _lib().smm_vec_dot_ns(_tid(wtype), rows, cols, tokens, reps)
+    if t < 0:
+        raise RuntimeError("ggml harness: out of memory")
+    return float(t)
 
 
 def check_ids(ids: np.ndarray, experts: int, top_k: int | None = None) -> np.ndarray:
