@@ -15,6 +15,10 @@ probability first) and, when asked, ``ffn_moe_probs-<l>`` (the softmax, ``[N, n]
 teacher-forced pass of one token sequence from position 0 on an empty KV cache, in ubatches of
 ``batch`` tokens: ``experts [T, L, m]`` in llama.cpp's order (highest probability first) and,
 with ``probs=True``, ``probs [T, L, N]``. :func:`record_routing` opens, records and closes.
+The KV cache is float16 by default (llama.cpp's own default, what it serves with) or float32
+(``kv_type``). :func:`capture_documents_gguf` is the teacher-forced capture of
+:func:`specmoe.engine.capture.capture_documents` (the same windows, shards and resumption)
+recorded inside llama.cpp (``specmoe capture --engine llama.cpp``).
 """
 
 from __future__ import annotations
