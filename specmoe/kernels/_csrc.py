@@ -231,13 +231,11 @@ SM_DPROW(1)
 SM_DPROW(2)
 SM_DPROW(3)
 SM_DPROW(4)
-SM_DPBLOCK(8, 1)
+SM_DPBLOCK(8, 1)  /* SM_DP_RB1=8 or 6: one token on 8 or 6 rows (measured, not the default) */
 SM_DPBLOCK(6, 1)
-SM_DPBLOCK(6, 2)
-SM_DPBLOCK(6, 3)
 
 #ifndef SM_DP_RB1
-#define SM_DP_RB1 4
+#define SM_DP_RB1 4  /* rows per one-token block: 4, 6 or 8 (results/cpu/kernels/tuning.md) */
 #endif
 /* Rows per block for a block of tb tokens: as many as the 32 vector registers hold
    (RB * TB accumulators + RB weight vectors + one activation vector). */
@@ -275,11 +273,7 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
             const uint16_t *wr = w + (size_t)r * ldw;
             float *o = out + (size_t)t * ldo + r;
             if (rb == 8) sm_dpblock_8x1(wr, ldw, xt, cols, o, ldo);
-            else if (rb == 6) {
-                if (tb == 1) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo);
-                else if (tb == 2) sm_dpblock_6x2(wr, ldw, xt, cols, o, ldo);
-                else sm_dpblock_6x3(wr, ldw, xt, cols, o, ldo);
-            }
+            else if (rb == 6) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo);
             else if (rb == 4) { SM_DP_CALL(4, tb, wr, ldw, xt, cols, o, ldo) }
             else if (rb == 3) { SM_DP_CALL(3, tb, wr, ldw, xt, cols, o, ldo) }
             else { SM_DP_CALL(2, tb, wr, ldw, xt, cols, o, ldo) }
