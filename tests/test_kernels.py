@@ -669,3 +669,33 @@ def test_selfcheck_script_bad_input_is_one_line_exit_2(argv, flag, capsys):
     err = cap.err.strip().splitlines()
     assert rc == 2 and cap.out == "" and len(err) == 1
     assert err[0].startswith(f"kernel_selfcheck: error: {flag}: ")
+
+
+def _kernel_ab_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_ab.py"
+    spec = importlib.util.spec_from_file_location("kernel_ab", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--variants", "novalue"], "--variants"),
+        (["--variants", "a=@/nonexistent/_csrc.py"], "--variants"),
+        (["--variants", "a=", "--n", "0"], "--n"),
+        (["--variants", "a=", "--n", "x"], "--n"),
+        (["--variants", "a=", "--modes", "both"], "--modes"),
+        (["--variants", "a=", "--dtype", "int4"], "--dtype"),
+    ],
+)
+def test_kernel_ab_bad_input_is_one_line_exit_2(argv, flag, capsys):
+    rc = _kernel_ab_script().main(argv)
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and cap.out == "" and len(err) == 1
+    assert err[0].startswith(f"kernel_ab: error: {flag}: ")
