@@ -5,7 +5,10 @@ Legend: ``n`` tokens, ``m`` slots, ``N`` experts, ``h`` hidden, ``I`` expert wid
 ``per_slot`` and ``dedup`` run the C routine of :mod:`specmoe.kernels._csrc` on the tensors'
 data pointers (no copy of the weights). Per-slot streams one expert per slot (n·m·b requested
 bytes, paper 002 Section 1); dedup streams each distinct expert once and applies every weight
-row to all of its tokens while the row is in registers (U·b bytes). Where the C kernel cannot
+row to all of its tokens while the row is in registers (U·b bytes). bfloat16 weights on a
+processor with AVX-512 BF16 run ``vdpbf16ps`` on bfloat16 activations (the intermediate
+activation rounded to bfloat16, as transformers' bf16 experts do; :func:`set_bf16_dot` turns
+it off). Where the C kernel cannot
 take a call (no C compiler, weights of another dtype than float32/bfloat16/float16, a strided
 last dimension, tensors off the CPU: :func:`c_reason`) the call runs the pure-torch kernel
 below instead, with a :class:`~specmoe.kernels.KernelFallbackWarning` naming the reason
