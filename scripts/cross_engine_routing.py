@@ -51,6 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         default="f16,f32",
         help="llama.cpp's KV cache type(s): f16 (its default), f32 (default both)",
     )
+    ap.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=FLOAT",
+        help="GGUF float metadata replaced at load (llama.cpp's --override-kv KEY=float:V); "
+        "each GGUF runs as exported and with these",
+    )
+    ap.add_argument(
+        "--layerwise",
+        action="store_true",
+        help="transformers: bfloat16 weights cast to float32 one layer at a time (less memory)",
+    )
     ap.add_argument("--name", default=None, help="the model's name in the record")
     ap.add_argument("--out", default=None, help="write the JSON record here")
     args = ap.parse_args(argv)
@@ -81,12 +94,27 @@ def _run(args: argparse.Namespace, atomic_path) -> int:
                 f"unknown {kv!r} (choose from {', '.join(KV_TYPES)})", argument="--kv-type"
             )
     kv_types = [x.strip() for x in args.kv_type.split(",") if x.strip()]
+    overrides: dict[str, float] = {}
+    for item in args.override:
+        key, _, val = item.partition("=")
+        try:
+            overrides[key.strip()] = float(val)
+        except ValueError:
+            raise InputError(f"{item!r}: not KEY=FLOAT", argument="--override") from None
+        if not key.strip():
+            raise InputError(f"{item!r}: not KEY=FLOAT", argument="--override")
+    variants = [None, overrides] if overrides else [None]
     t0 = time.time()
     tok = load_tokenizer(str(model_dir))
     print(f"transformers: {args.tokens} tokens of {name}", file=sys.stderr)
     # the model is loaded there and released before llama.cpp loads its copy
     ref = transformers_reference(
-        model_dir, tokens=args.tokens, window=args.window, tokenizer=tok, model_name=name
+        model_dir,
+        tokens=args.tokens,
+        window=args.window,
+        tokenizer=tok,
+        model_name=name,
+        layerwise=args.layerwise,
     )
     checks = []
     with tempfile.TemporaryDirectory(prefix="specmoe-routing-check-") as tmp:
@@ -99,21 +127,28 @@ def _run(args: argparse.Namespace, atomic_path) -> int:
                 print(f"exporting {name} as {ot} GGUF", file=sys.stderr)
                 llamacpp.export_gguf(model_dir, path, outtype=ot)
                 ggufs.append((f"specmoe export --format gguf --outtype {ot}", path))
-        for label, path in ggufs:
-            for kv in kv_types:
-                rec = cross_engine_check(
-                    ref, path, tokenizer=tok, batch=args.batch, threads=args.threads, kv_type=kv
-                )
-                rec["gguf"] = label
-                rec["gguf_bytes"] = path.stat().st_size
-                checks.append(rec)
-                a = rec["agreement"]
-                print(
-                    f"{name} {label} (KV {kv}): set agreement {a['set_agreement']:.5f} over "
-                    f"{a['pairs']} pairs, {a['disagreements']['count']} disagreements "
-                    f"({a['disagreements']['gap_within_bf16_ulp']} within a bf16 ulp)",
-                    file=sys.stderr,
-                )
+        runs = [(g, kv, o) for g in ggufs for o in variants for kv in kv_types]
+        for (label, path), kv, over in runs:
+            rec = cross_engine_check(
+                ref,
+                path,
+                tokenizer=tok,
+                batch=args.batch,
+                threads=args.threads,
+                kv_type=kv,
+                overrides=over,
+            )
+            rec["gguf"] = label
+            rec["gguf_bytes"] = path.stat().st_size
+            checks.append(rec)
+            a = rec["agreement"]
+            print(
+                f"{name} {label} (KV {kv}{', ' + str(over) if over else ''}): set agreement "
+                f"{a['set_agreement']:.5f} over "
+                f"{a['pairs']} pairs, {a['disagreements']['count']} disagreements "
+                f"({a['disagreements']['gap_within_bf16_ulp']} within a bf16 ulp)",
+                file=sys.stderr,
+            )
     out = {
         "what": "cross-engine routing check: transformers against llama.cpp, teacher-forced",
         "command": "python scripts/cross_engine_routing.py " + " ".join(args.argv),

@@ -271,3 +271,19 @@ def test_capture_command_with_the_llamacpp_engine(gguf, tmp_path, capsys):
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0]
+
+
+def test_metadata_overrides_reach_the_model(gguf, ids, recorded):
+    """A float override replaces the file's value at load (llama.cpp's --override-kv): the
+    file's own epsilon routes as the file does, a very large one does not."""
+    from specmoe.engines.llamacpp_routing import LlamaRouting
+
+    key = "olmoe.attention.layer_norm_rms_epsilon"
+    with LlamaRouting(gguf, n_ctx=N, batch=64) as rec:
+        assert float(rec.meta(key)) == pytest.approx(1e-5)
+    with LlamaRouting(gguf, n_ctx=N, batch=64, overrides={key: 1e-5}) as rec:
+        same = rec.record(ids[:128]).experts
+    with LlamaRouting(gguf, n_ctx=N, batch=64, overrides={key: 10.0}) as rec:
+        other = rec.record(ids[:128]).experts
+    assert (same == recorded.experts[:128]).all()
+    assert (other != recorded.experts[:128]).any(-1).mean() > 0.5

@@ -90,3 +90,18 @@ def test_shapes_must_match():
         agreement(np.zeros((3, 2, 2), int), np.zeros((3, 2, 3), int), p)
     with pytest.raises(ValueError, match="ref_probs"):
         agreement(np.zeros((3, 2, 2), int), np.zeros((3, 2, 2), int), p[:2])
+
+
+def test_layerwise_float32_reference_equals_the_float32_model():
+    """A bfloat16 checkpoint cast to float32 one layer at a time computes the float32 model's
+    numbers exactly (the bundled checkpoint is stored in bfloat16)."""
+    from specmoe.engine.models import load_tokenizer
+    from specmoe.engines.routing_check import transformers_reference
+
+    tok = load_tokenizer("bundled")
+    a = transformers_reference("bundled", tokens=300, window=128, tokenizer=tok)
+    b = transformers_reference("bundled", tokens=300, window=128, tokenizer=tok, layerwise=True)
+    assert a.dtype == "float32" and "per layer" in b.dtype
+    assert a.experts.shape == (300, 4, 8) and len(a.windows) == len(b.windows) >= 3
+    assert (a.experts == b.experts).all()
+    assert np.array_equal(a.probs, b.probs)

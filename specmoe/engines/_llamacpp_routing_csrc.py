@@ -128,8 +128,12 @@ static int rr_meta_int(struct llama_model * m, const char * arch, const char * k
 
 const char * rr_version(void) { return "specmoe-routing-1"; }
 
-/* kv_f32: the KV cache in float32 (llama.cpp's default, kv_f32 = 0, is float16) */
-void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32, char * err, int errlen) {
+/* kv_f32: the KV cache in float32 (llama.cpp's default, kv_f32 = 0, is float16);
+   n_over float metadata overrides, keys over_keys[i] and values over_vals[i] (llama.cpp's
+   --override-kv KEY=float:VALUE) */
+void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
+               int n_over, const char ** over_keys, const double * over_vals,
+               char * err, int errlen) {
     static int backend_ready = 0;
     llama_log_set(rr_log, NULL);
     if (!backend_ready) {
@@ -140,7 +144,19 @@ void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
     rr_state * st = (rr_state *) calloc(1, sizeof(rr_state));
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    struct llama_model_kv_override * over = NULL;
+    if (n_over > 0) {
+        over = (struct llama_model_kv_override *) calloc((size_t) n_over + 1, sizeof *over);
+        for (int i = 0; i < n_over; i++) {
+            over[i].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT;
+            snprintf(over[i].key, sizeof over[i].key, "%s", over_keys[i]);
+            over[i].val_f64 = over_vals[i];
+        }
+        over[n_over].key[0] = 0;
+        mp.kv_overrides = over;
+    }
     st->model = llama_model_load_from_file(path, mp);
+    free(over);
     if (!st->model) {
         snprintf(err, errlen, "llama.cpp could not load it (%s)", rr_log_last[0] ? rr_log_last : "no message");
         free(st);

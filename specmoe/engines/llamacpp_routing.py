@@ -101,7 +101,7 @@ def build_recorder() -> Path:
 def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build_recorder()))
     p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
-    lib.rr_open.argtypes = [c, i, i, i, i, c, i]
+    lib.rr_open.argtypes = [c, i, i, i, i, i, p, p, c, i]
     lib.rr_open.restype = p
     lib.rr_dims.argtypes = [p, p]
     lib.rr_dims.restype = None
@@ -129,7 +129,8 @@ class Recorded:
 class LlamaRouting:
     """One GGUF model loaded in libllama with a context of ``n_ctx`` tokens that decodes in
     ubatches of ``batch`` tokens on ``threads`` threads, its KV cache in ``kv_type`` (``f16``,
-    llama.cpp's default, or ``f32``); a context manager."""
+    llama.cpp's default, or ``f32``); ``overrides``: float metadata values in place of the
+    file's (llama.cpp's ``--override-kv KEY=float:VALUE``); a context manager."""
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class LlamaRouting:
         batch: int = 64,
         threads: int = 1,
         kv_type: str = "f16",
+        overrides: dict[str, float] | None = None,
     ):
         path = Path(gguf)
         if not path.is_file():
@@ -153,8 +155,20 @@ class LlamaRouting:
         lib = _lib()
         err = ctypes.create_string_buffer(_ERRLEN)
         kv32 = int(kv_type == "f32")
+        over = dict(overrides or {})
+        keys = (ctypes.c_char_p * max(1, len(over)))(*[k.encode() for k in over])
+        vals = (ctypes.c_double * max(1, len(over)))(*[float(v) for v in over.values()])
         h = lib.rr_open(
-            str(path).encode(), int(n_ctx), int(batch), int(threads), kv32, err, _ERRLEN
+            str(path).encode(),
+            int(n_ctx),
+            int(batch),
+            int(threads),
+            kv32,
+            len(over),
+            keys,
+            vals,
+            err,
+            _ERRLEN,
         )
         if not h:
             raise InputError(f"{path}: {err.value.decode(errors='replace')}", argument="gguf")

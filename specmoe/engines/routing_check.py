@@ -231,6 +231,36 @@ class Reference:
     probs: np.ndarray
 
 
+def _layerwise_float32(model: Any) -> list[Any]:
+    """Run a bfloat16-loaded ``model`` in float32 one decoder layer at a time: the layers
+    outside the decoder stack in float32 for good (the rotary embedding rebuilt from the
+    config, so that its frequencies are float32's), each decoder layer cast to float32 just
+    before its forward and back to bfloat16 after. bfloat16 to float32 is exact, so this is
+    the float32 model of a bfloat16 checkpoint in about half its memory. Returns the hooks."""
+    import torch
+
+    base = model.base_model
+    layers = base.layers
+    for name, child in base.named_children():
+        if child is layers:
+            continue
+        if name == "rotary_emb":
+            setattr(base, name, type(child)(config=model.config))
+        else:
+            child.float()
+
+    def up(module: Any, args: Any) -> None:
+        module.float()
+
+    def down(module: Any, args: Any, output: Any) -> None:
+        module.to(torch.bfloat16)
+
+    hooks = []
+    for layer in layers:
+        hooks += [layer.register_forward_pre_hook(up), layer.register_forward_hook(down)]
+    return hooks
+
+
 def transformers_reference(
     model_dir: str | os.PathLike,
     *,
@@ -240,11 +270,14 @@ def transformers_reference(
     model: Any = None,
     tokenizer: Any = None,
     model_name: str | None = None,
+    layerwise: bool = False,
 ) -> Reference:
     """Teacher-force the first ``tokens`` tokens of the corpus ``split`` (by the model's own
     tokenizer) through transformers (the checkpoint ``model_dir``, float32 on the CPU unless
     ``model`` is given), in windows of at most ``window`` tokens from position 0. A model
-    loaded here is released before returning (llama.cpp loads its own copy next)."""
+    loaded here is released before returning (llama.cpp loads its own copy next).
+    ``layerwise``: load it in bfloat16 and compute in float32 one layer at a time (for a
+    bfloat16 checkpoint too large for float32 in memory: the same numbers)."""
     from specmoe.engine.models import load_model, load_tokenizer
 
     if tokens < 1:
@@ -255,8 +288,13 @@ def transformers_reference(
     docs = stdlib_tokens(tokenizer, tokens, split=split)
     windows = [ids[s : s + window] for _, _, ids in docs for s in range(0, len(ids), window)]
     own = model is None
-    model = load_model(str(model_dir)) if own else model
-    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    if own and layerwise:
+        model = load_model(str(model_dir), dtype="bfloat16")
+        _layerwise_float32(model)
+        dtype = "float32 (bfloat16 weights cast per layer)"
+    else:
+        model = load_model(str(model_dir)) if own else model
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     experts, probs = _transformers_routing(model, windows)
     if own:
         import gc
@@ -283,9 +321,12 @@ def cross_engine_check(
     batch: int = 64,
     threads: int = 1,
     kv_type: str = "f16",
+    overrides: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Teacher-force the reference's windows through llama.cpp (``gguf``, exported from the
-    reference's model; its KV cache in ``kv_type``) and compare the routing
+    reference's model; its KV cache in ``kv_type``; ``overrides``: GGUF float metadata
+    replaced at load, as :class:`~specmoe.engines.llamacpp_routing.LlamaRouting` takes them)
+    and compare the routing
     (:func:`agreement`); check that llama.cpp tokenizes each document as ``tokenizer`` does.
     Returns a JSON-ready record: the agreement, the tokenization check and what was run."""
     from specmoe.engines.llamacpp_routing import LlamaRouting
@@ -293,7 +334,7 @@ def cross_engine_check(
     if not os.path.isfile(gguf):
         raise InputError(f"{gguf}: no such GGUF file", argument="gguf")
     tok_equal, tok_first_diff, doc_tokens = 0, None, 0
-    opts = {"batch": batch, "threads": threads, "kv_type": kv_type}
+    opts = {"batch": batch, "threads": threads, "kv_type": kv_type, "overrides": overrides}
     with LlamaRouting(gguf, n_ctx=ref.window, **opts) as rec:
         for name, text, _ids in ref.docs:
             full = list(tokenizer.encode(text, add_special_tokens=False))
@@ -320,6 +361,7 @@ def cross_engine_check(
         "model": ref.model,
         "gguf": os.path.basename(str(gguf)),
         "kv_cache": kv_type,
+        "metadata_overrides": dict(overrides or {}),
         "tokens": int(e.shape[0]),
         "layers": list(layers),
         "top_k": int(e.shape[2]),
