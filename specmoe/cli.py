@@ -37,7 +37,7 @@ COMMANDS: dict[str, str] = {
     "spec": "show a model spec (preset or HF config)",
     "efficiency": "target efficiency and speedup against batch size",
     "export": "write a model in another engine's format (GGUF for llama.cpp)",
-    "lift": "lift the bundled model to a preset's shapes, computing the same function",
+    "lift": "widen the bundled model to a preset's shapes, same function",
     "acceptance": "acceptance rate from an engine's speculative metrics",
     "campaign": "run a sweep of command units, here or on Ray, into one folder",
 }
