@@ -221,3 +221,33 @@ def test_server_synthetic_acceptance_counts(gguf):
     assert every.draft_n <= 4 * (48 // 5 + 1)
     none = synthetic_run(gguf["bf16"], gguf["draft"], prompt, k=4, acceptance=0.0, n_predict=48)
     assert none.draft_n > 0 and none.draft_n_accepted == 0
+
+
+def _gguf_eps(path) -> float:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gguf import GGUFReader;"
+        "print(repr(float(GGUFReader(sys.argv[2]).fields["
+        "'olmoe.attention.layer_norm_rms_epsilon'].contents())))"
+    )
+    src = str(llamacpp.cache_root() / "src" / "gguf-py")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, src, str(path)], capture_output=True, text=True, check=True
+    )
+    return float(proc.stdout)
+
+
+def test_export_keeps_the_checkpoints_rmsnorm_epsilon(gguf, tmp_path):
+    """llama.cpp's OLMoE converter writes 1e-5 whatever config.json says; the export keeps
+    the checkpoint's value (a lifted model's is the source's times d/D)."""
+    import shutil
+
+    from specmoe.engines.llamacpp import export_gguf
+
+    assert _gguf_eps(gguf["f32"]) == pytest.approx(1e-5, rel=1e-6)  # the bundled value
+    model = tmp_path / "model"
+    shutil.copytree(llamacpp_model_dir(), model)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["rms_norm_eps"] = 2.5e-6
+    (model / "config.json").write_text(json.dumps(cfg))
+    out = export_gguf(model, tmp_path / "eps.gguf", outtype="f32")
+    assert _gguf_eps(out) == pytest.approx(2.5e-6, rel=1e-6)  # float32 in the file

@@ -8,7 +8,10 @@ where SOURCE_DIR holds llama.cpp's source (``convert_hf_to_gguf.py``, ``conversi
 the sha256 of ``str(tokenizer.encode(chktxt))``) to the name of a pre-tokenizer llama.cpp
 implements (``gpt-2``). A hash llama.cpp knows keeps llama.cpp's answer; one neither knows
 still fails as llama.cpp fails. And a model without ``tokenizer.model`` converts without the
-sentencepiece package (the converter imports it before it looks for the file).
+sentencepiece package (the converter imports it before it looks for the file). And an OLMoE
+checkpoint keeps its own RMSNorm epsilon: llama.cpp's ``OlmoeModel`` writes 1e-5 over the
+value the base class took from ``config.json`` (equal for OLMoE's released checkpoints, not for
+a model whose epsilon differs, such as one lifted to wider shapes by ``specmoe lift``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,15 @@ def _patch(pre_map: dict[str, str]) -> None:
         return original_sp(self)
 
     base.TextModel._create_vocab_sentencepiece = _create_vocab_sentencepiece
+
+    from conversion import olmo
+
+    def set_gguf_parameters(self):
+        base.TextModel.set_gguf_parameters(self)  # writes config.json's rms_norm_eps when set
+        if self.find_hparam(["rms_norm_eps", "norm_eps"], optional=True) is None:
+            self.gguf_writer.add_layer_norm_rms_eps(1e-5)  # llama.cpp's value, as before
+
+    olmo.OlmoeModel.set_gguf_parameters = set_gguf_parameters
 
 
 def main(argv: list[str]) -> None:
