@@ -756,6 +756,14 @@ CASES: list[tuple[str, str, tuple[str, ...], tuple]] = [
     ("export-out-proc", "export --out /proc/x/m.gguf", ("--out", "/proc/x"), ()),
     ("export-out-dir", "export --out {folder}", ("--out", "folder.json"), ()),
     ("export-model-file", "export --model {file} --out {out}/m.gguf", ("file.txt",), ()),
+    # --- lift
+    ("lift-layers-below", "lift --layers 2 --out {out}", ("--layers", "2"), ()),
+    ("lift-layers-0", "lift --layers 0 --out {out}", ("--layers",), ()),
+    ("lift-hidden-below", "lift --hidden 64 --out {out}", ("--hidden", "64"), ()),
+    ("lift-dtype", "lift --dtype fp8 --out {out}", ("--dtype", "fp8"), ()),
+    ("lift-heads", "lift --heads 3 --out {out}", ("--heads", "3"), ()),
+    ("lift-preset", "lift --preset nope --out {out}", ("nope",), ()),
+    ("lift-model-file", "lift --model {file} --out {out}", ("file.txt",), ()),
 ]
 
 
