@@ -27,12 +27,7 @@ operation moves ``U`` experts' weights: ``U · rows · row_size(type, cols)``, w
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import statistics
-import subprocess
-import tempfile
-import threading
 import time
 from functools import cache
 from pathlib import Path
@@ -60,7 +55,6 @@ __all__ = [
 TYPES = ("f32", "bf16", "q8_0")
 MODES = {"ffn": 0, "gate": 1, "up": 2, "down": 3}
 _BLOCK = {"f32": (1, 4), "bf16": (1, 2), "q8_0": (32, 34)}  # weights per block, bytes per block
-_LOCK = threading.Lock()
 
 
 def _check_type(wtype: str) -> str:
@@ -97,37 +91,9 @@ def op_bytes(ids: np.ndarray, wtype: str, hidden: int, inter: int, op: str = "ff
 def build() -> Path:
     """The compiled harness (built on first use, once per llama.cpp version, source and
     compiler), beside the llama.cpp build; an ``InputError`` if llama.cpp is not built."""
-    root = llamacpp.require_built()
-    from specmoe.kernels._cbuild import find_compiler
-
-    with _LOCK:
-        cc = find_compiler()
-        if cc is None:
-            raise RuntimeError("ggml harness: no C compiler found (set CC)")
-        lib_dir = root / "build" / "bin"
-        key = hashlib.sha256(
-            "\0".join([llamacpp.VERSION, SOURCE, cc, str(root)]).encode()
-        ).hexdigest()[:16]
-        target = root / "specmoe-ggml" / f"ggml_mmid_{llamacpp.VERSION}_{key}.so"
-        if target.is_file():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix="specmoe-ggml-cc-") as tmp:
-            src = Path(tmp) / "ggml_mmid.c"
-            src.write_text(SOURCE, encoding="utf-8")
-            out = Path(tmp) / "ggml_mmid.so"
-            cmd = [*cc.split(), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-shared"]
-            cmd += ["-fPIC", str(src), "-o", str(out), f"-I{root / 'src' / 'ggml' / 'include'}"]
-            cmd += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lggml-cpu", "-lggml-base", "-lggml"]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-            if res.returncode != 0 or not out.is_file():
-                tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-                raise RuntimeError(f"ggml harness: did not compile: {tail}")
-            fd, part = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            os.close(fd)
-            Path(part).write_bytes(out.read_bytes())
-            os.replace(part, target)
-        return target
+    return llamacpp.compile_shim(
+        SOURCE, name="ggml_mmid", libs=["ggml-cpu", "ggml-base", "ggml"], what="ggml harness"
+    )
 
 
 @cache

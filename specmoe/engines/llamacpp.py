@@ -23,10 +23,13 @@ The parsers live in :mod:`specmoe.engines.llamacpp_logs` (no torch, tested on ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,7 @@ __all__ = [
     "bench_decode",
     "bench_verify",
     "cache_root",
+    "compile_shim",
     "export_gguf",
     "greedy_text",
     "is_built",
@@ -378,3 +382,48 @@ def write_round_log(
     writer.end_generation(gid, tokens=run.n_predict, rounds=len(run.rounds))
     path = writer.flush() if flush else None
     return Path(path) if path is not None else Path(directory)
+
+
+# ------------------------------------------------------------------------------------------
+# C shims against the build (the routing recorder, the MUL_MAT_ID harness)
+
+_SHIM_LOCK = threading.Lock()
+
+
+def compile_shim(source: str, *, name: str, libs: list[str], what: str) -> Path:
+    """``source`` compiled into a shared library against this build's headers (llama and
+    ggml) and ``libs`` (``["llama", "ggml-base", "ggml"]``), on first use, into
+    ``<cache>/specmoe-<name>/<name>_<version>_<key>.so`` where the key hashes the llama.cpp
+    version, the source, the compiler and the build's folder; written atomically, so a second
+    process finds it whole or not at all. ``InputError`` when llama.cpp is not built,
+    ``RuntimeError`` (naming ``what``) when there is no compiler or the source does not compile.
+    """
+    from specmoe.kernels._cbuild import find_compiler
+
+    root = require_built()
+    with _SHIM_LOCK:
+        cc = find_compiler()
+        if cc is None:
+            raise RuntimeError(f"{what}: no C compiler found (set CC)")
+        lib_dir = root / "build" / "bin"
+        key = hashlib.sha256("\0".join([VERSION, source, cc, str(root)]).encode()).hexdigest()
+        target = root / f"specmoe-{name}" / f"{name}_{VERSION}_{key[:16]}.so"
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        inc = [root / "src" / "include", root / "src" / "ggml" / "include"]
+        with tempfile.TemporaryDirectory(prefix=f"specmoe-{name}-cc-") as tmp:
+            src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+            src.write_text(source, encoding="utf-8")
+            cmd = [*cc.split(), "-O2", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-shared"]
+            cmd += ["-fPIC", str(src), "-o", str(out), *(f"-I{d}" for d in inc)]
+            cmd += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", *(f"-l{lib}" for lib in libs)]
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+            if res.returncode != 0 or not out.is_file():
+                tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+                raise RuntimeError(f"{what}: did not compile: {tail}")
+            fd, part = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            os.close(fd)
+            Path(part).write_bytes(out.read_bytes())
+            os.replace(part, target)
+        return target

@@ -24,11 +24,7 @@ recorded inside llama.cpp (``specmoe capture --engine llama.cpp``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import subprocess
-import tempfile
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -51,50 +47,15 @@ __all__ = [
 
 _ERRLEN = 512
 KV_TYPES = ("f16", "f32")  # the KV cache's type: llama.cpp's default, or float32
-_LOCK = threading.Lock()
-
-
-def _compiler() -> str:
-    from specmoe.kernels._cbuild import find_compiler
-
-    cc = find_compiler()
-    if cc is None:
-        raise RuntimeError("llama.cpp routing: no C compiler found (set CC)")
-    return cc
 
 
 @cache
 def build_recorder() -> Path:
     """The compiled recorder (built on first use, once per llama.cpp version, source and
     compiler), beside the llama.cpp build."""
-    root = llamacpp.require_built()
-    with _LOCK:
-        cc = _compiler()
-        lib_dir = root / "build" / "bin"
-        key = hashlib.sha256(
-            "\0".join([llamacpp.VERSION, SOURCE, cc, str(root)]).encode()
-        ).hexdigest()[:16]
-        target = root / "specmoe-routing" / f"routing_{llamacpp.VERSION}_{key}.so"
-        if target.is_file():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        inc = [root / "src" / "include", root / "src" / "ggml" / "include"]
-        with tempfile.TemporaryDirectory(prefix="specmoe-llamacpp-cc-") as tmp:
-            src = Path(tmp) / "routing.c"
-            src.write_text(SOURCE, encoding="utf-8")
-            out = Path(tmp) / "routing.so"
-            cmd = [*cc.split(), "-O2", "-std=c11", "-shared", "-fPIC", str(src), "-o", str(out)]
-            cmd += [f"-I{d}" for d in inc]
-            cmd += [f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-lllama", "-lggml-base", "-lggml"]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-            if res.returncode != 0 or not out.is_file():
-                tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
-                raise RuntimeError(f"llama.cpp routing: the recorder did not compile: {tail}")
-            fd, part = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            os.close(fd)
-            Path(part).write_bytes(out.read_bytes())
-            os.replace(part, target)
-        return target
+    return llamacpp.compile_shim(
+        SOURCE, name="routing", libs=["llama", "ggml-base", "ggml"], what="llama.cpp routing"
+    )
 
 
 @cache
