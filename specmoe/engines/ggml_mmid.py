@@ -5,7 +5,7 @@ token (top-k), ``n`` tokens, ``U`` distinct experts of a pass.
 
 A small C harness (:mod:`specmoe.engines._ggml_mmid_csrc`) is compiled on first use against
 the ggml headers and libraries of the llama.cpp build (:func:`specmoe.engines.llamacpp.
-cache_root`), into ``<cache root>/specmoe-ggml/`` under a name hashed from the llama.cpp
+cache_root`), into ``<cache root>/specmoe-ggml_mmid/`` under a name hashed from the llama.cpp
 version, the source and the compiler. It builds llama.cpp's MoE FFN graph for one layer (gate
 and up ``MUL_MAT_ID``, ``swiglu_split``, down ``MUL_MAT_ID``, the routing weights, the sum over
 slots) on the caller's weights without copying them, and times ``ggml_graph_compute`` on ggml's
