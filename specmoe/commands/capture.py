@@ -371,29 +371,8 @@ def _capture(
     try:
         if args.ray is not None:
             _capture_on_ray(args, docs, shard_dir, source)
-        elif args.engine == "llama.cpp":
-            from specmoe.engines.llamacpp_routing import capture_documents_gguf
-
-            capture_documents_gguf(
-                args.gguf,
-                tokenizer,
-                docs,
-                shard_dir,
-                max_tokens=args.tokens,
-                max_context=args.max_context,
-                overlap=args.overlap,
-                shard_tokens=args.shard_tokens,
-                progress=progress,
-                source=source,
-                model_name=label,
-                overwrite=args.overwrite,
-            )
         else:
-            capture_documents(
-                model,
-                tokenizer,
-                docs,
-                shard_dir,
+            kw = dict(
                 max_tokens=args.tokens,
                 max_context=args.max_context,
                 overlap=args.overlap,
@@ -403,6 +382,12 @@ def _capture(
                 model_name=label,
                 overwrite=args.overwrite,
             )
+            if args.engine == "llama.cpp":
+                from specmoe.engines.llamacpp_routing import capture_documents_gguf
+
+                capture_documents_gguf(args.gguf, tokenizer, docs, shard_dir, **kw)
+            else:
+                capture_documents(model, tokenizer, docs, shard_dir, **kw)
     except InputError as exc:
         if exc.argument == "out" and "overwrite" in exc.message:
             raise InputError(f"{exc.message} (--overwrite)", argument="out") from None
