@@ -317,14 +317,8 @@ def test_activation_formulas_by_hand():
 # ------------------------------------------------------------------------------- C specifics
 
 
-def test_c_kernels_are_bitwise_deterministic_across_threads():
-    """Rows are split between threads, so each output is summed in one fixed order."""
-    from specmoe.kernels import cpu
-
-    if not cpu.c_available():
-        pytest.skip("no C compiler")
-    # 3·h·I·4 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
-    x, wgu, wd, ids, w, _ = make_case(9, 8, 20, "duplicates", torch.float32, h=512, inter=256)
+def _equal_across_threads(cpu, x, wgu, wd, ids, w):
+    """Both C kernels' outputs at 1, 2 and 3 threads, asserted bitwise equal; returns them."""
     try:
         outs = {}
         for k in (1, 2, 3):
@@ -334,6 +328,18 @@ def test_c_kernels_are_bitwise_deterministic_across_threads():
         cpu.set_num_threads(None)
     for k in (2, 3):
         assert torch.equal(outs[1][0], outs[k][0]) and torch.equal(outs[1][1], outs[k][1])
+    return outs
+
+
+def test_c_kernels_are_bitwise_deterministic_across_threads():
+    """Rows are split between threads, so each output is summed in one fixed order."""
+    from specmoe.kernels import cpu
+
+    if not cpu.c_available():
+        pytest.skip("no C compiler")
+    # 3·h·I·4 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
+    x, wgu, wd, ids, w, _ = make_case(9, 8, 20, "duplicates", torch.float32, h=512, inter=256)
+    _equal_across_threads(cpu, x, wgu, wd, ids, w)
 
 
 @pytest.mark.parametrize("h,inter", [(35, 19), (8, 4), (64, 3)])
@@ -412,15 +418,7 @@ def test_c_bf16_dot_path_is_bitwise_deterministic_across_threads(bf16_dot):
     cpu = bf16_dot
     # 3·h·I·2 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
     x, wgu, wd, ids, w, _ = make_case(9, 8, 12, "duplicates", torch.bfloat16, h=512, inter=512)
-    try:
-        outs = {}
-        for k in (1, 2, 3):
-            cpu.set_num_threads(k)
-            outs[k] = (cpu.per_slot(x, wgu, wd, ids, w), cpu.dedup(x, wgu, wd, ids, w))
-    finally:
-        cpu.set_num_threads(None)
-    for k in (2, 3):
-        assert torch.equal(outs[1][0], outs[k][0]) and torch.equal(outs[1][1], outs[k][1])
+    outs = _equal_across_threads(cpu, x, wgu, wd, ids, w)
     assert rel_err(outs[1][1], reference.expert_op(x, wgu, wd, ids, w)) < TOL[torch.bfloat16]
 
 

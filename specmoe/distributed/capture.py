@@ -211,19 +211,7 @@ def capture_on_ray(
         task.remote(load, part, str(stage), options): i
         for i, (part, stage) in enumerate(zip(parts, stages))
     }
-    errors: list[str] = []
-    pending = list(refs)
-    while pending:  # every part runs to its end: a failure keeps the others' shards
-        ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            try:
-                info = ray.get(ref)
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc
-                errors.append(f"part {refs[ref]}: {type(cause).__name__}: {cause}")
-                continue
-            if progress is not None:
-                progress({"part": refs[ref], **info})
+    errors = [f"part {i}: {type(e).__name__}: {e}" for i, e in _run_parts(ray, refs, progress)]
     _, header = _done(out, digest, source)
     if header is None:
         raise InputError("nothing to capture (every document is empty)", argument="documents")
@@ -240,6 +228,25 @@ def capture_on_ray(
         "documents": sum(s["documents"] for s in writer.shards),
         "parts": len(parts),
     }
+
+
+def _run_parts(ray: Any, refs: dict[Any, int], progress: Any) -> list[tuple[int, Exception]]:
+    """Wait for every part's task (``refs``: task -> part index) to end, a failure never stopping
+    the others (so their finished work is kept); ``progress({"part": i, **info})`` as each one
+    ends well. Returns (part index, cause) of each failed part, in the order they ended."""
+    errors: list[tuple[int, Exception]] = []
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                info = ray.get(ref)
+            except Exception as exc:
+                errors.append((refs[ref], getattr(exc, "cause", None) or exc))
+                continue
+            if progress is not None:
+                progress({"part": refs[ref], **info})
+    return errors
 
 
 # ------------------------------------------------------------------------------------------
@@ -378,18 +385,7 @@ def generate_on_ray(
         num_cpus=num_cpus, num_gpus=num_gpus, max_retries=max_retries
     )
     refs = {task.remote(load, part, str(stage), options): i for i, part in enumerate(parts)}
-    errors: list[Exception] = []
-    pending = list(refs)
-    while pending:  # every part runs to its end: a failure keeps the others' prompts
-        ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            try:
-                info = ray.get(ref)
-            except Exception as exc:
-                errors.append(getattr(exc, "cause", None) or exc)
-                continue
-            if progress is not None:
-                progress({"part": refs[ref], **info})
+    errors = [e for _, e in _run_parts(ray, refs, progress)]
     bad = next((e for e in errors if isinstance(e, InputError)), None)
     if bad is not None:
         raise InputError(bad.message, argument=bad.argument)

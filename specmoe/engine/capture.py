@@ -200,6 +200,19 @@ def _progress(total: int, *, enabled: bool, desc: str) -> Any:
     )
 
 
+def check_capture_args(documents: Sequence[tuple[str, str]], max_tokens, shard_tokens) -> None:
+    """The checks every capture makes before it reads a document: unique names, a positive
+    ``max_tokens`` (or None) and ``shard_tokens``; an ``InputError`` naming the argument."""
+    names = [str(n) for n, _ in documents]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise InputError(f"names must be unique (repeated {dup!r})", argument="documents")
+    if max_tokens is not None and max_tokens < 1:
+        raise InputError(f"must be a positive integer, got {max_tokens}", argument="max_tokens")
+    if shard_tokens < 1:
+        raise InputError(f"must be a positive integer, got {shard_tokens}", argument="shard_tokens")
+
+
 def documents_digest(documents: Sequence[tuple[str, str]]) -> str:
     """sha256 over the documents' names and texts, in order (recorded in every shard)."""
     digest = hashlib.sha256()
@@ -242,14 +255,7 @@ def capture_documents(
     ``documents_sha256``: the digest to record instead (a part of a larger capture records the
     whole capture's, :func:`documents_digest`, so that its shards join the whole's).
     """
-    names = [str(n) for n, _ in documents]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise InputError(f"names must be unique (repeated {dup!r})", argument="documents")
-    if max_tokens is not None and max_tokens < 1:
-        raise InputError(f"must be a positive integer, got {max_tokens}", argument="max_tokens")
-    if shard_tokens < 1:
-        raise InputError(f"must be a positive integer, got {shard_tokens}", argument="shard_tokens")
+    check_capture_args(documents, max_tokens, shard_tokens)
     out = Path(out_dir)
     rec = RouterRecorder(model)
     label = model_name or model_label(model)

@@ -284,17 +284,10 @@ def capture_documents_gguf(
     transformers capture feeds). Weights: the router's probabilities of the chosen experts, as
     OLMoE's graph in llama.cpp uses them (it does not renormalise them). The shards record
     ``capture: teacher_forced:llama.cpp``, so that a resumed capture cannot mix engines."""
-    from specmoe.engine.capture import _encode, _progress, documents_digest
+    from specmoe.engine.capture import _encode, _progress, check_capture_args, documents_digest
     from specmoe.formats.shards import ShardWriter
 
-    names = [str(n) for n, _ in documents]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise InputError(f"names must be unique (repeated {dup!r})", argument="documents")
-    if max_tokens is not None and max_tokens < 1:
-        raise InputError(f"must be a positive integer, got {max_tokens}", argument="max_tokens")
-    if shard_tokens < 1:
-        raise InputError(f"must be a positive integer, got {shard_tokens}", argument="shard_tokens")
+    check_capture_args(documents, max_tokens, shard_tokens)
     path = Path(gguf)
     if not path.is_file():
         raise InputError(f"{path}: no such GGUF file", argument="gguf")
