@@ -27,25 +27,34 @@ def load_tiny():
     return models.tiny_random_model("olmoe", seed=0), models.byte_tokenizer(), "random-olmoe"
 
 
-def load_counting(log: str, die_at: int | None = None, marker: str | None = None, fail=False):
-    """A replica whose forward calls are appended to ``log`` (one line each, after the call);
-    with ``die_at`` its process exits at the start of call ``die_at`` the first time (``marker``
-    records that it did), with ``fail`` it raises there instead."""
+def load_counting(
+    log: str, die_at: int | None = None, marker: str | None = None, fail=False, min_width=0
+):
+    """A replica whose forward calls of at least ``min_width`` tokens are appended to ``log``
+    (one line each, after the call); with ``die_at`` its process exits at the start of such a
+    call ``die_at`` the first time (``marker`` records that it did), with ``fail`` it raises
+    there instead."""
     model, tok, label = load_tiny()
-    calls = [0]
+    seen = [0]
+
+    def width(args, kwargs) -> int:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        return 0 if ids is None else int(ids.shape[-1])
 
     def pre(module, args, kwargs):
-        calls[0] += 1
-        if die_at is not None and calls[0] == die_at:
-            if fail:
-                raise RuntimeError("replica failed")
-            if not Path(marker).exists():
-                Path(marker).write_text("killed")
-                os._exit(1)
+        if width(args, kwargs) >= min_width:
+            seen[0] += 1
+            if die_at is not None and seen[0] == die_at:
+                if fail:
+                    raise RuntimeError("replica failed")
+                if not Path(marker).exists():
+                    Path(marker).write_text("killed")
+                    os._exit(1)
 
     def post(module, args, kwargs, output):
-        with open(log, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
+        if width(args, kwargs) >= min_width:
+            with open(log, "a") as fh:
+                fh.write(f"{os.getpid()}\n")
 
     model.base_model.register_forward_pre_hook(pre, with_kwargs=True)
     model.base_model.register_forward_hook(post, with_kwargs=True)
@@ -158,34 +167,8 @@ GEN = 6
 
 
 def load_prefills(log: str, die_at: int | None = None, marker: str | None = None, fail=False):
-    """A replica whose prompt passes (forward calls of more than one token) are appended to
-    ``log`` after the call; with ``die_at`` its process exits at the start of its prompt pass
-    ``die_at`` the first time (``marker`` records that it did), with ``fail`` it raises."""
-    model, tok, label = load_tiny()
-    seen = [0]
-
-    def width(args, kwargs) -> int:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        return 0 if ids is None else int(ids.shape[-1])
-
-    def pre(module, args, kwargs):
-        if width(args, kwargs) > 1:
-            seen[0] += 1
-            if die_at is not None and seen[0] == die_at:
-                if fail:
-                    raise RuntimeError("replica failed")
-                if not Path(marker).exists():
-                    Path(marker).write_text("killed")
-                    os._exit(1)
-
-    def post(module, args, kwargs, output):
-        if width(args, kwargs) > 1:
-            with open(log, "a") as fh:
-                fh.write(f"{os.getpid()}\n")
-
-    model.base_model.register_forward_pre_hook(pre, with_kwargs=True)
-    model.base_model.register_forward_hook(post, with_kwargs=True)
-    return model, tok, label
+    """:func:`load_counting` of the prompt passes only (forward calls of more than one token)."""
+    return load_counting(log, die_at, marker, fail, min_width=2)
 
 
 @pytest.fixture(scope="module")
