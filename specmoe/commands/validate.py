@@ -71,7 +71,7 @@ def summary_text(v: Validation) -> str:
             f"{c.name[:33]:<34}{cp + '/' + cm:>10}"
             f"{c.kstar_within_one:>4} of {len(c.acceptance_values):<2}"
             f"{_fmt(c.max_loss, '6.1%'):>7}{_fmt(ve['prediction'], '10.1%'):>11}"
-            f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve['calibrated'], '6.1%'):>7}"
+            f"{_fmt(ve['measured_time'], '6.1%'):>7}{_fmt(ve.get('calibrated'), '6.1%'):>7}"
             f"{_fmt(c.saving_in_band_share, '8.0%'):>9}"
             + (f"{_fmt(ve.get('whole_pass'), '6.1%'):>7}" if wp else "")
         )
@@ -82,6 +82,8 @@ def summary_text(v: Validation) -> str:
     lines.append("")
     for r in v.rules:
         mark = {True: "holds", False: "FAILS", None: "not scored"}[r.holds]
+        if r.rule.not_applicable is not None:
+            mark = "n/a"
         tag = "" if r.rule.required else " (reported)"
         dec = ""
         if r.decided_per_configuration is not None:

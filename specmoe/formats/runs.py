@@ -27,6 +27,13 @@ carry ``"name"``, ``"device"`` and ``"engine"``. A single object with the fields
 configuration (no ``configurations`` list) is one configuration. Any problem is a one-line
 ``InputError`` naming the file.
 
+An engine with one expert kernel, a deduplicating one (llama.cpp's CPU MUL_MAT_ID groups a
+pass's rows by expert), has no per-slot setting to time: its ``verify_ms`` (and
+``per_prompt_ms``, ``per_prompt_repeats_ms``) give ``"on"`` alone, ``verify_off_ms`` (and the
+other per-slot arrays) are then None, and its throughput runs must say ``"dedup": true``.
+``Measured.kernels`` names the settings a configuration has; the scores that need both (the
+saving, the crossover, the calibrated version) are not scored on such runs.
+
 Samples for the whole-pass scoring (docs/runs-protocol-whole-pass.md), all optional; files
 without them load and score as before:
 
@@ -85,7 +92,7 @@ class Measured:
     device: str
     engine: str
     n: list[int]
-    verify_off_ms: np.ndarray  # [n]
+    verify_off_ms: np.ndarray | None  # [n]; None on an engine with the dedup kernel alone
     verify_on_ms: np.ndarray  # [n]
     per_prompt_off_ms: np.ndarray | None  # [P, n]
     per_prompt_on_ms: np.ndarray | None  # [P, n]
@@ -100,6 +107,11 @@ class Measured:
     per_prompt_repeats_on_ms: np.ndarray | None = None  # [P, n, R], NaN-padded
     throughput_prompts: tuple[str, ...] | None = None  # [P_t]
     per_prompt_tokens_per_s: np.ndarray | None = None  # [A, K, P_t, R], NaN-padded
+
+    @property
+    def kernels(self) -> tuple[str, ...]:
+        """The kernel settings timed: ("per_slot", "dedup"), or ("dedup",) alone."""
+        return ("dedup",) if self.verify_off_ms is None else ("per_slot", "dedup")
 
 
 def _read_json(path: Path) -> Any:
@@ -183,32 +195,41 @@ def _second_level(v: Any) -> int:
 
 
 def _verify_samples(
-    vpath: Path, c: dict, n: int, pp_off: np.ndarray | None, pp_on: np.ndarray | None
+    vpath: Path,
+    c: dict,
+    n: int,
+    pp_off: np.ndarray | None,
+    pp_on: np.ndarray | None,
+    keys: tuple[str, ...] = ("off", "on"),
 ) -> tuple[np.ndarray | None, ...]:
     """(per_prompt_off [P, n], per_prompt_on, repeats_off [P, n, R], repeats_on): the
     per-prompt medians derived from ``per_prompt_repeats_ms`` when absent, and checked
-    against it when given (relative 1e-6, for rounding in the file)."""
+    against it when given (relative 1e-6, for rounding in the file). ``keys``: the settings
+    the file gives (``("on",)`` alone: the off entries are None)."""
     rep = c.get("per_prompt_repeats_ms")
     if rep is None:
         return pp_off, pp_on, None, None
-    if not isinstance(rep, dict) or "off" not in rep or "on" not in rep:
-        raise InputError(f"{vpath}: per_prompt_repeats_ms must give 'off' and 'on'")
-    P = len(rep["off"]) if isinstance(rep["off"], list) else 0
-    if pp_off is not None:
-        P = pp_off.shape[0]
-    r_off = _samples(vpath, "per_prompt_repeats_ms.off", rep["off"], (P, n))
-    r_on = _samples(vpath, "per_prompt_repeats_ms.on", rep["on"], (P, n))
-    med_off, med_on = np.nanmedian(r_off, axis=2), np.nanmedian(r_on, axis=2)
-    if pp_off is None:
-        return med_off, med_on, r_off, r_on
-    for kernel, got, want in (("off", pp_off, med_off), ("on", pp_on, med_on)):
+    if not isinstance(rep, dict) or any(k not in rep for k in keys):
+        raise InputError(
+            f"{vpath}: per_prompt_repeats_ms must give {' and '.join(map(repr, keys))}, "
+            "as verify_ms does"
+        )
+    P = len(rep["on"]) if isinstance(rep["on"], list) else 0
+    if pp_on is not None:
+        P = pp_on.shape[0]
+    r = {k: _samples(vpath, f"per_prompt_repeats_ms.{k}", rep[k], (P, n)) for k in keys}
+    med = {k: np.nanmedian(v, axis=2) for k, v in r.items()}
+    if pp_on is None:
+        return med.get("off"), med["on"], r.get("off"), r["on"]
+    given = {"off": pp_off, "on": pp_on}
+    for kernel, got, want in ((k, given[k], med[k]) for k in keys):
         if not np.allclose(got, want, rtol=1e-6, atol=0.0):
             i = np.unravel_index(np.argmax(np.abs(got - want) / want), got.shape)
             raise InputError(
                 f"{vpath}: per_prompt_ms.{kernel}[{i[0]}][{i[1]}] = {got[i]:.6g} is not the "
                 f"median of per_prompt_repeats_ms.{kernel}[{i[0]}][{i[1]}] ({want[i]:.6g})"
             )
-    return pp_off, pp_on, r_off, r_on
+    return pp_off, pp_on, r.get("off"), r["on"]
 
 
 def _configs(path: Path, d: Any) -> tuple[dict, list[dict]]:
@@ -288,25 +309,32 @@ def _load_folder(folder: Path) -> list[Measured]:
         ):
             raise InputError(f"{vpath}: n must be the pass sizes 1, 2, ..., n_max")
         vms = c.get("verify_ms")
-        if not isinstance(vms, dict) or "off" not in vms or "on" not in vms:
-            raise InputError(f"{vpath}: verify_ms must give 'off' and 'on' (deduplication)")
-        off = _array(vpath, "verify_ms.off", vms["off"], 1)
+        if not isinstance(vms, dict) or "on" not in vms:
+            raise InputError(
+                f"{vpath}: verify_ms must give 'off' and 'on' (deduplication), or 'on' alone"
+            )
+        keys = ("off", "on") if "off" in vms else ("on",)  # ("on",): one, deduplicating kernel
         on = _array(vpath, "verify_ms.on", vms["on"], 1)
-        if off.size != len(n) or on.size != len(n):
+        off = _array(vpath, "verify_ms.off", vms["off"], 1) if "off" in vms else None
+        if on.size != len(n) or (off is not None and off.size != len(n)):
             raise InputError(f"{vpath}: verify_ms needs one time per pass size ({len(n)})")
         pp = c.get("per_prompt_ms")
         pp_off = pp_on = None
         if pp is not None:
-            if not isinstance(pp, dict) or "off" not in pp or "on" not in pp:
-                raise InputError(f"{vpath}: per_prompt_ms must give 'off' and 'on'")
-            pp_off = _array(vpath, "per_prompt_ms.off", pp["off"], 2)
-            pp_on = _array(vpath, "per_prompt_ms.on", pp["on"], 2)
-            if pp_off.shape != pp_on.shape or pp_off.shape[1] != len(n):
+            if not isinstance(pp, dict) or any(k not in pp for k in keys):
                 raise InputError(
-                    f"{vpath}: per_prompt_ms off and on must both be [prompts, {len(n)}]"
+                    f"{vpath}: per_prompt_ms must give {' and '.join(map(repr, keys))}, "
+                    "as verify_ms does"
                 )
-        pp_off, pp_on, rep_off, rep_on = _verify_samples(vpath, c, len(n), pp_off, pp_on)
-        v_ids = _prompts(vpath, c.get("prompts"), None if pp_off is None else pp_off.shape[0])
+            pp_on = _array(vpath, "per_prompt_ms.on", pp["on"], 2)
+            if "off" in keys:
+                pp_off = _array(vpath, "per_prompt_ms.off", pp["off"], 2)
+            if pp_on.shape[1] != len(n) or (pp_off is not None and pp_off.shape != pp_on.shape):
+                raise InputError(
+                    f"{vpath}: per_prompt_ms {' and '.join(keys)} must be [prompts, {len(n)}]"
+                )
+        pp_off, pp_on, rep_off, rep_on = _verify_samples(vpath, c, len(n), pp_off, pp_on, keys)
+        v_ids = _prompts(vpath, c.get("prompts"), None if pp_on is None else pp_on.shape[0])
         ks = t.get("k")
         if not isinstance(ks, list) or len(ks) < 2 or ks != list(range(len(ks))):
             raise InputError(f"{tpath}: k must be the draft lengths 0, 1, ..., k_max")
@@ -334,6 +362,10 @@ def _load_folder(folder: Path) -> list[Measured]:
         if samples is not None:
             P_t = len(t_ids) if t_ids is not None else _second_level(samples)
             samples = _samples(tpath, "per_prompt_tokens_per_s", samples, (len(acc), len(ks), P_t))
+        if off is None and not bool(t.get("dedup", True)):
+            raise InputError(
+                f"{tpath}: throughput runs with deduplication off need verify_ms.off in {vpath}"
+            )
         h = c.get("draft_ms", t.get("draft_ms"))
         if h is not None:
             h = _array(vpath, "draft_ms", h, 1, positive=False)

@@ -86,6 +86,11 @@ def plot_saving(v: Validation, path: str | os.PathLike) -> Path:
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
         n_all = np.asarray(c.n)
+        if c.measured.saving_ms is None:  # one kernel timed: no saving to draw
+            ax.text(0.5, 0.5, "one kernel timed (dedup):\nno saving measured", ha="center",
+                    va="center", transform=ax.transAxes, fontsize=9)  # fmt: skip
+            ax.set_title(c.name, fontsize=9)
+            continue
         sc = np.asarray(c.scored_n)
         idx = sc - 1
         S = np.asarray(c.measured.saving_ms, float)
@@ -120,7 +125,8 @@ def plot_saving(v: Validation, path: str | os.PathLike) -> Path:
         ax.set_title(f"{c.name}  ({inside} of {len(sc)} in band)", fontsize=9)
         ax.set_xlabel("tokens per pass n")
         ax.set_ylabel("saving (ms)")
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     return save_agg(fig, path)
 
 
@@ -163,15 +169,16 @@ def plot_verify(v: Validation, path: str | os.PathLike) -> Path:
     fig, axes = _grid(len(cfgs))
     for ax, c in zip(axes, cfgs):
         n = np.asarray(c.n)
-        ax.plot(
-            n,
-            c.measured.verify_off_ms,
-            "o",
-            color="black",
-            mfc="none",
-            ms=5,
-            label="measured, dedup off",
-        )
+        if c.measured.verify_off_ms is not None:
+            ax.plot(
+                n,
+                c.measured.verify_off_ms,
+                "o",
+                color="black",
+                mfc="none",
+                ms=5,
+                label="measured, dedup off",
+            )
         ax.plot(
             n,
             c.measured.verify_on_ms,
@@ -186,7 +193,7 @@ def plot_verify(v: Validation, path: str | os.PathLike) -> Path:
                 (c.measured.verify_off_ms, mi.verify_off_ms),
                 (c.measured.verify_on_ms, mi.verify_on_ms),
             ):
-                if ivs is not None:
+                if ivs is not None and meas is not None:
                     ax.errorbar(
                         n,
                         meas,
@@ -223,6 +230,11 @@ def plot_tau(v: Validation, path: str | os.PathLike) -> Path:
         mi = c.measured.intervals
         for j, (kernel, field, title) in enumerate(kernels):
             ax = fig.add_subplot(max(1, len(cfgs)), 2, 2 * i + j + 1)
+            if getattr(c.measured, field) is None:  # one kernel timed (dedup)
+                ax.text(0.5, 0.5, f"{title}: not timed", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=9)  # fmt: skip
+                ax.set_title(f"{c.name}, {title}", fontsize=9)
+                continue
             tau = np.asarray(getattr(c.measured, field), float)
             ivs = None if mi is None else getattr(mi, field)
             if limit is not None:

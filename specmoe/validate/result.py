@@ -111,6 +111,8 @@ class RuleSummary:
             "configurations": self.configurations,
             "per_configuration": dict(self.per_configuration),
         }
+        if self.rule.not_applicable is not None:
+            d["not_applicable"] = self.rule.not_applicable
         if self.decided_per_configuration is not None:
             d["decided"] = self.decided
             d["decided_per_configuration"] = dict(self.decided_per_configuration)
@@ -341,9 +343,9 @@ class MeasuredCurves:
     Under ``definitions.measured`` tau and the throughput are its statistics (the mean over
     prompts of per-prompt medians, the median over prompts x repeats), with ``intervals``."""
 
-    verify_off_ms: tuple[float, ...]
+    verify_off_ms: tuple[float, ...] | None  # None: one, deduplicating kernel timed
     verify_on_ms: tuple[float, ...]
-    saving_ms: tuple[float, ...]
+    saving_ms: tuple[float, ...] | None  # None: one kernel timed, no saving measured
     draft_ms: tuple[float, ...]
     step_ms: tuple[float, ...]
     k_star: tuple[int, ...]
@@ -354,8 +356,8 @@ class MeasuredCurves:
 
     def to_dict(self) -> dict[str, Any]:
         d = {
-            "verify_ms": {"off": list(self.verify_off_ms), "on": list(self.verify_on_ms)},
-            "saving_ms": list(self.saving_ms),
+            "verify_ms": {"off": _list(self.verify_off_ms), "on": list(self.verify_on_ms)},
+            "saving_ms": _list(self.saving_ms),
             "draft_ms": list(self.draft_ms),
             "step_ms": list(self.step_ms),
             "k_star": list(self.k_star),
@@ -374,9 +376,9 @@ class MeasuredCurves:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MeasuredCurves:
         return cls(
-            verify_off_ms=tuple(d["verify_ms"]["off"]),
+            verify_off_ms=_tup(d["verify_ms"]["off"]),
             verify_on_ms=tuple(d["verify_ms"]["on"]),
-            saving_ms=tuple(d["saving_ms"]),
+            saving_ms=_tup(d["saving_ms"]),
             draft_ms=tuple(d["draft_ms"]),
             step_ms=tuple(d["step_ms"]),
             k_star=tuple(d["k_star"]),

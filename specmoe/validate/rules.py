@@ -78,7 +78,9 @@ class Rule:
 
     With ``of`` (a count rule such as "at >= 10 of 11 acceptance values") the metric is a count
     over ``total`` values and the rule holds when count/total op value/of, so the same share
-    applies when a run has another number of acceptance values."""
+    applies when a run has another number of acceptance values. ``not_applicable`` (the rule
+    file's reason, e.g. the crossover on an engine with one kernel) marks a rule that is
+    reported and never decided: its verdict is holds = None; such a rule is not required."""
 
     id: str
     version: str
@@ -88,6 +90,7 @@ class Rule:
     text: str
     required: bool = True
     of: int | None = None
+    not_applicable: str | None = None
 
     def holds(self, measured: float | None, total: int | None = None) -> bool | None:
         """The verdict on ``measured``; None when it could not be scored."""
@@ -112,6 +115,7 @@ class Rule:
             text=d["text"],
             required=d["required"],
             of=d["of"],
+            not_applicable=d.get("not_applicable"),
         )
 
 
@@ -148,6 +152,8 @@ class RuleVerdict:
             "total": self.total,
             "holds": self.holds,
         }
+        if self.rule.not_applicable is not None:
+            d["not_applicable"] = self.rule.not_applicable
         if self.with_interval:
             d["interval"] = None if self.interval is None else list(self.interval)
             d["decided"] = self.decided
@@ -306,6 +312,11 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
         of = r.get("of")
         if of is not None and (isinstance(of, bool) or not isinstance(of, int) or of < 1):
             raise _bad(name, f"rule {rid!r}: of must be a positive integer")
+        na = r.get("not_applicable")
+        if na is not None and (not isinstance(na, str) or not na.strip()):
+            raise _bad(name, f"rule {rid!r}: not_applicable must be a non-empty reason")
+        if na is not None and r.get("required", True):
+            raise _bad(name, f"rule {rid!r}: a rule that is not applicable cannot be required")
         rules.append(
             Rule(
                 id=rid,
@@ -316,6 +327,7 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
                 text=str(r.get("text", "")),
                 required=bool(r.get("required", True)),
                 of=of,
+                not_applicable=na,
             )
         )
     if not rules:
@@ -352,7 +364,7 @@ def decide(
         s = scores.get(r.version, {})
         measured = s.get(r.metric)
         total = s.get(f"{r.metric}_of")
-        holds = r.holds(measured, total)
+        holds = None if r.not_applicable is not None else r.holds(measured, total)
         if intervals is None:
             out.append(RuleVerdict(rule=r, measured=measured, total=total, holds=holds))
             continue

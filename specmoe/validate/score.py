@@ -18,6 +18,13 @@ tau_hat_p(n) for the per-slot and the deduplicating kernel at n = 1..n_max:
   (``rules-whole-pass.json``) decides its rules, which name version ``prediction``, on it, and
   scores its verify error from ``definitions.verify_error_pass_sizes.min``.
 
+Runs of an engine with one expert kernel, a deduplicating one (``Measured.kernels`` is
+("dedup",): llama.cpp's CPU MUL_MAT_ID), have no per-slot verify time: Eq. (22) takes tau(1)
+from the dedup pass (a one-token pass has no duplicate slot, so both kernels do the same work
+there), and the scores that need the per-slot time (the measured saving and crossover, the
+saving band and sign, the calibrated version, the per-slot verify error) are not scored
+(None; a rule on them holds = null), as a note says.
+
 A rule set with ``definitions.measured`` also sets the measured side: tau_p(n) the mean over
 prompts of per-prompt medians and T(k, a) the median over prompts x repeats, with percentile
 bootstrap intervals over prompts for every score of every version, and each verdict's
@@ -112,11 +119,12 @@ def _expert_sum(op: np.ndarray, num_layers: int) -> np.ndarray:
 
 
 def prediction_versions(
-    profile: Any, tau1_ms: float, verify_off_ms: np.ndarray, *, num_layers: int, n_max: int
+    profile: Any, tau1_ms: float, verify_off_ms: np.ndarray | None, *, num_layers: int, n_max: int
 ) -> dict[str, dict[str, np.ndarray]]:
     """For each version, ``verify_ms`` {per_slot, dedup} [n_max] and ``expert_ms`` {per_slot,
     dedup} [n_max], at n = 1..n_max. ``verify_off_ms`` [>= n_max] is the measured verify time
-    with deduplication off (the calibration)."""
+    with deduplication off (the calibration); None (runs of one, deduplicating kernel): no
+    calibrated version."""
     from specmoe.cost.step import whole_model_verify_time
 
     missing = [n for n in range(1, n_max + 1) if n not in profile.n]
@@ -137,6 +145,8 @@ def prediction_versions(
             for p in ("per_slot", "dedup")
         }
         out[version] = {"verify_ms": tau, "expert_ms": expert}
+    if verify_off_ms is None:
+        return out
     mt = out["measured_time"]
     growth = np.asarray(verify_off_ms[:n_max], float) - mt["verify_ms"]["per_slot"]
     out["calibrated"] = {
@@ -186,9 +196,16 @@ def score_configuration(
         off, on, T = side.off, side.on, side.T
         notes.extend(side.notes)
     else:
-        off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+        off = None if m.verify_off_ms is None else m.verify_off_ms[:n_top]
+        on = m.verify_on_ms[:n_top]
         T = m.throughput[:, : K + 1]
-    tau1 = float(off[0])
+    if off is None:
+        notes.append(
+            "one kernel timed (dedup): tau(1) of Eq. (22) is the dedup pass's; the measured "
+            "saving and crossover, the saving band and sign, the calibrated version and the "
+            "per-slot verify error are not scored"
+        )
+    tau1 = float((on if off is None else off)[0])
     versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
     scored_as = scored_version(rules)
     if plan is not None:
@@ -200,10 +217,10 @@ def score_configuration(
     n_all = np.arange(1, n_top + 1)
     sc = slice(rules.n_min - 1, n_hi)  # the scored pass sizes
     n_sc = n_all[sc]
-    S = off - on
-    cross_meas = crossover(S[:n_hi], n_all[:n_hi])
+    S = None if off is None else off - on
+    cross_meas = None if S is None else crossover(S[:n_hi], n_all[:n_hi])
     kernel = "dedup" if m.throughput_dedup else "per_slot"
-    measured_tau = {"per_slot": off, "dedup": on}
+    measured_tau = {"dedup": on} if off is None else {"per_slot": off, "dedup": on}
     V = (measured_tau[kernel][: K + 1] + h).tolist()  # measured step times
     samples = None
     if m.per_prompt_off_ms is not None:
@@ -211,6 +228,8 @@ def score_configuration(
 
     scores: dict[str, VersionScore] = {}
     for version in (*VERSIONS, *(["whole_pass"] if "whole_pass" in versions else [])):
+        if version not in versions:
+            continue  # the calibrated version, on runs of one kernel
         v = versions[version]
         tau = v["verify_ms"]
         v_eps = v.get("epsilon", eps)
@@ -220,15 +239,20 @@ def score_configuration(
             vsc = slice(int(lo) - 1, n_hi)
         S_hat = tau["per_slot"] - tau["dedup"]
         cross = crossover(S_hat[:n_hi], n_all[:n_hi])
-        band = saving_band_scores(
-            S_hat[sc],
-            S[sc],
-            v["expert_ms"]["per_slot"][sc],
-            v["expert_ms"]["dedup"][sc],
-            v_eps,
-            edge_inside=rules.band_edge_inside,
-        )
-        verr = {p: verify_error(tau[p][vsc], measured_tau[p][vsc]) for p in tau}
+        if S is None:  # one kernel: no measured saving
+            band = dict(_NO_SAVING)
+        else:
+            band = saving_band_scores(
+                S_hat[sc],
+                S[sc],
+                v["expert_ms"]["per_slot"][sc],
+                v["expert_ms"]["dedup"][sc],
+                v_eps,
+                edge_inside=rules.band_edge_inside,
+            )
+        verr = {
+            p: verify_error(tau[p][vsc], measured_tau[p][vsc]) for p in tau if p in measured_tau
+        }
         V_hat = (tau[kernel][: K + 1] + h).tolist()
         ks = kstar_scores(V_hat, T, acc)
         delta = step_time_error(V_hat, V)
@@ -278,7 +302,7 @@ def score_configuration(
             inside_band=tuple(band["inside"]),
             saving_in_band_count=band["saving_in_band_count"],
             implied_epsilon=band["implied_epsilon"],
-            verify_error_by_kernel=PerKernel(verr["per_slot"], verr["dedup"]),
+            verify_error_by_kernel=PerKernel(verr.get("per_slot"), verr["dedup"]),
             step_ms=tuple(V_hat),
             k_hat=tuple(ks["k_hat"]),
             within_one=tuple(ks["within_one"]),
@@ -292,8 +316,12 @@ def score_configuration(
             sign_counted=sign["sign_counted"],
             kstar_within_one=ks["kstar_within_one"],
             kstar_within_one_of=ks["kstar_within_one_of"],
-            verify_error=max(verr[p] for p in rules.verify_error_kernels),
-            crossover_distance=crossover_distance(cross, cross_meas, n_hi),
+            verify_error=(
+                max(verr[p] for p in rules.verify_error_kernels)
+                if all(p in verr for p in rules.verify_error_kernels)
+                else None  # a kernel the rules name was not timed
+            ),
+            crossover_distance=(None if S is None else crossover_distance(cross, cross_meas, n_hi)),
             saving_in_band_share=band["saving_in_band_share"],
             max_loss=ks["max_loss"],
             sign_agreement_share=sign["sign_agreement_share"],
@@ -303,17 +331,19 @@ def score_configuration(
             outside_growth_ms=None if growth is None else tuple(growth.tolist()),
             intervals=vint,
         )
-    interval = sign_scores(
-        S[sc],
-        samples,
-        level=rules.sign_level,
-        resamples=rules.sign_resamples,
-        seed=rules.sign_seed,
-    )["interval_ms"]
+    interval = None
+    if S is not None:
+        interval = sign_scores(
+            S[sc],
+            samples,
+            level=rules.sign_level,
+            resamples=rules.sign_resamples,
+            seed=rules.sign_seed,
+        )["interval_ms"]
     measured = MeasuredCurves(
-        verify_off_ms=tuple(off.tolist()),
+        verify_off_ms=None if off is None else tuple(off.tolist()),
         verify_on_ms=tuple(on.tolist()),
-        saving_ms=tuple(S.tolist()),
+        saving_ms=None if S is None else tuple(S.tolist()),
         draft_ms=tuple(h.tolist()),
         step_ms=tuple(V),
         k_star=tuple(int(np.flatnonzero(r == r.max())[0]) for r in T),
@@ -352,6 +382,17 @@ def score_configuration(
         sources=dict(m.sources),
         scored_version=scored_as if scored_as in scores else "prediction",
     )
+
+
+# the band scores of a configuration without a measured saving (one kernel timed)
+_NO_SAVING: dict[str, Any] = {
+    "band_ms": [],
+    "inside": [],
+    "saving_in_band_share": None,
+    "saving_in_band_count": 0,
+    "saving_error_ms": None,
+    "implied_epsilon": None,
+}
 
 
 def _rule_scores(scores: dict[str, VersionScore], scored_as: str) -> dict[str, Any]:

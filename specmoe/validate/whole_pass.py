@@ -107,9 +107,10 @@ class MeasuredSide:
     """The measured side of one configuration under ``definitions.measured``: point estimates
     tau_off(n), tau_on(n) [n] and T(k, a) [A, K]; their resamples ``tau_b`` {per_slot, dedup}
     [B, n] and ``T_b`` [B, A, K] (None without per-prompt samples); the measured crossover
-    of each resample [B] (None as n_hi + 1); the serialisable ``intervals`` and notes."""
+    of each resample [B] (None as n_hi + 1); the serialisable ``intervals`` and notes. Runs of
+    one, deduplicating kernel have ``off`` None, ``tau_b`` {dedup} and ``cross_b`` None."""
 
-    off: np.ndarray
+    off: np.ndarray | None
     on: np.ndarray
     T: np.ndarray
     tau_b: dict[str, np.ndarray] | None
@@ -145,14 +146,19 @@ def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int)
     level, resamples, seed = rules.interval_settings
     notes = []
     tau_b = None
-    if m.per_prompt_off_ms is not None and m.per_prompt_on_ms is not None:
-        pp = {"per_slot": m.per_prompt_off_ms[:, :n_top], "dedup": m.per_prompt_on_ms[:, :n_top]}
-        off, on = (iv.mean_of_medians(pp[p]) for p in ("per_slot", "dedup"))
+    off: np.ndarray | None
+    if m.per_prompt_on_ms is not None:  # the loader gives off beside on, or on alone
+        pp = {"dedup": m.per_prompt_on_ms[:, :n_top]}
+        if m.per_prompt_off_ms is not None:
+            pp = {"per_slot": m.per_prompt_off_ms[:, :n_top], **pp}
+        off = iv.mean_of_medians(pp["per_slot"]) if "per_slot" in pp else None
+        on = iv.mean_of_medians(pp["dedup"])
         idx = iv.resample_prompts(pp["dedup"].shape[0], resamples=resamples, seed=seed)
         tau_b = {p: iv.mean_of_medians(x, idx) for p, x in pp.items()}
         tau_how = "mean over prompts of per-prompt medians"
     else:
-        off, on = m.verify_off_ms[:n_top], m.verify_on_ms[:n_top]
+        off = None if m.verify_off_ms is None else m.verify_off_ms[:n_top]
+        on = m.verify_on_ms[:n_top]
         tau_how = "verify_ms of the runs (no per-prompt times)"
         notes.append("no per-prompt verify times: tau(n) is verify_ms as given, no interval")
     T_b = None
@@ -169,7 +175,7 @@ def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int)
     n_all = np.arange(1, n_hi + 1)
     cross_b = None
     saving_iv = None
-    if tau_b is not None:
+    if tau_b is not None and "per_slot" in tau_b:
         S_b = tau_b["per_slot"] - tau_b["dedup"]
         cross_b = tuple(crossover(s[:n_hi], n_all) for s in S_b)
         saving_iv = iv.percentile_interval(S_b, level)
@@ -179,12 +185,16 @@ def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int)
         seed=seed,
         tau=tau_how,
         throughput=thr_how,
-        verify_prompts=None if tau_b is None else int(m.per_prompt_off_ms.shape[0]),
-        verify_repeats=_repeats(m.per_prompt_repeats_off_ms),
+        verify_prompts=None if tau_b is None else int(m.per_prompt_on_ms.shape[0]),
+        verify_repeats=_repeats(
+            m.per_prompt_repeats_on_ms
+            if m.per_prompt_repeats_off_ms is None
+            else m.per_prompt_repeats_off_ms
+        ),
         throughput_prompts=None if T_b is None else int(m.per_prompt_tokens_per_s.shape[2]),
         throughput_repeats=_repeats(m.per_prompt_tokens_per_s),
         verify_off_ms=None
-        if tau_b is None
+        if tau_b is None or "per_slot" not in tau_b
         else _pairs(iv.percentile_interval(tau_b["per_slot"], level)),
         verify_on_ms=None
         if tau_b is None
@@ -196,7 +206,7 @@ def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int)
         else _pairs(iv.percentile_interval(iv.kstar_samples(T_b).astype(float), level)),
     )
     return MeasuredSide(
-        off=np.asarray(off, float),
+        off=None if off is None else np.asarray(off, float),
         on=np.asarray(on, float),
         T=np.asarray(T, float),
         tau_b=tau_b,
@@ -227,7 +237,8 @@ def version_intervals(
 ) -> VersionIntervals:
     """The intervals of one version's scores (:class:`VersionIntervals`): each score of
     :mod:`specmoe.validate.rules` recomputed on every resample of the measured side, the
-    version re-anchored as :data:`ANCHOR` says, k_hat* fixed."""
+    version re-anchored as :data:`ANCHOR` says, k_hat* fixed. On runs of one, deduplicating
+    kernel the scores that need the per-slot time stay None."""
     from specmoe.cost import bounds
 
     level = side.level
@@ -237,29 +248,33 @@ def version_intervals(
     if side.tau_b is not None:
         tb = side.tau_b
         anchor = ANCHOR.get(version)
+        # tau(1) of Eq. (22): the per-slot pass's, or the dedup pass's on runs of one kernel
+        ref, ref_point = (tb["per_slot"], side.off) if "per_slot" in tb else (tb["dedup"], side.on)
         if anchor == "tau1":
-            shift = np.broadcast_to(tb["per_slot"][:, :1] - side.off[0], tb["per_slot"].shape)
+            shift = np.broadcast_to(ref[:, :1] - ref_point[0], ref.shape)
         elif anchor == "off":
             shift = tb["per_slot"] - side.off
         else:
-            shift = np.zeros_like(tb["per_slot"])
-        th = {p: np.asarray(tau_hat[p], float)[None, :] + shift for p in ("per_slot", "dedup")}
-        err = np.max(
-            [
-                np.max(np.abs(th[p][:, vsc] - tb[p][:, vsc]) / tb[p][:, vsc], axis=1)
-                for p in rules.verify_error_kernels
-            ],
-            axis=0,
-        )
-        out["verify_error"] = err
-        out["crossover_distance"] = np.array(
-            [crossover_distance(cross_pred, c, n_hi) for c in side.cross_b], float
-        )
-        S_b = tb["per_slot"] - tb["dedup"]
-        e = np.abs(np.asarray(S_hat, float)[sc][None, :] - S_b[:, sc])
-        inside = e <= band[None, :] if rules.band_edge_inside else e < band[None, :]
-        out["saving_in_band_share"] = inside.mean(axis=1)
-        out["saving_error_ms"] = e.max(axis=1)
+            shift = np.zeros_like(ref)
+        th = {p: np.asarray(tau_hat[p], float)[None, :] + shift for p in tb}
+        if all(p in tb for p in rules.verify_error_kernels):
+            out["verify_error"] = np.max(
+                [
+                    np.max(np.abs(th[p][:, vsc] - tb[p][:, vsc]) / tb[p][:, vsc], axis=1)
+                    for p in rules.verify_error_kernels
+                ],
+                axis=0,
+            )
+        if side.cross_b is not None:
+            out["crossover_distance"] = np.array(
+                [crossover_distance(cross_pred, c, n_hi) for c in side.cross_b], float
+            )
+        if "per_slot" in tb:
+            S_b = tb["per_slot"] - tb["dedup"]
+            e = np.abs(np.asarray(S_hat, float)[sc][None, :] - S_b[:, sc])
+            inside = e <= band[None, :] if rules.band_edge_inside else e < band[None, :]
+            out["saving_in_band_share"] = inside.mean(axis=1)
+            out["saving_error_ms"] = e.max(axis=1)
         V_b = tb[kernel][:, :K1] + h
         Vh_b = th[kernel][:, :K1] + h
         delta = np.max(np.abs(Vh_b - V_b) / V_b, axis=1)
