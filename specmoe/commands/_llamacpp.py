@@ -36,17 +36,46 @@ def _outtype(args: argparse.Namespace) -> str | None:
     return outtype
 
 
-def _gguf_of(args: argparse.Namespace, outtype: str | None, tmp: str) -> tuple[Path, str]:
+def _gguf_of(
+    args: argparse.Namespace, outtype: str | None, tmp: str, *, model: str | None = None
+) -> tuple[Path, str]:
+    """``model`` (default --model) as a GGUF file: itself when it is one, else exported at
+    ``outtype`` (bf16 when --model was a .gguf file) into ``tmp``."""
     from specmoe.engine.models import resolve_model_dir
     from specmoe.engines import llamacpp
 
-    if outtype is None:
-        return Path(args.model), "as exported"
-    model_dir = resolve_model_dir(args.model)
+    name = args.model if model is None else model
+    if str(name).endswith(".gguf"):
+        return Path(name), "as exported"
+    outtype = outtype or "bf16"
+    model_dir = resolve_model_dir(name)
     print(f"bench: exporting {model_dir} to GGUF ({outtype})", file=sys.stderr)
+    stem = "model" if model is None else "draft"
     return llamacpp.export_gguf(
-        model_dir, Path(tmp) / f"model-{outtype}.gguf", outtype=outtype
+        model_dir, Path(tmp) / f"{stem}-{outtype}.gguf", outtype=outtype
     ), outtype
+
+
+def _verify_rows(gguf: Path, depths: list[int], n_max: int, reps: int, threads: int, what: str):
+    from specmoe.engines import llamacpp
+
+    verify: dict[str, list[dict[str, Any]]] = {}
+    for d in depths:
+        print(f"bench: llama-bench {what} n=1..{n_max} at depth {d}", file=sys.stderr)
+        times = llamacpp.bench_verify(
+            gguf, n_values=tuple(range(1, n_max + 1)), depth=d, repeats=reps, threads=threads
+        )
+        verify[str(d)] = [
+            {
+                "n": t.n_prompt,
+                "median_ms": t.median_ms,
+                "mean_ms": t.mean_ms,
+                "min_ms": min(t.samples_ms),
+                "samples_ms": list(t.samples_ms),
+            }
+            for t in times
+        ]
+    return verify
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -65,25 +94,23 @@ def run_bench(args: argparse.Namespace) -> int:
     check_at_most(threads, "--threads", 4096)
     check_int(threads, "--threads", low=1)
     outtype = _outtype(args)
+    draft_name = getattr(args, "draft_model", None)
+    if draft_name is not None and str(draft_name).endswith(".gguf"):
+        if not Path(draft_name).is_file():
+            raise InputError(f"--draft-model: {draft_name}: no such GGUF file")
     llamacpp.require_built()
+    draft = None
     with tempfile.TemporaryDirectory(prefix="specmoe-gguf-") as tmp:
+        if draft_name is not None:  # exported first: a bad folder fails before any timing
+            draft_gguf, draft_dtype = _gguf_of(args, outtype, tmp, model=str(draft_name))
         gguf, dtype = _gguf_of(args, outtype, tmp)
-        verify: dict[str, list[dict[str, Any]]] = {}
-        for d in depths:
-            print(f"bench: llama-bench n=1..{n_max} at depth {d}", file=sys.stderr)
-            times = llamacpp.bench_verify(
-                gguf, n_values=tuple(range(1, n_max + 1)), depth=d, repeats=reps, threads=threads
-            )
-            verify[str(d)] = [
-                {
-                    "n": t.n_prompt,
-                    "median_ms": t.median_ms,
-                    "mean_ms": t.mean_ms,
-                    "min_ms": min(t.samples_ms),
-                    "samples_ms": list(t.samples_ms),
-                }
-                for t in times
-            ]
+        verify = _verify_rows(gguf, depths, n_max, reps, threads, "target")
+        if draft_name is not None:
+            draft = {
+                "model": str(draft_name),
+                "dtype": draft_dtype,
+                "verify": _verify_rows(draft_gguf, depths, n_max, reps, threads, "draft"),
+            }
     result = {
         "engine": "llama.cpp",
         "llama_cpp": llamacpp.VERSION,
@@ -93,6 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "flash_attn": False,
         "reps": reps,
         "verify": verify,
+        **({"draft": draft} if draft is not None else {}),
     }
     files = []
     if args.out:
@@ -104,6 +132,10 @@ def run_bench(args: argparse.Namespace) -> int:
     print("depth " + " ".join(f"{'n=' + str(n):>7}" for n in range(1, n_max + 1)))
     for d, rows in verify.items():
         print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
+    if draft is not None:
+        print(f"draft model {draft['model']} ({draft['dtype']}), median ms")
+        for d, rows in draft["verify"].items():
+            print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
     for f in files:
         print(f"wrote {f}")
     return 0

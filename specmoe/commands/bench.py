@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "llama-bench, --model exported to GGUF at --dtype (needs make llama-cpp)",
     )
     parser.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="DIR_OR_GGUF",
+        help="--engine llama.cpp: time the draft model's passes too, the same way (a model "
+        "folder or name, exported at --dtype, or a .gguf file), for `specmoe plan --engine "
+        "llama.cpp --llamacpp-profile`",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -255,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
     """Hold --out against a second writer for the whole command (out_folder)."""
     if getattr(args, "processes", 1) != 1 and not getattr(args, "whole_pass", False):
         raise InputError("--processes: only with --whole-pass")
+    if getattr(args, "draft_model", None) is not None and args.engine != "llama.cpp":
+        raise InputError("--draft-model: only with --engine llama.cpp")
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench

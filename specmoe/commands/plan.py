@@ -151,6 +151,15 @@ def add_arguments(parser) -> None:
         metavar="TYPE",
         help="the ggml type of llama.cpp's expert weights, for its CUDA kernel rule (default Q4_K)",
     )
+    parser.add_argument(
+        "--llamacpp-profile",
+        default=None,
+        metavar="FILE",
+        help="with --engine llama.cpp: plan from llama.cpp's own pass times, FILE the "
+        "llamacpp_verify.json of `specmoe bench --engine llama.cpp --draft-model D` (target and "
+        "draft-model passes); the speedup at each --acceptance, the best k and llama-server's "
+        "flags (--target-model and --draft-model: the GGUF files; depth --context)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -539,6 +548,8 @@ def _run(args) -> int:
     from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
 
     check_out_dir(args.out)
+    if getattr(args, "llamacpp_profile", None) is not None:
+        return _run_llamacpp(args)
     plan, data = make_plan(args)
     text = summary(plan)
     if args.out:
@@ -557,6 +568,114 @@ def _run(args) -> int:
         print(dumps_json(data))
     else:
         print(text)
+    return 0
+
+
+def make_llamacpp_plan(args) -> dict[str, Any]:
+    """plan.json of ``--engine llama.cpp --llamacpp-profile FILE``: the plan from llama.cpp's
+    own pass times alone (:func:`specmoe.cost.llamacpp_plan.llamacpp_plan`), no routing trace
+    or bandwidth profile; ``engine.settings["llama.cpp"]`` holds it."""
+    from specmoe.cost.llamacpp_plan import llamacpp_plan, load_llamacpp_profile
+
+    names = {
+        "llama.cpp" if n.strip().lower() in ("llamacpp", "llama-cpp", "llama_cpp") else n.strip()
+        for item in (getattr(args, "engines", None) or [])
+        for n in item.split(",")
+        if n.strip()
+    }
+    if names != {"llama.cpp"}:
+        raise InputError("--llamacpp-profile: only with --engine llama.cpp (and no other engine)")
+    if getattr(args, "drafter", "ngram") not in ("ngram", "draft-model"):
+        raise InputError(
+            f"--drafter {args.drafter}: --llamacpp-profile plans the draft model (draft-model)"
+        )
+    if args.k_max < 1 or args.k_max > MAX_K:
+        raise InputError(f"--k-max: must lie in 1..{MAX_K}, got {args.k_max}")
+    acceptance = parse_acceptance(args.acceptance)
+    try:
+        prof = load_llamacpp_profile(args.llamacpp_profile)
+    except InputError as exc:
+        raise exc.as_flag("--llamacpp-profile") from None
+    notes = []
+    top = min(len(prof.target.get(args.context, [0])), len(prof.draft.get(args.context, [0])))
+    k_max = args.k_max
+    if (
+        prof.draft
+        and args.context in prof.target
+        and args.context in prof.draft
+        and top - 1 < k_max
+    ):
+        notes.append(f"k_max {top - 1}: the profile times passes of up to {top} tokens")
+        k_max = top - 1
+    target = args.target_model or "TARGET.gguf"
+    draft = args.draft_model or "DRAFT.gguf"
+    if not args.target_model:
+        notes.append("no --target-model: TARGET.gguf stands for the target's GGUF file")
+    if not args.draft_model:
+        notes.append("no --draft-model: DRAFT.gguf stands for the draft model's GGUF file")
+    try:
+        settings = llamacpp_plan(
+            prof,
+            acceptance,
+            depth=args.context,
+            k_max=k_max,
+            target_model=target,
+            draft_model=draft,
+        )
+    except InputError as exc:
+        flag = {"depth": "--context", "k_max": "--k-max"}.get(exc.argument or "")
+        raise (exc.as_flag(flag) if flag else exc.as_flag("--llamacpp-profile")) from None
+    return {
+        "kind": "llama.cpp",
+        "notes": notes,
+        "acceptance": [float(a) for a in acceptance],
+        "engine": {"drafter": "draft-model", "settings": {"llama.cpp": settings}},
+    }
+
+
+def llamacpp_summary(data: dict[str, Any]) -> str:
+    """The terminal summary of :func:`make_llamacpp_plan`'s plan."""
+    s = data["engine"]["settings"]["llama.cpp"]
+    K = s["k_max"]
+    lines = [
+        f"specmoe plan --engine llama.cpp: pass times of {s['profile']} ({s['statistic']}), "
+        f"depth {s['depth']}, {s['threads']} thread(s)",
+        f"  {s['model']}",
+        *(f"  note: {x}" for x in data.get("notes", [])),
+        "",
+        _row("draft length k", range(K + 1), "{:8d}"),
+        _row("target tau_T(k+1) ms", s["step_parts_ms"]["target"]),
+        _row("draft k tau_D(1) ms", s["step_parts_ms"]["draft_tokens"]),
+        _row("draft tau_D(k+1) ms", s["step_parts_ms"]["draft_reeval"]),
+        _row("step V(k) ms", s["step_ms"]),
+        _row("step points a_j", [None, *s["step_points"]], "{:8.4f}"),
+        "",
+    ]
+    for p in s["plans"]:
+        head = f"a = {p['acceptance']:g}: "
+        if p["pays"]:
+            lines.append(head + f"k* = {p['draft_length']}, predicted speedup {p['speedup']:.3f}")
+        else:
+            best_other = max(p["speedup_by_k"][1:])
+            lines.append(
+                head + f"speculation does not pay (best k > 0 gives {best_other:.3f}): "
+                "plain decoding"
+            )
+        lines.append(f"    {p['shell']}")
+    return "\n".join(lines)
+
+
+def _run_llamacpp(args) -> int:
+    from specmoe._io import atomic_write_json, atomic_write_text, dumps_json
+
+    data = make_llamacpp_plan(args)
+    text = llamacpp_summary(data)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_json(out / "plan.json", data)
+        atomic_write_text(out / "summary.txt", text + "\n")
+        _err(f"plan: wrote {out / 'plan.json'} and {out / 'summary.txt'}")
+    print(dumps_json(data) if args.json else text)
     return 0
 
 

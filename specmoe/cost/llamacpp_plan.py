@@ -1,0 +1,243 @@
+"""llama.cpp's speedup from llama.cpp's own pass times, and the llama-server flags at the best k.
+
+Input: the ``llamacpp_verify.json`` of ``specmoe bench --engine llama.cpp --draft-model D``:
+llama-bench's time of one pass of n = 1..N tokens at each KV-cache depth, for the target
+(``verify``) and the draft model (``draft.verify``). At depth d, with tau_T(n) and tau_D(n)
+those pass times, one round of llama-server's draft-simple speculation with k drafts costs
+
+    V(k) = tau_T(k + 1) + tau_D(k + 1) + k tau_D(1),   V(0) = tau_T(1),
+
+the target's verification pass of k + 1 tokens (paper 002 Section 3.1, V(k) = tau(k + 1) + h(k)),
+the draft model drafting its k tokens one at a time (``draft`` of ``draft-simple`` in
+``common/speculative.cpp``: a one-token pass on the last token, then one per draft but the last)
+and the draft model re-evaluating the target's batch (``common_speculative_process`` after every
+target decode in ``tools/server/server-context.cpp``, "always re-evaluate for simplicity").
+No other per-round time (sampling, HTTP, the server's bookkeeping) is in V(k): llama-bench does
+not time it. The speedup at acceptance a is Eq. (9) of paper 002,
+
+    S(a, k) = G_a(k) V(0) / V(k),   G_a(k) = (1 - a^(k+1)) / (1 - a),
+
+(:func:`specmoe.cost.theory.speedup`) and k*(a) its smallest maximiser over k = 0..k_max
+(:func:`specmoe.cost.theory.best_draft_length`); S(a, 0) = 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specmoe.cost import theory
+from specmoe.errors import InputError
+
+__all__ = [
+    "STATISTICS",
+    "LlamaCppProfile",
+    "llamacpp_plan",
+    "load_llamacpp_profile",
+    "server_flags",
+    "step_times",
+]
+
+STATISTICS = ("median_ms", "min_ms", "mean_ms")
+MAX_PROFILE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class LlamaCppProfile:
+    """Pass times in ms at each depth: ``target[d][n-1]`` = tau_T(n), ``draft[d][n-1]`` = tau_D(n)
+    (``draft`` empty when the profile holds no draft model), plus what they were measured with."""
+
+    path: str
+    statistic: str
+    target: dict[int, list[float]]
+    draft: dict[int, list[float]]
+    threads: int
+    meta: dict[str, Any]
+
+    def depths(self) -> list[int]:
+        return sorted(self.target)
+
+
+def _bad(path: str, msg: str) -> InputError:
+    return InputError(f"{path}: {msg}")
+
+
+def _times(section: Any, path: str, where: str, statistic: str) -> dict[int, list[float]]:
+    if not isinstance(section, dict) or not section:
+        raise _bad(path, f"{where} is not an object of depths")
+    out: dict[int, list[float]] = {}
+    for key, rows in section.items():
+        try:
+            d = int(key)
+        except (TypeError, ValueError):
+            raise _bad(path, f"{where}: depth {key!r} is not an integer") from None
+        if d < 0 or not isinstance(rows, list) or not rows:
+            raise _bad(path, f"{where}[{key}] is not a non-empty list of passes")
+        by_n: dict[int, float] = {}
+        for row in rows:
+            n = row.get("n") if isinstance(row, dict) else None
+            v = row.get(statistic) if isinstance(row, dict) else None
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise _bad(path, f"{where}[{key}]: a pass without a pass size n >= 1")
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or v <= 0
+            ):
+                raise _bad(path, f"{where}[{key}] n={n}: {statistic} is not a positive number")
+            by_n[n] = float(v)
+        top = max(by_n)
+        missing = [n for n in range(1, top + 1) if n not in by_n]
+        if missing:
+            raise _bad(path, f"{where}[{key}]: no pass of n = {missing[0]} (needs 1..{top})")
+        out[d] = [by_n[n] for n in range(1, top + 1)]
+    return out
+
+
+def load_llamacpp_profile(
+    path: str | os.PathLike, *, statistic: str = "median_ms"
+) -> LlamaCppProfile:
+    """Read ``llamacpp_verify.json`` (``specmoe bench --engine llama.cpp``); any fault is one
+    ``InputError`` line naming the file."""
+    if statistic not in STATISTICS:
+        raise InputError(
+            f"unknown {statistic!r} (choose from {', '.join(STATISTICS)})", argument="statistic"
+        )
+    p = Path(path)
+    name = str(path)
+    if not p.exists():
+        raise _bad(name, "no such file")
+    if not p.is_file():
+        raise _bad(name, "not a regular file")
+    if p.stat().st_size > MAX_PROFILE_BYTES:
+        raise _bad(name, f"more than {MAX_PROFILE_BYTES >> 20} MiB: not a llama.cpp profile")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _bad(name, f"not readable JSON ({str(exc).splitlines()[0][:80]})") from None
+    if not isinstance(data, dict) or data.get("engine") != "llama.cpp":
+        raise _bad(name, "not a llama.cpp profile (no \"engine\": \"llama.cpp\"; written by "
+                   "`specmoe bench --engine llama.cpp`)")  # fmt: skip
+    target = _times(data.get("verify"), name, "verify", statistic)
+    draft: dict[int, list[float]] = {}
+    if data.get("draft") is not None:
+        dsec = data["draft"]
+        if not isinstance(dsec, dict):
+            raise _bad(name, "draft is not an object")
+        draft = _times(dsec.get("verify"), name, "draft.verify", statistic)
+    threads = data.get("threads", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise _bad(name, f"threads {threads!r} is not a positive integer")
+    meta = {k: data.get(k) for k in ("llama_cpp", "model", "dtype", "reps", "flash_attn")}
+    if isinstance(data.get("draft"), dict):
+        meta["draft_model"] = data["draft"].get("model")
+        meta["draft_dtype"] = data["draft"].get("dtype")
+    return LlamaCppProfile(name, statistic, target, draft, threads, meta)
+
+
+def step_times(
+    profile: LlamaCppProfile, depth: int, k_max: int, *, reevaluate: bool = True
+) -> tuple[list[float], dict[str, list[float]]]:
+    """V(0..k_max) in ms at ``depth`` (module docstring) and its parts: ``target`` tau_T(k+1),
+    ``draft_tokens`` k tau_D(1), ``draft_reeval`` tau_D(k+1) (0 at k = 0, and everywhere
+    without ``reevaluate``)."""
+    if depth not in profile.target:
+        have = ", ".join(map(str, profile.depths()))
+        raise InputError(f"{profile.path} has no passes at depth {depth} (it has {have})",
+                         argument="depth")  # fmt: skip
+    if not profile.draft:
+        raise InputError(
+            f"{profile.path} holds no draft-model passes: run `specmoe bench --engine llama.cpp "
+            "--draft-model D` to time the draft model too",
+            argument="profile",
+        )
+    if depth not in profile.draft:
+        raise InputError(f"{profile.path} has no draft-model passes at depth {depth}",
+                         argument="depth")  # fmt: skip
+    tt, td = profile.target[depth], profile.draft[depth]
+    if k_max < 0 or k_max + 1 > min(len(tt), len(td) if reevaluate else len(tt)):
+        top = min(len(tt), len(td)) - 1
+        raise InputError(f"must lie in 0..{top} (passes of up to {top + 1} tokens timed), "
+                         f"got {k_max}", argument="k_max")  # fmt: skip
+    parts = {
+        "target": [tt[k] for k in range(k_max + 1)],
+        "draft_tokens": [k * td[0] for k in range(k_max + 1)],
+        "draft_reeval": [td[k] if (k and reevaluate) else 0.0 for k in range(k_max + 1)],
+    }
+    V = [sum(p[k] for p in parts.values()) for k in range(k_max + 1)]
+    return V, parts
+
+
+def server_flags(*, k: int, target: str, draft: str | None, threads: int = 1) -> list[str]:
+    """llama-server's arguments (after the program) drafting ``k`` tokens a round with the
+    draft model (draft-simple, every round exactly k drafts: n-min 0, p-min 0), or plain
+    decoding at k = 0; ``threads`` for the target, its batches and the draft (``-td`` and
+    ``-tb`` default to ``-t`` in ``common/arg.cpp``); flash attention off, as llama-bench timed."""
+    argv = ["-m", str(target)]
+    if k > 0:
+        if not draft:
+            raise InputError("k > 0 needs a draft model", argument="draft")
+        argv += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
+        argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
+    return [*argv, "-t", str(int(threads)), "-fa", "off"]
+
+
+def llamacpp_plan(
+    profile: LlamaCppProfile,
+    acceptance: list[Any],
+    *,
+    depth: int,
+    k_max: int,
+    target_model: str,
+    draft_model: str | None,
+) -> dict[str, Any]:
+    """The plan (plan.json's ``engine.settings["llama.cpp"]``): V(k), the staircase k*(a)
+    (:func:`specmoe.cost.theory.staircase`), and per acceptance a: S(a, k) at every k, k*(a),
+    its speedup and llama-server's command line at k*(a)."""
+    V, parts = step_times(profile, depth, k_max)
+    stairs = theory.staircase(V)
+    rows = []
+    for a in acceptance:
+        k_best = theory.best_draft_length(V, a)
+        sp = [float(theory.speedup(V, a, k)) for k in range(k_max + 1)]
+        argv = server_flags(
+            k=k_best, target=target_model, draft=draft_model, threads=profile.threads
+        )
+        rows.append(
+            {
+                "acceptance": float(a),
+                "draft_length": k_best,
+                "speedup": sp[k_best],
+                "speedup_by_k": sp,
+                "pays": k_best > 0,
+                "command": ["llama-server", *argv],
+                "shell": shlex.join(["llama-server", *argv]),
+            }
+        )
+    return {
+        "name": "llama.cpp",
+        "engine": "llama.cpp",
+        "llama_cpp": profile.meta.get("llama_cpp"),
+        "drafter": "draft-model",
+        "spec_type": "draft-simple",
+        "profile": profile.path,
+        "statistic": profile.statistic,
+        "depth": depth,
+        "threads": profile.threads,
+        "k_max": k_max,
+        "step_ms": V,
+        "step_parts_ms": parts,
+        "tau_target_ms": profile.target[depth],
+        "tau_draft_ms": profile.draft[depth],
+        "step_points": stairs.step_points,
+        "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
+        "model": "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1), V(0) = tau_T(1); "
+        "S(a, k) = G_a(k) V(0) / V(k) (paper 002 Eq. (9)); no per-round server overhead",
+        "plans": rows,
+    }

@@ -1,0 +1,286 @@
+"""``specmoe plan --engine llama.cpp --llamacpp-profile FILE``: the speedup from llama.cpp's own
+pass times, the best k and llama-server's flags.
+
+The arithmetic is checked against brute force with its own G_a(k) = (1 - a^(k+1)) / (1 - a) on
+generated profiles; the flags are checked by starting llama-server with them on the bundled
+GGUFs (skipped when llama.cpp is not built, as in tests/test_llamacpp_engine.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specmoe.cli import main
+from specmoe.cost.llamacpp_plan import llamacpp_plan, load_llamacpp_profile, server_flags
+from specmoe.engines import llamacpp
+
+REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
+needs_llamacpp = pytest.mark.skipif(
+    not llamacpp.is_built() and not REQUIRED,
+    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
+)
+
+# the committed figures' shape: bf16 at d = 512, medians in ms (results/cpu/llamacpp/README.md)
+TARGET_MS = [0.699, 0.557, 0.688, 0.800, 0.891, 1.027, 1.191, 1.316, 1.482]
+DRAFT_MS = [0.45, 0.40, 0.45, 0.50, 0.55, 0.60, 0.65, 0.70, 0.75]
+
+
+def _rows(ms):
+    return [{"n": i + 1, "median_ms": v, "min_ms": v, "mean_ms": v} for i, v in enumerate(ms)]
+
+
+def _profile(path, target=TARGET_MS, draft=DRAFT_MS, depth=512, **change):
+    data = {
+        "engine": "llama.cpp",
+        "llama_cpp": "0.3.36",
+        "model": "bundled",
+        "dtype": "bf16",
+        "threads": 1,
+        "reps": 5,
+        "verify": {str(depth): _rows(target)},
+        "draft": {"model": "bundled-draft", "dtype": "bf16", "verify": {str(depth): _rows(draft)}},
+    }
+    data.update(change)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _brute(target, draft, a, k_max):
+    """S(a, k) for k = 0..k_max by the formulas alone: V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1)
+    (V(0) = tau_T(1)), G by the closed form."""
+    V = [target[0]] + [target[k] + draft[k] + k * draft[0] for k in range(1, k_max + 1)]
+    G = [(k + 1.0) if a == 1 else (1 - a ** (k + 1)) / (1 - a) for k in range(k_max + 1)]
+    return [G[k] * V[0] / V[k] for k in range(k_max + 1)]
+
+
+times = st.lists(st.floats(0.05, 5.0), min_size=9, max_size=9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(target=times, draft=times, a=st.floats(0.0, 0.999), k_max=st.integers(1, 8))
+def test_best_k_and_speedup_against_brute_force(tmp_path_factory, target, draft, a, k_max):
+    path = _profile(tmp_path_factory.mktemp("p") / "v.json", target, draft)
+    plan = llamacpp_plan(
+        load_llamacpp_profile(path), [a], depth=512, k_max=k_max, target_model="T", draft_model="D"
+    )
+    (row,) = plan["plans"]
+    brute = _brute(target, draft, a, k_max)
+    assert row["speedup_by_k"] == pytest.approx(brute, rel=1e-12)
+    assert row["speedup_by_k"][0] == 1.0
+    best = max(brute)
+    assert brute[row["draft_length"]] >= best * (1 - 1e-12)
+    # the smallest maximiser: no smaller k is clearly as fast
+    assert all(brute[k] < best * (1 + 1e-12) for k in range(row["draft_length"]))
+    assert row["speedup"] == pytest.approx(brute[row["draft_length"]], rel=1e-12)
+    # the staircase gives the same k at a (away from its step points)
+    for lv in plan["staircase"]:
+        if lv["a_from"] + 1e-9 < a < lv["a_to"] - 1e-9:
+            assert lv["k"] == row["draft_length"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=times, draft=times, grid=st.lists(st.floats(0.0, 0.999), min_size=2, max_size=8))
+def test_best_k_rises_with_acceptance(tmp_path_factory, target, draft, grid):
+    path = _profile(tmp_path_factory.mktemp("p") / "v.json", target, draft)
+    grid = sorted(set(grid))
+    plan = llamacpp_plan(
+        load_llamacpp_profile(path), grid, depth=512, k_max=8, target_model="T", draft_model="D"
+    )
+    ks = [r["draft_length"] for r in plan["plans"]]
+    assert ks == sorted(ks)
+
+
+def test_speedup_at_zero_drafts_is_one(tmp_path):
+    path = _profile(tmp_path / "v.json")
+    grid = [0.0, 0.3, 0.7, 0.95, 0.999]
+    plan = llamacpp_plan(
+        load_llamacpp_profile(path), grid, depth=512, k_max=8, target_model="T", draft_model="D"
+    )
+    assert all(r["speedup_by_k"][0] == 1.0 for r in plan["plans"])
+    assert plan["plans"][0]["draft_length"] == 0  # a = 0: a draft only costs
+
+
+def test_cli_prints_flags_and_plain_when_speculation_does_not_pay(tmp_path, capsys):
+    # a draft model as slow as the target: nothing pays at a = 0.3, k = 1 pays at a = 0.98
+    slow = [v * 0.4 for v in TARGET_MS]
+    path = _profile(tmp_path / "v.json", draft=slow)
+    out = tmp_path / "plan"
+    argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path)]
+    argv += ["--acceptance", "0.3,0.98", "--target-model", "t.gguf", "--draft-model", "d.gguf"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads((out / "plan.json").read_text())
+    s = data["engine"]["settings"]["llama.cpp"]
+    lo, hi = s["plans"]
+    assert lo["draft_length"] == 0 and not lo["pays"]
+    assert lo["command"] == ["llama-server", "-m", "t.gguf", "-t", "1", "-fa", "off"]
+    assert "a = 0.3: speculation does not pay" in text
+    assert hi["draft_length"] >= 1
+    k = str(hi["draft_length"])
+    assert hi["command"][1:] == shlex.split(
+        f"-m t.gguf -md d.gguf --spec-type draft-simple --spec-draft-n-max {k} "
+        "--spec-draft-n-min 0 --spec-draft-p-min 0 -t 1 -fa off"
+    )
+    assert hi["shell"] in text
+    V = s["step_ms"]
+    assert V[1] == pytest.approx(TARGET_MS[1] + slow[1] + slow[0])
+
+
+def test_server_flags_plain_and_speculative():
+    assert server_flags(k=0, target="t", draft=None) == ["-m", "t", "-t", "1", "-fa", "off"]
+    argv = server_flags(k=3, target="t", draft="d", threads=2)
+    assert argv[argv.index("--spec-draft-n-max") + 1] == "3"
+    assert argv[argv.index("-t") + 1] == "2"
+
+
+def _bad_cases(tmp_path):
+    base = json.loads(_profile(tmp_path / "ok.json").read_text())
+    cases = {}
+
+    def put(name, data):
+        p = tmp_path / f"{name}.json"
+        p.write_text(data if isinstance(data, str) else json.dumps(data))
+        cases[name] = p
+
+    put("not_json", "{")
+    put("other_engine", {**base, "engine": "specmoe"})
+    put("no_draft", {k: v for k, v in base.items() if k != "draft"})
+    put("gap", {**base, "verify": {"512": [r for r in base["verify"]["512"] if r["n"] != 3]}})
+    put("negative", {**base, "verify": {"512": [{"n": 1, "median_ms": -1.0}]}})
+    put("verify_list", {**base, "verify": [1, 2]})
+    cases["missing"] = tmp_path / "missing.json"
+    return cases
+
+
+@pytest.mark.parametrize(
+    "case,words",
+    [
+        ("missing", "no such file"),
+        ("not_json", "not readable JSON"),
+        ("other_engine", "not a llama.cpp profile"),
+        ("no_draft", "no draft-model passes"),
+        ("gap", "no pass of n = 3"),
+        ("negative", "not a positive number"),
+        ("verify_list", "not an object of depths"),
+    ],
+)
+def test_bad_profile_is_one_line_exit_2(case, words, tmp_path, capsys):
+    path = _bad_cases(tmp_path)[case]
+    rc = main(["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert (len(err) == 1 and err[0].startswith("error: --llamacpp-profile")) or (
+        len(err) == 1 and "--llamacpp-profile" in err[0]
+    )
+    assert words in err[0]
+
+
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        (["--context", "2048"], "--context"),
+        (["--engine", "vllm"], "only with --engine llama.cpp"),
+    ],
+)
+def test_bad_arguments_are_one_line_exit_2(extra, words, tmp_path, capsys):
+    path = _profile(tmp_path / "v.json")
+    rc = main(["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path), *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0]
+
+
+def test_bench_draft_model_needs_llamacpp_engine(capsys):
+    rc = main(["bench", "--model", "bundled", "--draft-model", "bundled-draft"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--draft-model" in err[0]
+
+
+# ------------------------------------------------------------------------------------------
+# llama.cpp itself
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@needs_llamacpp
+def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
+    """bench times the target and the draft model; the plan's printed command, run as it is
+    (plus a port), starts llama-server: its /health answers 200."""
+    gguf = {}
+    for name, model in [("target", "bundled"), ("draft", "bundled-draft")]:
+        gguf[name] = tmp_path / f"{name}.gguf"
+        argv = ["export", "--format", "gguf", "--model", model, "--out", str(gguf[name])]
+        assert main([*argv, "--outtype", "bf16"]) == 0
+    prof = tmp_path / "bench"
+    argv = ["bench", "--engine", "llama.cpp", "--model", str(gguf["target"])]
+    argv += ["--draft-model", str(gguf["draft"]), "--depths", "64", "--n-max", "4", "--reps", "2"]
+    assert main([*argv, "--out", str(prof)]) == 0
+    data = json.loads((prof / "llamacpp_verify.json").read_text())
+    assert [r["n"] for r in data["draft"]["verify"]["64"]] == [1, 2, 3, 4]
+    out = tmp_path / "plan"
+    argv = [
+        "plan",
+        "--engine",
+        "llama.cpp",
+        "--llamacpp-profile",
+        str(prof / "llamacpp_verify.json"),
+    ]
+    argv += ["--context", "64", "--acceptance", "0.999", "--out", str(out)]
+    argv += ["--target-model", str(gguf["target"]), "--draft-model", str(gguf["draft"])]
+    assert main(argv) == 0
+    capsys.readouterr()
+    s = json.loads((out / "plan.json").read_text())["engine"]["settings"]["llama.cpp"]
+    assert s["k_max"] == 3  # passes of up to 4 tokens timed
+    plans = s["plans"]
+    # the speculative command whatever k* is (k = 1 if a does not make a draft pay)
+    cmd = plans[0]["command"]
+    if plans[0]["draft_length"] == 0:
+        cmd = [
+            "llama-server",
+            *server_flags(k=1, target=str(gguf["target"]), draft=str(gguf["draft"])),
+        ]
+    port = _free_port()
+    argv = [
+        str(llamacpp.tool("llama-server")),
+        *cmd[1:],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    log = tmp_path / "server.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [*argv, "-c", "512", "--no-warmup"], stdout=fh, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline, status = time.time() + 120, None
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    status = r.status
+                    break
+            except OSError:
+                time.sleep(0.2)
+        assert status == 200, log.read_text()[-2000:]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert "speculative" in log.read_text().lower() or "draft" in log.read_text().lower()
