@@ -300,10 +300,24 @@ def _unit_files(folder: Path) -> list[dict[str, Any]]:
     return [read_json(p, "unit file") for p in sorted((folder / "units").glob("*.json"))]
 
 
-def aggregate(folder: Path, label: str, cfg: Config, have: dict[int, tuple[int, int]]) -> None:
+# the kernel settings of a verify unit and their keys in the runs format
+SETTINGS = (("per_slot", "off"), ("dedup", "on"))
+
+
+def aggregate(
+    folder: Path,
+    label: str,
+    cfg: Config,
+    have: dict[int, tuple[int, int]],
+    *,
+    settings: tuple[tuple[str, str], ...] = SETTINGS,
+    engine: str = "specmoe",
+) -> None:
     """Rewrite verify.json, throughput.json and tables.json of one configuration from its
     finished units; a depth enters the runs files only when all its units are done (``have``:
-    depth -> the verify and throughput prompts that qualify)."""
+    depth -> the verify and throughput prompts that qualify). ``settings``: the (kernel
+    setting, runs-format key) pairs the verify units timed (an engine with the dedup kernel
+    alone: ``(("dedup", "on"),)``); ``engine``: the runs files' engine."""
     units = _unit_files(folder)
     vconf, tconf, tables = [], [], {}
     for d in cfg.depths:
@@ -314,7 +328,7 @@ def aggregate(folder: Path, label: str, cfg: Config, have: dict[int, tuple[int, 
             vu.sort(key=lambda u: u["prompt_index"])
             prompts = [u["prompt_id"] for u in vu]
             reps: dict[str, list] = {}
-            for s, key in (("per_slot", "off"), ("dedup", "on")):
+            for s, key in settings:
                 reps[key] = [
                     [
                         [
@@ -385,7 +399,7 @@ def aggregate(folder: Path, label: str, cfg: Config, have: dict[int, tuple[int, 
         tables[str(d)] = entry
     atomic_write_json(folder / "tables.json", {"model": label, "depths": tables})
     if vconf:
-        head = {"model": label, "device": "cpu", "engine": "specmoe"}
+        head = {"model": label, "device": "cpu", "engine": engine}
         atomic_write_json(folder / "verify.json", {**head, "configurations": vconf})
         atomic_write_json(folder / "throughput.json", {"model": label, "configurations": tconf})
 
