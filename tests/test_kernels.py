@@ -652,7 +652,9 @@ def test_selfcheck_script_checks_a_kernel_and_prints_json(capsys):
     assert rc == 0
     results = json.loads(cap.out)
     assert {r["kernel"] for r in results} == {"reference"} and all(r["ok"] for r in results)
-    assert [r["case"] for r in results] == [c[0] for c in cases()]
+    assert [r["case"] for r in results] == [c[0] for c in cases("reference", "cpu")]
+    assert not any("q8_0" in r["case"] for r in results)  # q8_0: the C kernels' cases only
+    assert sum("q8_0" in c[0] for c in cases("dedup", "cpu")) == 12
     assert cap.err.strip().startswith("reference on cpu: ")
 
 

@@ -62,10 +62,13 @@ SOURCE = r"""
 #define SM_BF16DP 0
 #endif
 static int sm_bf16dp_on = 1;  /* runtime switch (specmoe_set_bf16dp), e.g. to test the fallback */
+static int sm_q8_portable_on = 0;  /* runtime switch (specmoe_set_q8_portable): the portable q8_0 loop */
 
 #define WT_F32 0
 #define WT_BF16 1
 #define WT_F16 2
+#define WT_Q8 3      /* llama.cpp's q8_0: blocks of one fp16 scale d and 32 int8 q, w = d * q */
+#define SM_Q8_BLOCK 34
 #define SM_MIN_PARALLEL_BYTES (1 << 20)
 
 static inline float sm_bf16_to_f32(uint16_t v) {
@@ -288,6 +291,156 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
 }
 #endif
 
+/* q8_0 weights (WT_Q8): each row of cols weights (cols a multiple of 32) is cols / 32 blocks of
+   34 bytes, an fp16 scale d then 32 int8 q; the weight is d * q, exact in fp32 (an int8 times
+   an fp16 has at most 19 significant bits). The row stride ldw is in bytes. The weights are
+   dequantised on the fly against fp32 activations: per 8 weights a sign-extending load
+   (vpmovsxbd), a conversion (vcvtdq2ps) and one multiply by d, then one FMA per token, so the
+   products are those of the dequantised weights and the result is within fp32 rounding of the
+   contract's y on them. */
+static inline float sm_q8_scale(const uint8_t *blk) {
+    uint16_t hv; memcpy(&hv, blk, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(hv);
+#else
+    return sm_f16_to_f32(hv);
+#endif
+}
+
+/* Portable: one row against one token at a time, a block's 32 products summed then scaled. */
+static void sm_rows_q8_portable(const uint8_t *w, size_t ldw, int r0, int r1,
+                                const float *const *xp, int k, int cols, float *out,
+                                size_t ldo) {
+    int nb = cols / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *wr = w + (size_t)r * ldw;
+        for (int t = 0; t < k; t++) {
+            float s = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = wr + (size_t)b * SM_Q8_BLOCK;
+                const int8_t *q = (const int8_t *)(blk + 2);
+                const float *xb = xp[t] + (size_t)b * 32;
+                float sb = 0.0f;
+                for (int j = 0; j < 32; j++) sb += (float)q[j] * xb[j];
+                s += sm_q8_scale(blk) * sb;
+            }
+            out[(size_t)t * ldo + r] = s;
+        }
+    }
+}
+
+#if SM_AVX2
+#ifndef SM_Q8_PF
+#define SM_Q8_PF 1   /* prefetch the next block's rows, one line per row per 32 weights */
+#endif
+/* A register block: RB q8_0 rows by TB tokens, 8-lane fp32 accumulators; per 32-weight block
+   each row's scale is broadcast and its 4 vectors of 8 weights dequantised once for all TB
+   tokens. */
+#define SM_Q8BLOCK(RB, TB, FOLD)                                                            \
+static inline __attribute__((always_inline)) void sm_q8block_##RB##x##TB(                   \
+        const uint8_t *w, size_t ldw, const float *const *xp, int cols, float *out,         \
+        size_t ldo) {                                                                       \
+    __m256 acc[RB][TB];                                                                     \
+    const uint8_t *pf = w + (size_t)RB * ldw;                                               \
+    int nb = cols / 32;                                                                     \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
+    for (int b = 0; b < nb; b++) {                                                          \
+        size_t off = (size_t)b * SM_Q8_BLOCK;                                               \
+        __m256 dv[RB], sb[RB][TB];                                                          \
+        for (int r = 0; r < RB; r++) {                                                      \
+            if (SM_Q8_PF) _mm_prefetch((const char *)(pf + (size_t)r * ldw + off), _MM_HINT_T0); \
+            dv[r] = _mm256_set1_ps(sm_q8_scale(w + (size_t)r * ldw + off));                 \
+            if (FOLD) for (int t = 0; t < TB; t++) sb[r][t] = _mm256_setzero_ps();          \
+        }                                                                                   \
+        for (int v = 0; v < 4; v++) {                                                       \
+            __m256 wv[RB];                                                                  \
+            for (int r = 0; r < RB; r++) {                                                  \
+                __m128i q = _mm_loadl_epi64(                                                \
+                    (const __m128i *)(w + (size_t)r * ldw + off + 2 + 8 * v));              \
+                wv[r] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));                        \
+                if (!FOLD) wv[r] = _mm256_mul_ps(wv[r], dv[r]);                             \
+            }                                                                               \
+            for (int t = 0; t < TB; t++) {                                                  \
+                __m256 xv = _mm256_load_ps(xp[t] + (size_t)b * 32 + 8 * v);                 \
+                for (int r = 0; r < RB; r++) {                                              \
+                    if (FOLD) sb[r][t] = _mm256_fmadd_ps(wv[r], xv, sb[r][t]);              \
+                    else acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);                 \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        if (FOLD)                                                                           \
+            for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                       \
+                acc[r][t] = _mm256_fmadd_ps(sb[r][t], dv[r], acc[r][t]);                    \
+    }                                                                                       \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
+        out[(size_t)t * ldo + r] = sm_hsum(acc[r][t]);                                      \
+}
+#ifndef SM_Q8_FOLD
+#define SM_Q8_FOLD 1  /* 1-2 tokens: a block's products summed, then scaled by d (one FMA) */
+#endif
+SM_Q8BLOCK(4, 1, SM_Q8_FOLD)
+SM_Q8BLOCK(4, 2, 0)
+SM_Q8BLOCK(3, 2, SM_Q8_FOLD)
+SM_Q8BLOCK(4, 3, 0)
+SM_Q8BLOCK(3, 4, 0)
+SM_Q8BLOCK(2, 5, 0)
+SM_Q8BLOCK(2, 6, 0)
+SM_Q8BLOCK(1, 1, SM_Q8_FOLD)
+SM_Q8BLOCK(1, 2, SM_Q8_FOLD)
+SM_Q8BLOCK(1, 3, 0)
+SM_Q8BLOCK(1, 4, 0)
+SM_Q8BLOCK(1, 5, 0)
+SM_Q8BLOCK(1, 6, 0)
+#define SM_Q8_CALL(RB, tb, ...)                                                             \
+    switch (tb) {                                                                           \
+    case 1: sm_q8block_##RB##x1(__VA_ARGS__); break;                                        \
+    case 2: sm_q8block_##RB##x2(__VA_ARGS__); break;                                        \
+    case 3: sm_q8block_##RB##x3(__VA_ARGS__); break;                                        \
+    case 4: sm_q8block_##RB##x4(__VA_ARGS__); break;                                        \
+    case 5: sm_q8block_##RB##x5(__VA_ARGS__); break;                                        \
+    default: sm_q8block_##RB##x6(__VA_ARGS__); break;                                       \
+    }
+#endif
+
+/* out[t * ldo + r] = dequant(W)[r, :] . xp[t] for rows [r0, r1) and tokens [0, k): tokens in
+   blocks of at most 6 (as even as possible), rows in blocks of 4 (1 or 3 tokens), 3 (2 or 4
+   tokens) or 2 (5-6 tokens), leftover rows one at a time. */
+static void sm_rows_q8(const uint8_t *w, size_t ldw, int r0, int r1, const float *const *xp,
+                       int k, int cols, float *out, size_t ldo) {
+#if SM_AVX2
+    int nb = (k + 5) / 6;
+    for (int b = 0, t = 0; b < nb; b++) {
+        int tb = k / nb + (b < k % nb);
+        const float *const *xt = xp + t;
+        int r = r0;
+#define SM_Q8W(r) (w + (size_t)(r) * ldw)
+#define SM_Q8O(r) (out + (size_t)t * ldo + (r))
+        if (tb == 2 && SM_Q8_FOLD) {
+            for (; r + 3 <= r1; r += 3) sm_q8block_3x2(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+        } else if (tb <= 3) {
+            for (; r + 4 <= r1; r += 4) {
+                if (tb == 1) sm_q8block_4x1(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+                else if (tb == 2) sm_q8block_4x2(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+                else sm_q8block_4x3(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+            }
+        } else if (tb == 4) {
+            for (; r + 3 <= r1; r += 3) sm_q8block_3x4(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+        } else {
+            for (; r + 2 <= r1; r += 2) {
+                if (tb == 5) sm_q8block_2x5(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+                else sm_q8block_2x6(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+            }
+        }
+        for (; r < r1; r++) { SM_Q8_CALL(1, tb, SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo) }
+#undef SM_Q8W
+#undef SM_Q8O
+        t += tb;
+    }
+#else
+    sm_rows_q8_portable(w, ldw, r0, r1, xp, k, cols, out, ldo);
+#endif
+}
+
 /* out[t * ldo + r] = W[r, :] . xp[t] for rows r in [r0, r1) and t in [0, k).
    Register blocks (rows x tokens), chosen by measurement on an AVX2 core streaming from
    memory: 4x1, 4x2, 4x3 and 3x4 for one to four tokens, else 2x3..2x6 (token blocks of at most
@@ -347,7 +500,9 @@ static void sm_rows(const void *w, int wt, size_t ldw, int r0, int r1, const flo
                     int k, int cols, float *out, size_t ldo) {
     if (wt == WT_F32) sm_rows_impl(w, WT_F32, ldw, r0, r1, xp, k, cols, out, ldo);
     else if (wt == WT_BF16) sm_rows_impl(w, WT_BF16, ldw, r0, r1, xp, k, cols, out, ldo);
-    else sm_rows_impl(w, WT_F16, ldw, r0, r1, xp, k, cols, out, ldo);
+    else if (wt == WT_F16) sm_rows_impl(w, WT_F16, ldw, r0, r1, xp, k, cols, out, ldo);
+    else if (sm_q8_portable_on) sm_rows_q8_portable((const uint8_t *)w, ldw, r0, r1, xp, k, cols, out, ldo);
+    else sm_rows_q8((const uint8_t *)w, ldw, r0, r1, xp, k, cols, out, ldo);
 }
 
 static inline float sm_act(float g, float u, int act, float alpha, float limit) {
@@ -376,7 +531,9 @@ static void sm_split(int total, int tid, int nth, int align, int *a, int *b) {
    w_down [P, h, I], strides sd_e, sd_r; biases b_gate_up [P, 2I], b_down [P, h] f32 or NULL;
    ids [n, m] int64 in [0, P); wts [n, m] f32; y [n, h] f32, zeroed by the caller.
    mode 0: per-slot (one group per slot, token-major); mode 1: dedup (one group per expert).
-   Returns 0, or -1 for an id out of range, -2 for an allocation failure. */
+   wt 3 (q8_0): w_gate_up [P, 2I, h/32*34] and w_down [P, h, I/32*34] bytes, strides in bytes.
+   Returns 0, or -1 for an id out of range, -2 for an allocation failure, -3 for q8_0 weights
+   whose rows are not a whole number of 32-weight blocks. */
 int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void *wd, int wt,
                       int inter, long long sgu_e, long long sgu_r, long long sd_e,
                       long long sd_r, const float *bgu, const float *bd, const int64_t *ids,
@@ -404,7 +561,10 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
         gs[ng] = nm;
         for (int g = 0; g < ng; g++) if (gs[g + 1] - gs[g] > kmax) kmax = gs[g + 1] - gs[g];
     }
-    size_t es = (wt == WT_F32) ? 4 : 2;
+    /* element size of the strides: q8_0 strides are in bytes */
+    size_t es = (wt == WT_F32) ? 4 : (wt == WT_Q8 ? 1 : 2);
+    double wbytes = (wt == WT_Q8) ? (double)SM_Q8_BLOCK / 32 : (double)es;
+    if (wt == WT_Q8 && ((h % 32) || (I % 32))) { free(ord); free(gs); return -3; }
     /* Activation rows are padded to 16 floats so that every row starts on a cache line. */
     int ldx = (h + 15) & ~15, lda = (I + 15) & ~15;
     float *X = (float *)sm_alloc(sizeof(float) * (size_t)n * ldx);
@@ -428,7 +588,7 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
     }
     int nth = threads > 0 ? threads : 1;
     /* Small experts: a barrier per group costs more than the bytes it splits. */
-    if ((double)3 * h * I * es < SM_MIN_PARALLEL_BYTES) nth = 1;
+    if ((double)3 * h * I * wbytes < SM_MIN_PARALLEL_BYTES) nth = 1;
     (void)nth;
 #ifdef _OPENMP
     #pragma omp parallel num_threads(nth) if (nth > 1)
@@ -559,4 +719,7 @@ int specmoe_has_bf16dp(void) { return SM_BF16DP; }
 /* Turn the bf16 dot-product path on (1) or off (0: bf16 weights take the widening path);
    returns the previous setting. Not thread-safe: set it between calls. */
 int specmoe_set_bf16dp(int on) { int prev = sm_bf16dp_on; sm_bf16dp_on = on ? 1 : 0; return prev; }
+/* Run q8_0 weights through the portable loop (1) or the vector blocks (0, the default);
+   returns the previous setting. Not thread-safe: set it between calls. */
+int specmoe_set_q8_portable(int on) { int prev = sm_q8_portable_on; sm_q8_portable_on = on ? 1 : 0; return prev; }
 """

@@ -8,8 +8,13 @@ bytes, paper 002 Section 1); dedup streams each distinct expert once and applies
 row to all of its tokens while the row is in registers (U·b bytes). bfloat16 weights on a
 processor with AVX-512 BF16 run ``vdpbf16ps`` on bfloat16 activations (the intermediate
 activation rounded to bfloat16, as transformers' bf16 experts do; :func:`set_bf16_dot` turns
-it off). Where the C kernel cannot
-take a call (no C compiler, weights of another dtype than float32/bfloat16/float16, a strided
+it off). Weights in llama.cpp's q8_0 layout (:class:`~specmoe.kernels.q8.Q8Weights`, 1.0625
+bytes per weight, both ``w_gate_up`` and ``w_down``) are dequantised on the fly to fp32 inside
+the register blocks (sign-extending load, conversion, one multiply by the block's scale, FMA
+against fp32 activations): ``y`` is the contract's with ``W`` the dequantised weights, to fp32
+rounding (:data:`specmoe.kernels.selfcheck.TOL` ``["q8_0"]``); the activations are not
+quantised (unlike ggml's q8_0 × q8_0 dot). Where the C kernel cannot
+take a call (no C compiler, weights of another dtype than float32/bfloat16/float16/q8_0, a strided
 last dimension, tensors off the CPU: :func:`c_reason`) the call runs the pure-torch kernel
 below instead, with a :class:`~specmoe.kernels.KernelFallbackWarning` naming the reason
 (:mod:`specmoe.kernels._fallback`).
@@ -36,8 +41,11 @@ from specmoe.errors import InputError
 from specmoe.kernels import _cbuild
 from specmoe.kernels._contract import OAI_ALPHA, OAI_LIMIT, activate, check_inputs
 from specmoe.kernels._fallback import KernelImpl, impl_of, run_fallback
+from specmoe.kernels.q8 import Q8Weights, quantize_q8_0
 
-_WT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+__all__ = ["Q8Weights", "dedup", "per_slot", "quantize_q8_0"]
+
+_WT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, "q8_0": 3}
 _threads: int | None = None
 
 
@@ -70,6 +78,16 @@ def set_bf16_dot(on: bool) -> bool:
     return bool(lib.lib.specmoe_set_bf16dp(1 if on else 0))
 
 
+def set_q8_portable(on: bool) -> bool:
+    """Run q8_0 weights through the C kernels' portable loop (True; the path of processors
+    without AVX2) or their vector register blocks (False, the default). Returns the previous
+    setting; False when the C kernels are not loaded. Set it between calls, not during one."""
+    lib = _cbuild.load()
+    if lib is None:
+        return False
+    return bool(lib.lib.specmoe_set_q8_portable(1 if on else 0))
+
+
 def c_available() -> bool:
     return _cbuild.load() is not None
 
@@ -79,9 +97,10 @@ def c_status() -> dict:
     return _cbuild.build().status()
 
 
-def c_reason(*, device: str, dtype: torch.dtype, strided: bool) -> str | None:
-    """Why the C kernels cannot take a call on ``device`` with weights of ``dtype`` (``strided``:
-    a weight tensor's last dimension is not contiguous); None when they can."""
+def c_reason(*, device: str, dtype: torch.dtype | str, strided: bool) -> str | None:
+    """Why the C kernels cannot take a call on ``device`` with weights of ``dtype`` (a torch
+    dtype, or ``"q8_0"``; ``strided``: a weight tensor's last dimension is not contiguous);
+    None when they can."""
     if _cbuild.load() is None:
         return _cbuild.build().error or "the C kernels are not loaded"
     if device != "cpu":
@@ -89,7 +108,7 @@ def c_reason(*, device: str, dtype: torch.dtype, strided: bool) -> str | None:
     if dtype not in _WT_CODE:
         return (
             f"weights are {str(dtype).removeprefix('torch.')}; the C kernel takes "
-            "float32, bfloat16 and float16"
+            "float32, bfloat16, float16 and q8_0"
         )
     if strided:
         return "a weight tensor's last dimension is strided; the C kernel reads it contiguously"
@@ -97,7 +116,11 @@ def c_reason(*, device: str, dtype: torch.dtype, strided: bool) -> str | None:
 
 
 def implementation_of(
-    name: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, strided: bool = False
+    name: str,
+    *,
+    device: str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+    strided: bool = False,
 ) -> KernelImpl:
     """The implementation the C kernel ``name`` (per_slot or dedup) runs for such inputs."""
     reason = c_reason(device=device, dtype=dtype, strided=strided)
@@ -120,10 +143,11 @@ def _c_expert_op(
     b_down: torch.Tensor | None,
     check: bool,
 ) -> torch.Tensor:
+    q8 = _q8_pair(x, w_gate_up, w_down)
     n, m, num, h, inter = check_inputs(
         x,
-        w_gate_up,
-        w_down,
+        _stand_in(x, w_gate_up) if q8 else w_gate_up,
+        _stand_in(x, w_down) if q8 else w_down,
         ids,
         weights,
         activation=activation,
@@ -132,11 +156,16 @@ def _c_expert_op(
         check_ids=False,
     )
     name = "per_slot" if mode == 0 else "dedup"
-    strided = w_gate_up.stride(2) != 1 or w_down.stride(2) != 1
-    if c_reason(device=x.device.type, dtype=w_gate_up.dtype, strided=strided) is not None:
-        impl = implementation_of(name, device=x.device.type, dtype=w_gate_up.dtype, strided=strided)
+    tgu = w_gate_up.blocks if q8 else w_gate_up
+    tdn = w_down.blocks if q8 else w_down
+    wtype = "q8_0" if q8 else w_gate_up.dtype
+    strided = tgu.stride(2) != 1 or tdn.stride(2) != 1
+    if c_reason(device=x.device.type, dtype=wtype, strided=strided) is not None:
+        impl = implementation_of(name, device=x.device.type, dtype=wtype, strided=strided)
         fallback = per_slot_torch if mode == 0 else dedup_torch
         opts = {"activation": activation, "b_gate_up": b_gate_up, "b_down": b_down}
+        if q8:  # the torch kernels take the dequantised weights, in x's dtype
+            w_gate_up, w_down = w_gate_up.dequantize(x.dtype), w_down.dequantize(x.dtype)
         return run_fallback(impl, fallback, x, w_gate_up, w_down, ids, weights, **opts, check=check)
     lib = _cbuild.load()
     xf = x.detach().to(torch.float32).contiguous()  # [n, h]
@@ -149,14 +178,14 @@ def _c_expert_op(
         xf.data_ptr(),
         n,
         h,
-        w_gate_up.data_ptr(),
-        w_down.data_ptr(),
-        _WT_CODE[w_gate_up.dtype],
+        tgu.data_ptr(),
+        tdn.data_ptr(),
+        _WT_CODE[wtype],
         inter,
-        w_gate_up.stride(0),
-        w_gate_up.stride(1),
-        w_down.stride(0),
-        w_down.stride(1),
+        tgu.stride(0),
+        tgu.stride(1),
+        tdn.stride(0),
+        tdn.stride(1),
         None if bgu is None else bgu.data_ptr(),
         None if bd is None else bd.data_ptr(),
         idc.data_ptr(),
@@ -173,9 +202,29 @@ def _c_expert_op(
     if rc == -1:
         lo, hi = int(idc.min()), int(idc.max())
         raise InputError(f"ids: expert id {lo if lo < 0 else hi} outside [0, {num})")
+    if rc == -3:  # not reached: Q8Weights holds whole 32-weight blocks
+        raise InputError(f"w_gate_up/w_down: q8_0 rows need h={h} and I={inter} multiples of 32")
     if rc != 0:
         raise MemoryError(f"expert kernel: allocation failed (code {rc})")
     return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+
+def _q8_pair(x, w_gate_up, w_down) -> bool:
+    """True when both weight tensors are :class:`Q8Weights`; one of them alone is an error."""
+    a, b = isinstance(w_gate_up, Q8Weights), isinstance(w_down, Q8Weights)
+    if a != b:
+        which = "w_down" if a else "w_gate_up"
+        raise InputError(f"{which}: q8_0 weights need both w_gate_up and w_down in q8_0")
+    if a and isinstance(x, torch.Tensor) and not x.dtype.is_floating_point:
+        raise InputError(f"x: must be floating, got dtype {x.dtype}")
+    return a
+
+
+def _stand_in(x, w: Q8Weights) -> torch.Tensor:
+    """A zero-stride tensor of w's logical shape, x's dtype and w's device, for the contract's
+    shape checks (no memory)."""
+    dt = x.dtype if isinstance(x, torch.Tensor) else torch.float32
+    return torch.zeros((), dtype=dt, device=w.device).expand(w.shape)
 
 
 def per_slot(
@@ -190,7 +239,8 @@ def per_slot(
     b_down=None,
     check=True,
 ):
-    """Per-slot kernel (C): one GEMV chain per (token, slot), n·m·b requested bytes."""
+    """Per-slot kernel (C): one GEMV chain per (token, slot), n·m·b requested bytes. Weights:
+    float32/bfloat16/float16 tensors of x's dtype, or both :class:`Q8Weights` (x floating)."""
     return _c_expert_op(0, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check)
 
 
@@ -206,7 +256,8 @@ def dedup(
     b_down=None,
     check=True,
 ):
-    """Deduplicating kernel (C): each distinct expert streamed once per pass, U·b bytes."""
+    """Deduplicating kernel (C): each distinct expert streamed once per pass, U·b bytes.
+    Weights as :func:`per_slot`'s."""
     return _c_expert_op(1, x, w_gate_up, w_down, ids, weights, activation, b_gate_up, b_down, check)
 
 

@@ -10,7 +10,12 @@ when every case is within tolerance, 1 otherwise, 2 for bad input), run by
 
 Tolerances (relative L2 error against the float64 reference on the same rounded inputs):
 float32 1e-5, float16 5e-3, bfloat16 3e-2 (kernels may round the activation to the weight
-dtype between the two products, as transformers' do).
+dtype between the two products, as transformers' do). ``q8_0`` (the C kernels' llama.cpp q8_0
+weights, :mod:`specmoe.kernels.q8`, with float32 activations): 1e-5 against the reference on
+the *dequantised* weights, since the kernels dequantise exactly and keep the activations in
+float32; the quantisation error itself (against the float weights before quantisation, about
+1e-2 on these cases) is not part of the tolerance, :func:`check` reports it as
+``quantization_error``.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ import torch
 
 from specmoe.errors import InputError
 
-TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2, "q8_0": 1e-5}
+# q8_0 rows are whole 32-weight blocks: h and I multiples of 32
+Q8_SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24)]
+Q8_KERNELS = ("per_slot", "dedup")  # the kernels with a q8_0 path (CPU)
 SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24), (16, 1, 3)]
 HALF_SHAPES = [(1, 8, 12), (3, 8, 16), (9, 4, 10), (16, 8, 24)]
 PATTERNS = ["random", "same_set", "all_one", "no_repeats", "duplicates"]
@@ -76,8 +84,10 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((yd - rd).norm() / rd.norm())
 
 
-def cases():
-    """(label, n, m, N, pattern, dtype, activation, bias) of every check."""
+def cases(kernel: str | None = None, device: str = "cpu"):
+    """(label, n, m, N, pattern, dtype, activation, bias) of every check of ``kernel`` on
+    ``device`` (the q8_0 cases only for the kernels of :data:`Q8_KERNELS` on the CPU; every
+    case when ``kernel`` is None)."""
     for n, m, num in SHAPES:
         for p in PATTERNS:
             yield (f"n{n}-m{m}-N{num}-{p}-fp32", n, m, num, p, torch.float32, "swiglu", False)
@@ -86,23 +96,51 @@ def cases():
             yield (f"n{n}-m{m}-N{num}-random-{name}", n, m, num, "random", dt, "swiglu", False)
     for p in ("random", "same_set"):
         yield (f"n6-m4-N9-{p}-oai-bias", 6, 4, 9, p, torch.float32, "swiglu_oai", True)
+    if kernel is not None and (kernel not in Q8_KERNELS or device != "cpu"):
+        return
+    for n, m, num in Q8_SHAPES:
+        for p in ("random", "duplicates"):
+            yield (f"n{n}-m{m}-N{num}-{p}-q8_0", n, m, num, p, "q8_0", "swiglu", False)
 
 
 def check(kernel: str, device: str) -> list[dict]:
     """Run every case for one kernel; each result has label, error, tolerance, ok, note."""
     from specmoe.kernels import get_kernel, reference
+    from specmoe.kernels.q8 import quantize_q8_0
 
     fn = get_kernel(kernel, device)
     out = []
-    for label, n, m, num, pattern, dtype, act, bias in cases():
-        x, wgu, wd, ids, w, b = make_case(n, m, num, pattern, dtype, bias=bias, device=device)
+    for label, n, m, num, pattern, dtype, act, bias in cases(kernel, device):
+        q8 = dtype == "q8_0"
+        x, wgu, wd, ids, w, b = make_case(
+            n,
+            m,
+            num,
+            pattern,
+            torch.float32 if q8 else dtype,
+            bias=bias,
+            device=device,
+            **({"h": 64, "inter": 32} if q8 else {}),
+        )
         if act == "swiglu_oai":
             x = x * 8
         rec = {"kernel": kernel, "case": label, "tol": TOL[dtype]}
         try:
-            y = fn(x, wgu, wd, ids, w, activation=act, **b)
-            ok_shape = tuple(y.shape) == tuple(x.shape) and y.dtype == dtype
-            err = rel_err(y, reference.expert_op(x, wgu, wd, ids, w, activation=act, **b))
+            if q8:  # the kernel on q8_0 weights, the reference on their dequantised values
+                qgu, qd = quantize_q8_0(wgu), quantize_q8_0(wd)
+                y = fn(x, qgu, qd, ids, w, activation=act, **b)
+                ref = reference.expert_op(
+                    x, qgu.dequantize(), qd.dequantize(), ids, w, activation=act, **b
+                )
+                rec["quantization_error"] = rel_err(
+                    y, reference.expert_op(x, wgu, wd, ids, w, activation=act, **b)
+                )
+            else:
+                y = fn(x, wgu, wd, ids, w, activation=act, **b)
+                ref = reference.expert_op(x, wgu, wd, ids, w, activation=act, **b)
+            want = x.dtype if q8 else dtype
+            ok_shape = tuple(y.shape) == tuple(x.shape) and y.dtype == want
+            err = rel_err(y, ref)
             rec.update(
                 error=err,
                 ok=bool(ok_shape and err < TOL[dtype]),
