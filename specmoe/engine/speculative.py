@@ -71,7 +71,10 @@ def cache_kwarg(model: Any) -> str:
 
 def new_cache(model: Any) -> Any:
     """An empty ``DynamicCache`` whose sliding-window layers keep their past, so it can be
-    cropped back after a rejection."""
+    cropped back after a rejection; a model with its own ``new_cache()`` (another engine's,
+    e.g. :class:`specmoe.engines.llamacpp_pass.LlamaCppEngine`'s) makes its own."""
+    if hasattr(model, "new_cache"):
+        return model.new_cache()
     from transformers import DynamicCache
 
     kv = DynamicCache(config=model.config)

@@ -149,16 +149,26 @@ def pass_stats(
     """Ū and E_max of passes: ``routing`` [..., P, L, m] -> (u_mean [...], e_max [...]).
 
     Ū is the number of distinct experts among the P·m slots of a layer, averaged over layers;
-    E_max is the largest count of the pass's tokens routed to one expert, over layers.
+    E_max is the largest count of the pass's tokens routed to one expert, over layers. A pass
+    whose routing holds a negative id (-1: not recorded, as an engine that does not record
+    routing fills it) has Ū NaN and E_max -1.
     """
     r = np.asarray(routing)
     *batch, p, n_layers, m = r.shape
+    unrecorded = (r.reshape(-1, p * n_layers * m) < 0).any(-1)  # [B]
+    if unrecorded.any():
+        r = np.where(r < 0, 0, r)
     n = int(num_experts if num_experts is not None else (r.max(initial=-1) + 1))
+    if unrecorded.any():
+        n = max(n, 1)
     r = np.moveaxis(r.reshape(-1, p, n_layers, m), 2, 1).reshape(-1, p * m)  # [B·L, P·m]
     flat = (np.arange(r.shape[0])[:, None] * n + r).ravel()
     counts = np.bincount(flat, minlength=r.shape[0] * n).reshape(-1, n_layers, n)  # [B, L, N]
     u = (counts > 0).sum(-1).mean(-1)
     e = counts.max(axis=(-1, -2))
+    if unrecorded.any():
+        u, e = u.astype(np.float64), e.astype(np.int64)
+        u[unrecorded], e[unrecorded] = np.nan, -1
     return u.reshape(batch), e.reshape(batch)
 
 
