@@ -1,0 +1,221 @@
+"""llama.cpp behind the Engine interface (specmoe.engines.llamacpp_pass) on the bundled model:
+its greedy tokens against transformers', specmoe's own speculative and verify loops run on it,
+its crop, its routing against the routing recorder's, its per-node profile, its bad inputs.
+
+Skipped when llama.cpp is not built (``make llama-cpp``); with SPECMOE_REQUIRE_LLAMACPP=1 a
+missing build fails these tests instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from specmoe.engines import llamacpp
+from specmoe.errors import InputError
+
+REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
+pytestmark = pytest.mark.skipif(
+    not llamacpp.is_built() and not REQUIRED,
+    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
+)
+
+STDLIB_FILE = "textwrap.py"  # a stdlib source file (as in test_llamacpp_engine)
+PROMPT = 64  # prompt tokens
+N_GREEDY = 32
+NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie between engines
+
+
+@pytest.fixture(scope="session")
+def gguf(tmp_path_factory):
+    """The bundled target as f32 GGUF, exported by ``specmoe export``."""
+    from specmoe.cli import main
+
+    path = tmp_path_factory.mktemp("gguf-pass") / "f32.gguf"
+    argv = ["export", "--format", "gguf", "--model", "bundled", "--out", str(path)]
+    assert main([*argv, "--outtype", "f32"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def target():
+    from specmoe.engine.models import load_model, load_tokenizer
+
+    return load_model("bundled"), load_tokenizer("bundled")  # float32 on the CPU
+
+
+@pytest.fixture(scope="module")
+def ids(target):
+    from specmoe.data.corpus import stdlib_root
+
+    _, tok = target
+    text = (stdlib_root() / STDLIB_FILE).read_text(encoding="utf-8")
+    return tok.encode(text, add_special_tokens=False)[:1024]
+
+
+@pytest.fixture(scope="module")
+def engine(gguf):
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    with LlamaCppEngine(gguf, n_ctx=2048, kv_type="f32") as eng:
+        yield eng
+
+
+def test_greedy_equals_transformers_fp32_up_to_the_first_near_tie(engine, target, ids):
+    from specmoe.engine.speculative import Engine, new_cache
+
+    model, _ = target
+    prompt = ids[:PROMPT]
+    ref, margins = [], []
+    with Engine(model) as ref_engine:  # transformers' fp32 greedy, its margins beside it
+        kv = new_cache(model)
+        ref_engine.prefill(kv, prompt[:-1])
+        cur = prompt[-1]
+        for _ in range(N_GREEDY):
+            v = ref_engine.forward(kv, [cur])
+            cur = v.tokens[0]
+            ref.append(cur)
+            margins.append(float(v.margin[0]))
+    got = engine.greedy(prompt, N_GREEDY)
+    ties = [j for j, m in enumerate(margins) if m < NEAR_TIE]
+    upto = ties[0] if ties else N_GREEDY
+    print(
+        f"greedy: {upto} of {N_GREEDY} tokens before the first near tie; {got[:upto] == ref[:upto]}"
+    )
+    assert upto >= 8, margins  # the comparison covers real tokens
+    assert got[:upto] == ref[:upto]
+    if not ties:
+        assert got == ref
+
+
+def test_speculative_oracle_emits_the_engines_own_greedy_tokens(engine, ids):
+    from specmoe.engine.drafters import OracleDrafter
+    from specmoe.engine.speculative import speculative_generate
+
+    prompt = ids[PROMPT : 2 * PROMPT]
+    drafter = OracleDrafter(engine.greedy, acceptance=0.6, vocab_size=engine.vocab_size, seed=3)
+    gen = speculative_generate(engine, prompt, drafter, budget=3, max_new_tokens=48)
+    assert gen.tokens == engine.greedy(prompt, 48)  # greedy verification is lossless
+    assert any(r.accepted < r.k for r in gen.rounds)  # rejections: the cache was cropped
+    assert gen.accepted > 0 and all(r.kernel == "dedup" for r in gen.rounds)
+    assert all(r.t_verify_ms > 0 and np.isnan(r.u_mean) and r.e_max == -1 for r in gen.rounds)
+
+
+def test_a_pass_after_a_crop_equals_the_pass_on_a_fresh_cache(engine, ids):
+    from specmoe.engine.speculative import crop_cache, new_cache
+
+    prompt, other, tail = ids[:PROMPT], ids[200:206], ids[300:305]
+    kv = new_cache(engine.model)
+    engine.prefill(kv, prompt[:-1])
+    ctx = kv.get_seq_length()
+    assert ctx == PROMPT - 1
+    engine.forward(kv, [prompt[-1], *other])  # other tokens at the positions to come
+    assert kv.get_seq_length() == ctx + 1 + len(other)
+    crop_cache(kv, ctx)
+    engine.greedy(prompt, 4)  # the scratch context leaves this cache alone
+    assert kv.get_seq_length() == ctx
+    after = engine.forward(kv, [prompt[-1], *tail])
+    fresh_kv = new_cache(engine.model)
+    engine.prefill(fresh_kv, prompt[:-1])
+    fresh = engine.forward(fresh_kv, [prompt[-1], *tail])
+    assert after.tokens == fresh.tokens
+    np.testing.assert_allclose(after.margin, fresh.margin, rtol=0, atol=1e-3)
+    assert after.routing.shape == (len(tail) + 1, engine.num_layers, engine.top_k)
+
+
+def test_verify_passes_and_run_grid_run_on_llamacpp(engine, ids, tmp_path):
+    from specmoe.engine.measure import verify_passes
+    from specmoe.engine.runner import run_grid
+
+    prompts = [("p0", ids[:PROMPT]), ("p1", ids[PROMPT : 2 * PROMPT])]
+    out = verify_passes(
+        engine, prompts, settings=("dedup",), n_values=(1, 2, 5), repeats=2, warmup=1
+    )
+    recs = out["records"]
+    assert len(recs) == 2 * 3 * 2
+    assert all(r["t_ms"] > 0 and r["kernel"] == "dedup" for r in recs)
+    assert all(r["context_len"] == PROMPT - 1 for r in recs)
+    summaries = run_grid(
+        engine,
+        prompts[:1],
+        drafter="oracle",
+        ks=[0, 2],
+        accs=[0.5],
+        tokens=16,
+        label="bundled-gguf",
+        out=tmp_path,
+        progress=False,
+    )
+    assert len(summaries) == 2 and (tmp_path / "rounds").is_dir()
+
+
+def test_profile_nodes_ops_and_time(engine, ids):
+    from specmoe.engine.speculative import crop_cache, new_cache
+
+    prompt, tokens = ids[:PROMPT], ids[PROMPT : PROMPT + 4]
+    kv = new_cache(engine.model)
+    engine.prefill(kv, prompt)
+    ctx = kv.get_seq_length()
+    times = []
+    for _ in range(15):
+        times.append(engine.forward(kv, tokens).t_ms)
+        crop_cache(kv, ctx)
+    prof = engine.profile(kv, tokens)
+    assert kv.get_seq_length() == ctx + len(tokens)
+    ops = {x.op for x in prof.nodes}
+    assert len(prof.nodes) > 0 and {"MUL_MAT_ID", "MUL_MAT"} <= ops, ops
+    assert sum(x.name.startswith("ffn_moe_topk") for x in prof.nodes) == engine.num_layers
+    assert all(x.ms >= 0 for x in prof.nodes)
+    assert prof.sum_ms <= prof.t_ms * 1.001 + 1e-3  # disjoint parts of the decode call
+    ratio = prof.sum_ms / float(np.median(times))
+    print(f"profile: {len(prof.nodes)} nodes, sum {prof.sum_ms:.3f} ms, ratio {ratio:.2f}")
+    assert 0.5 < ratio < 20, ratio
+
+
+def test_recorded_routing_equals_the_routing_recorder(gguf, ids):
+    from specmoe.engine.speculative import new_cache
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+    from specmoe.engines.llamacpp_routing import record_routing
+    from specmoe.formats.roundlog import pass_stats
+
+    seq = ids[: PROMPT + 6]
+    ref = record_routing(gguf, seq, batch=64).experts  # [T, L, m]
+    with LlamaCppEngine(gguf, n_ctx=256, record_routing=True) as eng:
+        kv = new_cache(eng.model)
+        eng.prefill(kv, seq[:PROMPT])
+        v = eng.forward(kv, seq[PROMPT:])
+    assert v.routing.shape == (6, eng.num_layers, eng.top_k)
+    np.testing.assert_array_equal(v.routing, ref[PROMPT:])
+    u, e = pass_stats(v.routing, eng.num_experts)
+    assert 1 <= float(u) <= 6 * eng.top_k and 1 <= int(e) <= 6
+
+
+def test_bad_inputs_are_one_line_errors(engine, gguf, tmp_path):
+    from specmoe.engine.speculative import crop_cache, new_cache
+    from specmoe.engine.switch import KernelPolicy
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    with pytest.raises(InputError, match="gguf") as e1:
+        LlamaCppEngine(tmp_path / "missing.gguf")
+    with pytest.raises(InputError, match=r"llama\.cpp") as e2:
+        engine.set_policy(KernelPolicy("per_slot"))
+    assert engine.policy.setting == "dedup"
+    engine.set_policy(KernelPolicy("dedup", max_pass=9))
+    kv = new_cache(engine.model)
+    engine.prefill(kv, [1, 2, 3])
+    with pytest.raises(ValueError, match="3 tokens") as e3:
+        crop_cache(kv, 4)
+    with pytest.raises(ValueError, match="cannot remove 5") as e4:
+        kv.crop(-5)
+    with pytest.raises(ValueError, match="positive") as e7:
+        kv.crop(2)
+    assert kv.get_seq_length() == 3
+    new_cache(engine.model)
+    with pytest.raises(ValueError, match="stale") as e5:
+        kv.get_seq_length()
+    with pytest.raises(InputError, match="vocabulary") as e6:
+        engine.forward(new_cache(engine.model), [engine.vocab_size])
+    for e in (e1, e2, e3, e4, e5, e6, e7):
+        assert "\n" not in str(e.value)
