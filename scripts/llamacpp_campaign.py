@@ -1,0 +1,435 @@
+"""The campaign of docs/runs-protocol-llamacpp.md: the whole-pass campaign's verify sweeps and
+oracle throughput runs on llama.cpp (:class:`specmoe.engines.llamacpp_pass.LlamaCppEngine`),
+scored against the prediction committed before them.
+
+The pieces are those of ``scripts/whole_pass_campaign.py`` (the protocol's units and their
+order, the committed-prediction check, the skip-or-run rule, the aggregation into the
+``specmoe validate`` runs format), with one kernel setting: llama.cpp's CPU MUL_MAT_ID groups a
+pass's rows by expert, so every verify unit times the dedup setting alone and ``verify.json``
+holds ``"on"`` only.
+
+Writes, under ``--out`` (default ``results/cpu/llamacpp/whole-pass``):
+
+``runs_campaign.json``             command, machine, design, engine settings, the GGUF files
+                                   (size, SHA-256 of their first 64 MiB, the RMSNorm epsilon
+                                   llama.cpp reads), the SHA-256 of every committed prediction
+                                   (field ``predictions``), every unit's status, load and
+                                   available memory at its start and end
+``<config>/units/<unit>.json``     the raw output of each finished unit (resumable)
+``<config>/rounds/<unit>/...``     round logs of the throughput units (Parquet; Ū is NaN: the
+                                   timed passes do not record routing)
+``<config>/verify.json``, ``<config>/throughput.json``, ``<config>/tables.json``
+                                   as ``scripts/whole_pass_campaign.py`` writes them
+
+Configurations: ``llamacpp-bundled`` (``--bundled-gguf``, the bundled model exported by
+``specmoe export --format gguf --outtype f32``) and ``llamacpp-lifted`` (``--lifted-gguf``, the
+lift ``specmoe lift --layers 4 --dtype bf16`` exported as bf16). Prompts: validation documents
+of the bundled corpus tokenized by the bundled tokenizer (llama.cpp tokenizes them identically:
+results/cpu/llamacpp/README.md), the first with at least d + 256 tokens, cut to d.
+
+The prompt's KV cache is filled once per unit and cropped back to the prompt between the
+generations of a throughput unit (:class:`PromptCache`), as the protocol says; no prefill is
+timed. Rerunning the same command skips finished units; an unfinished unit is rerun from its
+start with its partial round logs deleted. ``--budget MIN`` starts no unit after MIN minutes.
+``--quick`` runs a seconds-long subset of the bundled configuration into
+``out/llamacpp-whole-pass-quick`` (no prediction needed).
+
+Usage: ``python scripts/llamacpp_campaign.py [--configs llamacpp-bundled,llamacpp-lifted]
+[--bundled-gguf F] [--lifted-gguf F] [--budget MIN] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "scripts"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import numpy as np  # noqa: E402
+from measure_runs import _load, _machine, _mem_available_gb, skip_unit  # noqa: E402
+from whole_pass_campaign import (  # noqa: E402
+    ACCEPTANCE,
+    KS,
+    NS,
+    Models,
+    Unit,
+    aggregate,
+    check_prediction,
+    units_of,
+)
+
+from specmoe._io import atomic_write_json, read_json  # noqa: E402
+
+PROTOCOL = "docs/runs-protocol-llamacpp.md"
+CLOCK = "cpu"
+THREADS = 1
+KV_TYPE = "f16"  # llama.cpp's default
+N_CTX = 4096  # d = 2048 + 256 generated + the drafts of the last round fit
+SETTINGS = (("dedup", "on"),)  # the one kernel setting and its key in the runs format
+EPS_KEY = "olmoe.attention.layer_norm_rms_epsilon"
+CACHE = Path.home() / ".cache" / "specmoe"
+DEFAULT_GGUF = {
+    "bundled": CACHE / "gguf" / "bundled-f32.gguf",
+    "lifted": CACHE / "lifted" / "OLMoE-1B-7B-0125-4L-bf16.gguf",
+}
+LIFTED_MODEL = CACHE / "lifted" / "OLMoE-1B-7B-0125-4L-bf16"  # the lift's checkpoint
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the protocol; the fields ``units_of`` and ``aggregate`` read
+    (name, depths, verify, throughput) are those of ``whole_pass_campaign.Config``.
+    ``throughput_at``: another throughput design at some depths (the same repeats)."""
+
+    name: str
+    gguf: str  # bundled | lifted: which --*-gguf file
+    label: str  # the runs files' model (matched to the plan's model by specmoe validate)
+    depths: tuple[int, ...]
+    verify: tuple[int, int]  # prompts, recorded repeats (one warm-up more)
+    throughput: tuple[int, int, int]  # prompts, repeats, tokens
+    throughput_at: tuple[tuple[int, tuple[int, int, int]], ...] = ()
+
+    def at(self, depth: int) -> Config:
+        """The configuration at one depth, with that depth's throughput design."""
+        thr = dict(self.throughput_at).get(depth, self.throughput)
+        if thr[1] != self.throughput[1]:
+            raise ValueError(f"{self.name}: every depth needs the same throughput repeats")
+        return dataclasses.replace(self, depths=(depth,), throughput=thr, throughput_at=())
+
+
+CONFIGS = {
+    "llamacpp-bundled": Config(
+        "llamacpp-bundled", "bundled", "tiny_olmoe", (512, 2048), (32, 4), (8, 2, 128)
+    ),
+    "llamacpp-lifted": Config(
+        "llamacpp-lifted", "lifted", "OLMoE-1B-7B-0125-4L-bf16", (512, 2048), (8, 3), (3, 1, 24),
+        throughput_at=((2048, (1, 1, 16)),),
+    ),
+}  # fmt: skip
+QUICK = {
+    "llamacpp-bundled": Config("llamacpp-bundled", "bundled", "tiny_olmoe", (64,), (2, 1), (2, 1, 8)),
+}  # fmt: skip
+
+
+def units_of_config(cfg: Config) -> list[Unit]:
+    """The protocol's units in run order (``whole_pass_campaign.units_of`` depth by depth,
+    each with its own throughput design)."""
+    return [u for d in cfg.depths for u in units_of(cfg.at(d))]
+
+
+def _have(cfg: Config, models: Models) -> dict[int, tuple[int, int]]:
+    """depth -> (verify prompts, throughput prompts) that qualify."""
+    return {
+        d: (
+            len(models.prompts(d, cfg.verify[0])),
+            len(models.prompts(d, cfg.at(d).throughput[0])),
+        )
+        for d in cfg.depths
+    }
+
+
+# ------------------------------------------------------------------------------------------
+# the engine
+
+
+class PromptCache:
+    """A :class:`~specmoe.engines.llamacpp_pass.LlamaCppEngine` whose prompt stays in its KV
+    cache between generations: ``new_cache`` hands back one cache of the timed context, and
+    ``prefill`` of the prompt already there crops the cache back to it instead of decoding it
+    again (any other prefill clears the cache first). The cached positions hold what a fresh
+    prefill of the same tokens computes; only the prefill's time, never timed, is saved.
+    Everything else is the engine's."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self._kv: Any = None
+        self._prefix: tuple[int, ...] | None = None
+        self.model = self  # what specmoe.engine.speculative.new_cache is given
+
+    def new_cache(self) -> Any:
+        if self._kv is None:
+            self._kv = self._engine.model.new_cache()
+        return self._kv
+
+    def prefill(self, kv: Any, tokens: Sequence[int]) -> None:
+        from specmoe.engine.speculative import crop_cache
+
+        toks = tuple(int(t) for t in tokens)
+        if toks and toks == self._prefix and kv.get_seq_length() >= len(toks):
+            crop_cache(kv, len(toks))
+            return
+        crop_cache(kv, 0)
+        self._prefix = None
+        self._engine.prefill(kv, toks)
+        self._prefix = toks
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def _gguf_record(path: Path) -> dict[str, Any]:
+    """Size and the SHA-256 of the first 64 MiB of a GGUF file (its header and metadata, and
+    the first tensors): enough to tell two exports apart, quick on a 3 GB file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(64 << 20))
+    return {"path": str(path), "bytes": path.stat().st_size, "sha256_first_64MiB": h.hexdigest()}
+
+
+def _checkpoint_eps(model_dir: Path) -> float | None:
+    try:
+        return float(json.loads((model_dir / "config.json").read_text())["rms_norm_eps"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def open_engine(cfg: Config, gguf: Path, *, lifted_model: Path | None) -> tuple[Any, dict]:
+    """The configuration's engine (one thread, flash attention off, f16 KV cache, thread CPU
+    clock) and what the record says of it. The lifted GGUF gets the checkpoint's RMSNorm
+    epsilon as an override only when the file holds another value (``specmoe export`` writes
+    the checkpoint's)."""
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    info: dict[str, Any] = {"gguf": _gguf_record(gguf), "threads": THREADS, "kv_type": KV_TYPE}
+    info.update(n_ctx=N_CTX, clock=CLOCK, flash_attention=False, kernel="dedup")
+    overrides: dict[str, float] = {}
+    engine = LlamaCppEngine(gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK)
+    raw = engine.meta(EPS_KEY)
+    file_eps = None if raw is None else float(raw)
+    info["rms_norm_eps_in_gguf"] = file_eps
+    want = _checkpoint_eps(lifted_model) if cfg.gguf == "lifted" and lifted_model else None
+    info["rms_norm_eps_of_checkpoint"] = want
+    if want is not None and (file_eps is None or abs(file_eps - want) > 1e-3 * want):
+        engine.close()
+        overrides = {EPS_KEY: want}
+        engine = LlamaCppEngine(
+            gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK, overrides=overrides
+        )
+    info["overrides"] = overrides
+    return PromptCache(engine), info
+
+
+# ------------------------------------------------------------------------------------------
+# units
+
+
+def run_unit(
+    unit: Unit, cfg: Config, engine: Any, models: Models, folder: Path, *, seed: int
+) -> dict:
+    """One unit on ``engine``: a verify sweep (the dedup setting alone) or one prompt's
+    repeat of every (k, a) with the oracle draft, as ``whole_pass_campaign.run_unit``."""
+    from specmoe.engine.measure import verify_passes
+    from specmoe.engine.runner import run_grid
+
+    count = cfg.verify[0] if unit.kind == "verify" else cfg.throughput[0]
+    pid, ids = models.prompts(unit.depth, count)[unit.prompt]
+    cpu0 = time.process_time()
+    if unit.kind == "verify":
+        out = verify_passes(
+            engine,
+            [(pid, ids)],
+            settings=tuple(s for s, _ in SETTINGS),
+            n_values=NS,
+            repeats=cfg.verify[1],
+            warmup=1,
+        )
+    else:
+        rounds = folder / "rounds" / unit.name
+        if rounds.exists():
+            shutil.rmtree(rounds)  # discard rule 3: never resume a partial unit
+        rep = int(unit.repeat or 0)
+        gens = run_grid(
+            engine,
+            [(pid, ids)],
+            drafter="oracle",
+            ks=KS,
+            accs=ACCEPTANCE,
+            tokens=cfg.throughput[2],
+            label=cfg.label,
+            out=rounds,
+            seed=seed,
+            repeats=1,
+            rep_offset=rep,
+            depth=unit.depth,
+            shuffle_seed=int(np.random.SeedSequence([seed, unit.prompt, rep]).generate_state(1)[0]),
+            progress=False,
+            seed_by_acceptance=True,
+            extra={"engine": "llama.cpp"},
+        )
+        out = {"generations": gens}
+    out.update(
+        prompt_id=pid,
+        prompt_index=unit.prompt,
+        repeat=unit.repeat,
+        cpu_s=time.process_time() - cpu0,
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--out", type=Path, default=None, help="default results/cpu/llamacpp/whole-pass"
+    )
+    ap.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help=f"comma-separated configurations, in run order (default {','.join(CONFIGS)})",
+    )
+    ap.add_argument(
+        "--predictions",
+        type=Path,
+        default=ROOT / "results" / "cpu" / "llamacpp" / "whole-pass" / "predictions",
+        help="folder of <config>/plan.json and profile.json (committed)",
+    )
+    ap.add_argument("--bundled-gguf", type=Path, default=DEFAULT_GGUF["bundled"])
+    ap.add_argument("--lifted-gguf", type=Path, default=DEFAULT_GGUF["lifted"])
+    ap.add_argument(
+        "--lifted-model",
+        type=Path,
+        default=LIFTED_MODEL,
+        help="the lift's checkpoint folder (its config.json's rms_norm_eps is checked against "
+        "the GGUF's)",
+    )
+    ap.add_argument("--budget", type=float, default=1e9, help="minutes; no unit starts after")
+    ap.add_argument("--quick", action="store_true", help="a seconds-long subset, no prediction")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    table = QUICK if args.quick else CONFIGS
+    names = list(QUICK) if args.quick else [c for c in args.configs.split(",") if c]
+    bad = [c for c in names if c not in table]
+    if bad:
+        print(f"llamacpp_campaign: error: --configs: unknown {bad[0]!r}", file=sys.stderr)
+        return 2
+    ggufs = {"bundled": args.bundled_gguf, "lifted": args.lifted_gguf}
+    for c in names:
+        path = ggufs[table[c].gguf]
+        if not path.is_file():
+            flag = f"--{table[c].gguf}-gguf"
+            print(f"llamacpp_campaign: error: {flag}: {path}: no such file", file=sys.stderr)
+            return 2
+    out = args.out or ROOT / (
+        "out/llamacpp-whole-pass-quick" if args.quick else "results/cpu/llamacpp/whole-pass"
+    )
+    record_path = out / "runs_campaign.json"
+    record = read_json(record_path, "campaign record") if record_path.exists() else {}
+    record.update(
+        {
+            "protocol": PROTOCOL,
+            "quick": args.quick,
+            "clock": CLOCK,
+            "seed": args.seed,
+            "machine": _machine(),
+            "design": {
+                c: {
+                    "depths": list(table[c].depths),
+                    "verify_prompts_x_repeats": list(table[c].verify),
+                    "throughput_prompts_x_repeats_x_tokens": list(table[c].throughput),
+                    "throughput_at_depth": {
+                        str(d): list(table[c].at(d).throughput) for d in table[c].depths
+                    },
+                    "n": NS,
+                    "k": KS,
+                    "acceptance": ACCEPTANCE,
+                    "kernel_settings": [s for s, _ in SETTINGS],
+                }
+                for c in names
+            },
+        }
+    )
+    record.setdefault("commands", []).append(
+        "python scripts/llamacpp_campaign.py "
+        + " ".join(argv if argv is not None else sys.argv[1:])
+    )
+    record.setdefault("invocations", []).append(
+        {"started": time.time(), "machine": record["machine"], "configs": names}
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    if not args.quick:  # every named configuration's prediction, before any of its units
+        for c in names:
+            err = check_prediction(record, c, args.predictions)
+            if err:
+                print(f"llamacpp_campaign: error: {err}", file=sys.stderr)
+                return 2
+    atomic_write_json(record_path, record)
+    status = record.setdefault("units", {})
+    models = Models({}, args.seed)  # prompts only: the bundled tokenizer
+    start = time.perf_counter()
+    for c in names:
+        cfg, folder = table[c], out / c
+        have = _have(cfg, models)
+        record.setdefault("qualifying_prompts", {})[c] = {
+            str(d): {"verify": v, "throughput": t} for d, (v, t) in have.items()
+        }
+        engine = None
+        try:
+            for unit in units_of_config(cfg):
+                key = f"{c}/{unit.name}"
+                done = folder / "units" / f"{unit.name}.json"
+                if skip_unit(status, key, done, start, args.budget):
+                    continue
+                qual = have[unit.depth][0 if unit.kind == "verify" else 1]
+                if unit.prompt >= qual:
+                    status[key] = {"status": f"not run (only {qual} qualifying documents)"}
+                    continue
+                if engine is None:
+                    engine, info = open_engine(cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model)
+                    record.setdefault("engines", {})[c] = info
+                info = {
+                    "status": "running",
+                    "invocation": len(record["invocations"]) - 1,
+                    "load_start": _load(),
+                    "mem_available_gb_start": _mem_available_gb(),
+                    "started": time.time(),
+                }
+                status[key] = info
+                atomic_write_json(record_path, record)
+                t0 = time.perf_counter()
+                print(f"{key} ...", file=sys.stderr, flush=True)
+                result = run_unit(unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed)
+                result.update(unit=unit.name, kind=unit.kind, depth=unit.depth)
+                result["wall_s"] = time.perf_counter() - t0
+                atomic_write_json(done, result)
+                info.update(
+                    status="done",
+                    wall_s=result["wall_s"],
+                    cpu_s=result["cpu_s"],
+                    load_end=_load(),
+                    mem_available_gb_end=_mem_available_gb(),
+                )
+                _aggregate(folder, cfg, have)
+                atomic_write_json(record_path, record)
+                print(f"{key}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)
+        finally:
+            if engine is not None:
+                engine.close()
+        if (folder / "units").exists():
+            _aggregate(folder, cfg, have)
+    record["elapsed_min_last_invocation"] = (time.perf_counter() - start) / 60
+    atomic_write_json(record_path, record)
+    return 0
+
+
+def _aggregate(folder: Path, cfg: Config, have: dict[int, tuple[int, int]]) -> None:
+    """``whole_pass_campaign.aggregate`` with the dedup setting alone (it reads the
+    throughput repeats, the same at every depth, from ``cfg``; the prompts from ``have``)."""
+    aggregate(folder, cfg.label, cfg, have, settings=SETTINGS, engine="llama.cpp")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""scripts/llamacpp_campaign.py: its --quick path end to end on the bundled model in llama.cpp
+(the runs files load as `specmoe validate` reads them, with the dedup setting alone), a resumed
+campaign skips finished units and reruns a missing one, and the prompt's KV cache kept between
+generations gives the passes a fresh prefill gives.
+
+Skipped when llama.cpp is not built (``make llama-cpp``); with SPECMOE_REQUIRE_LLAMACPP=1 (CI)
+a missing build fails instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specmoe.engines import llamacpp
+
+ROOT = Path(__file__).resolve().parents[1]
+REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
+pytestmark = pytest.mark.skipif(
+    not llamacpp.is_built() and not REQUIRED,
+    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
+)
+
+
+@pytest.fixture(scope="module")
+def lc():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(
+        "llamacpp_campaign", ROOT / "scripts" / "llamacpp_campaign.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    """The bundled target as f32 GGUF, exported by ``specmoe export``."""
+    from specmoe.cli import main
+
+    path = tmp_path_factory.mktemp("gguf") / "bundled-f32.gguf"
+    argv = ["export", "--format", "gguf", "--model", "bundled", "--outtype", "f32"]
+    assert main([*argv, "--out", str(path)]) == 0
+    return path
+
+
+def _mtimes(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted((folder / "units").glob("*.json"))}
+
+
+def test_quick_campaign_writes_runs_that_load_and_resumes(lc, gguf, tmp_path):
+    from specmoe.formats.runs import load_runs
+
+    out = tmp_path / "quick"
+    args = ["--quick", "--out", str(out), "--bundled-gguf", str(gguf)]
+    assert lc.main(args) == 0
+    cfg = lc.QUICK["llamacpp-bundled"]
+    folder = out / "llamacpp-bundled"
+    units = lc.units_of_config(cfg)
+    assert sorted(_mtimes(folder)) == sorted(f"{u.name}.json" for u in units)
+    (m,) = load_runs(folder)
+    assert m.kernels == ("dedup",) and m.engine == "llama.cpp"
+    assert m.depth == cfg.depths[0] and m.n == lc.NS
+    assert m.throughput.shape == (len(lc.ACCEPTANCE), len(lc.KS))
+    assert m.per_prompt_on_ms.shape == (cfg.verify[0], len(lc.NS))
+    assert m.per_prompt_tokens_per_s.shape[2:] == (cfg.throughput[0], cfg.throughput[1])
+    # tau_p(n) is the mean over prompts of each prompt's median of its recorded passes
+    recs = [
+        json.loads((folder / "units" / f"{u.name}.json").read_text())["records"]
+        for u in units
+        if u.kind == "verify"
+    ]
+    assert all(r["setting"] == "dedup" and r["kernel"] == "dedup" for rs in recs for r in rs)
+    want = np.mean(
+        [[np.median([r["t_ms"] for r in rs if r["n"] == n]) for n in lc.NS] for rs in recs], axis=0
+    )
+    assert m.verify_on_ms == pytest.approx(want, rel=1e-12)
+    # every generation emitted its tokens; the oracle at k >= 1 verifies k + 1 tokens a round
+    gens = [
+        g
+        for u in units
+        if u.kind == "oracle"
+        for g in json.loads((folder / "units" / f"{u.name}.json").read_text())["generations"]
+    ]
+    assert len(gens) == cfg.throughput[0] * (1 + 8 * len(lc.ACCEPTANCE))
+    assert all(g["tokens_per_s"] > 0 for g in gens)
+    record = json.loads((out / "runs_campaign.json").read_text())
+    assert record["engines"]["llamacpp-bundled"]["threads"] == 1
+    assert record["engines"]["llamacpp-bundled"]["kv_type"] == "f16"
+
+    # resumed: nothing reruns
+    before = _mtimes(folder)
+    assert lc.main(args) == 0
+    assert _mtimes(folder) == before
+    record = json.loads((out / "runs_campaign.json").read_text())
+    assert len(record["invocations"]) == 2
+    assert all(v["status"] == "done" for v in record["units"].values())
+    # a missing unit (an interrupted one) is the only one rerun
+    lost = next(u for u in units if u.kind == "oracle")
+    (folder / "units" / f"{lost.name}.json").unlink()
+    assert lc.main(args) == 0
+    after = _mtimes(folder)
+    assert {k for k in after if after[k] != before[k]} == {f"{lost.name}.json"}
+
+
+def test_a_prediction_is_needed_outside_quick(lc, gguf, tmp_path, capsys):
+    rc = lc.main(
+        ["--out", str(tmp_path / "o"), "--bundled-gguf", str(gguf), "--configs", "llamacpp-bundled",
+         "--predictions", str(tmp_path / "none")]
+    )  # fmt: skip
+    assert rc == 2 and "no committed plan" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "llamacpp-bundled").exists()
+    rc = lc.main(["--quick", "--out", str(tmp_path / "q"), "--bundled-gguf", str(tmp_path / "x")])
+    assert rc == 2 and "--bundled-gguf" in capsys.readouterr().err
+
+
+def test_the_kept_prompt_cache_gives_a_fresh_prefill_s_passes(lc, gguf):
+    from specmoe.engine.speculative import crop_cache, new_cache
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(10, 4000, 40).tolist(), rng.integers(10, 4000, 30).tolist()
+    with LlamaCppEngine(gguf, n_ctx=512) as fresh, LlamaCppEngine(gguf, n_ctx=512) as kept:
+        pc = lc.PromptCache(kept)
+
+        def fresh_pass(prompt, tokens):
+            kv = new_cache(fresh.model)
+            fresh.prefill(kv, prompt)
+            return fresh.forward(kv, tokens)
+
+        kv = new_cache(pc.model)
+        for prompt, tokens in ((a, [5, 6, 7]), (a, [8, 9]), (b, [5]), (b, [1, 2, 3, 4]), (a, [3])):
+            pc.prefill(kv, prompt)
+            assert kv.get_seq_length() == len(prompt)
+            got, want = pc.forward(kv, tokens), fresh_pass(prompt, tokens)
+            assert got.tokens == want.tokens
+            np.testing.assert_array_equal(got.margin, want.margin)
+            pc.forward(kv, [11, 12])  # a generation's further passes, then cropped back
+            crop_cache(kv, len(prompt) + len(tokens))
+        assert new_cache(pc.model) is kv
