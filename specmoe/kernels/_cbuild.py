@@ -126,6 +126,8 @@ class CLib:
         lib.specmoe_set_bf16dp.restype = ctypes.c_int
         lib.specmoe_set_q8_portable.argtypes = [ctypes.c_int]
         lib.specmoe_set_q8_portable.restype = ctypes.c_int
+        lib.specmoe_set_q8_mode.argtypes = [ctypes.c_int]
+        lib.specmoe_set_q8_mode.restype = ctypes.c_int
         f = lib.specmoe_expert_op
         p, i, ll, fl = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_float
         f.argtypes = [p, i, i, p, p, i, i, ll, ll, ll, ll, p, p, p, p, i, ll, i, i, fl, fl, i, p]

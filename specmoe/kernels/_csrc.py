@@ -62,7 +62,8 @@ SOURCE = r"""
 #define SM_BF16DP 0
 #endif
 static int sm_bf16dp_on = 1;  /* runtime switch (specmoe_set_bf16dp), e.g. to test the fallback */
-static int sm_q8_portable_on = 0;  /* runtime switch (specmoe_set_q8_portable): the portable q8_0 loop */
+static int sm_q8_portable_on = 0;
+static int sm_q8_mode = 0;  /* q8_0: 0 fp32 activations (dequantised weights), 1 int16 activations */  /* runtime switch (specmoe_set_q8_portable): the portable q8_0 loop */
 
 #define WT_F32 0
 #define WT_BF16 1
@@ -402,6 +403,107 @@ SM_Q8BLOCK(1, 6, 0)
     }
 #endif
 
+#if SM_AVX2
+/* q8_0 weights against int16 activations (sm_q8_mode 1): each 32-element block of an
+   activation row quantised to int16 with its own scale s = max|x| / 32767 (relative error at
+   most 2^-16 of the block's largest element); per block vpmovsxbw widens the 32 int8 weights
+   once for all tokens, vpmaddwd multiplies 16 pairs per instruction, exact int32 sums
+   (|sum| <= 32 * 127 * 32767 < 2^31), then one conversion and one FMA by d * s per row,
+   token and block. */
+#define SM_Q8IBLOCK(RB, TB)                                                                 \
+static inline __attribute__((always_inline)) void sm_q8iblock_##RB##x##TB(                  \
+        const uint8_t *w, size_t ldw, const int16_t *const *xq, const float *const *xs,     \
+        int cols, float *out, size_t ldo) {                                                 \
+    __m256 acc[RB][TB];                                                                     \
+    const uint8_t *pf = w + (size_t)RB * ldw;                                               \
+    int nb = cols / 32;                                                                     \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
+    for (int b = 0; b < nb; b++) {                                                          \
+        size_t off = (size_t)b * SM_Q8_BLOCK;                                               \
+        __m256 dv[RB];                                                                      \
+        __m256i wlo[RB], whi[RB];                                                           \
+        for (int r = 0; r < RB; r++) {                                                      \
+            const uint8_t *blk = w + (size_t)r * ldw + off;                                 \
+            if (SM_Q8_PF) _mm_prefetch((const char *)(pf + (size_t)r * ldw + off), _MM_HINT_T0); \
+            dv[r] = _mm256_set1_ps(sm_q8_scale(blk));                                       \
+            wlo[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 2)));     \
+            whi[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 18)));    \
+        }                                                                                   \
+        for (int t = 0; t < TB; t++) {                                                      \
+            __m256i xlo = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * 32));     \
+            __m256i xhi = _mm256_load_si256((const __m256i *)(xq[t] + (size_t)b * 32 + 16)); \
+            __m256 sv = _mm256_set1_ps(xs[t][b]);                                           \
+            for (int r = 0; r < RB; r++) {                                                  \
+                __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(wlo[r], xlo),              \
+                                               _mm256_madd_epi16(whi[r], xhi));             \
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),                        \
+                                            _mm256_mul_ps(dv[r], sv), acc[r][t]);           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
+        out[(size_t)t * ldo + r] = sm_hsum(acc[r][t]);                                      \
+}
+SM_Q8IBLOCK(4, 1)
+SM_Q8IBLOCK(3, 2)
+SM_Q8IBLOCK(2, 3)
+SM_Q8IBLOCK(2, 4)
+SM_Q8IBLOCK(1, 1)
+SM_Q8IBLOCK(1, 2)
+SM_Q8IBLOCK(1, 3)
+SM_Q8IBLOCK(1, 4)
+SM_Q8IBLOCK(1, 5)
+SM_Q8IBLOCK(1, 6)
+
+/* rows [r0, r1), tokens [0, k) in blocks of at most 6 (as even as possible); rows in blocks of
+   4 (1 token), 3 (2), 2 (3-4) or 1 (5-6). */
+static void sm_rows_q8i(const uint8_t *w, size_t ldw, int r0, int r1, const int16_t *const *xq,
+                        const float *const *xs, int k, int cols, float *out, size_t ldo) {
+    int nb = (k + 5) / 6;
+    for (int b = 0, t = 0; b < nb; b++) {
+        int tb = k / nb + (b < k % nb);
+        const int16_t *const *qt = xq + t;
+        const float *const *st = xs + t;
+        float *o = out + (size_t)t * ldo;
+        int r = r0;
+#define SM_Q8IA(r) w + (size_t)(r) * ldw, ldw, qt, st, cols, o + (r), ldo
+        if (tb == 1) for (; r + 4 <= r1; r += 4) sm_q8iblock_4x1(SM_Q8IA(r));
+        else if (tb == 2) for (; r + 3 <= r1; r += 3) sm_q8iblock_3x2(SM_Q8IA(r));
+        else if (tb == 3) for (; r + 2 <= r1; r += 2) sm_q8iblock_2x3(SM_Q8IA(r));
+        else if (tb == 4) for (; r + 2 <= r1; r += 2) sm_q8iblock_2x4(SM_Q8IA(r));
+        for (; r < r1; r++) {
+            switch (tb) {
+            case 1: sm_q8iblock_1x1(SM_Q8IA(r)); break;
+            case 2: sm_q8iblock_1x2(SM_Q8IA(r)); break;
+            case 3: sm_q8iblock_1x3(SM_Q8IA(r)); break;
+            case 4: sm_q8iblock_1x4(SM_Q8IA(r)); break;
+            case 5: sm_q8iblock_1x5(SM_Q8IA(r)); break;
+            default: sm_q8iblock_1x6(SM_Q8IA(r)); break;
+            }
+        }
+#undef SM_Q8IA
+        t += tb;
+    }
+}
+#endif
+
+/* One activation row's 32-element blocks [b0, b1) quantised to int16: s = max|x| / 32767,
+   q = round(x / s) (s = 0, q = 0 for an all-zero block). */
+static void sm_quant_i16(const float *x, int b0, int b1, int16_t *q, float *sc) {
+    for (int b = b0; b < b1; b++) {
+        const float *xb = x + (size_t)b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) { float v = fabsf(xb[j]); amax = v > amax ? v : amax; }
+        float s = amax / 32767.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            float v = nearbyintf(xb[j] * inv);
+            v = v > 32767.0f ? 32767.0f : (v < -32767.0f ? -32767.0f : v);
+            q[(size_t)b * 32 + j] = (int16_t)v;
+        }
+        sc[b] = s;
+    }
+}
+
 /* out[t * ldo + r] = dequant(W)[r, :] . xp[t] for rows [r0, r1) and tokens [0, k): tokens in
    blocks of at most 6 (as even as possible), rows in blocks of 4 (1 or 3 tokens), 3 (2 or 4
    tokens) or 2 (5-6 tokens), leftover rows one at a time. */
@@ -576,9 +678,19 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
     int ldx16 = (h + 31) & ~31, lda16 = (I + 31) & ~31;
     uint16_t *X16 = dp ? (uint16_t *)sm_alloc(2 * (size_t)n * ldx16) : NULL;
     uint16_t *A16 = dp ? (uint16_t *)sm_alloc(2 * (size_t)kmax * lda16 * 2) : NULL;
-    if (!X || !G || !A || !Y || (dp && (!X16 || !A16))) {
-        free(ord); free(gs); free(X); free(G); free(A); free(Y); free(X16); free(A16); return -2;
+    /* q8_0 with int16 activations: x and the intermediate activation as int16 blocks */
+    int qi = SM_AVX2 && wt == WT_Q8 && sm_q8_mode == 1 && !sm_q8_portable_on;
+    int16_t *XQ = qi ? (int16_t *)sm_alloc(2 * (size_t)n * h) : NULL;
+    float *XS = qi ? (float *)sm_alloc(sizeof(float) * (size_t)n * (h / 32)) : NULL;
+    int16_t *AQ = qi ? (int16_t *)sm_alloc(2 * (size_t)kmax * I * 2) : NULL;
+    float *AS = qi ? (float *)sm_alloc(sizeof(float) * (size_t)kmax * (I / 32) * 2) : NULL;
+    if (!X || !G || !A || !Y || (dp && (!X16 || !A16)) || (qi && (!XQ || !XS || !AQ || !AS))) {
+        free(ord); free(gs); free(X); free(G); free(A); free(Y); free(X16); free(A16);
+        free(XQ); free(XS); free(AQ); free(AS); return -2;
     }
+    if (qi)
+        for (int t = 0; t < n; t++)
+            sm_quant_i16(x + (size_t)t * h, 0, h / 32, XQ + (size_t)t * h, XS + (size_t)t * (h / 32));
     for (int t = 0; t < n; t++) memcpy(X + (size_t)t * ldx, x + (size_t)t * h, sizeof(float) * (size_t)h);
     if (dp) {
         memset(X16, 0, 2 * (size_t)n * ldx16);
@@ -599,13 +711,17 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
         tid = omp_get_thread_num(); T = omp_get_num_threads();
 #endif
         int a0, a1, h0, h1;
-        sm_split(I, tid, T, 4, &a0, &a1);
+        sm_split(I, tid, T, qi ? 32 : 4, &a0, &a1);  /* int16 blocks: whole 32s */
         sm_split(h, tid, T, 4, &h0, &h1);
         /* each thread keeps its own row pointers: no sharing, no barrier to build them */
         const float **xg = (const float **)malloc(sizeof(float *) * (size_t)kmax);
         const float **ag = (const float **)malloc(sizeof(float *) * (size_t)kmax);
         const uint16_t **xg16 = (const uint16_t **)malloc(sizeof(uint16_t *) * (size_t)kmax);
         const uint16_t **ag16 = (const uint16_t **)malloc(sizeof(uint16_t *) * (size_t)kmax);
+        const int16_t **xgq = (const int16_t **)malloc(sizeof(int16_t *) * (size_t)kmax);
+        const int16_t **agq = (const int16_t **)malloc(sizeof(int16_t *) * (size_t)kmax);
+        const float **xgs = (const float **)malloc(sizeof(float *) * (size_t)kmax);
+        const float **ags = (const float **)malloc(sizeof(float *) * (size_t)kmax);
         for (int g = 0; g < ng; g++) {
             int k = gs[g + 1] - gs[g];
             const int *sl = ord + gs[g];
@@ -615,6 +731,15 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
             float *Ab = A + (size_t)(g & 1) * kmax * lda;
             uint16_t *Ab16 = dp ? A16 + (size_t)(g & 1) * kmax * lda16 : NULL;
             for (int i = 0; i < k; i++) { xg[i] = X + (size_t)(sl[i] / m) * ldx; ag[i] = Ab + (size_t)i * lda; }
+            int16_t *AQb = qi ? AQ + (size_t)(g & 1) * kmax * I : NULL;
+            float *ASb = qi ? AS + (size_t)(g & 1) * kmax * (I / 32) : NULL;
+            if (qi)
+                for (int i = 0; i < k; i++) {
+                    xgq[i] = XQ + (size_t)(sl[i] / m) * h;
+                    xgs[i] = XS + (size_t)(sl[i] / m) * (h / 32);
+                    agq[i] = AQb + (size_t)i * I;
+                    ags[i] = ASb + (size_t)i * (I / 32);
+                }
             if (dp)
                 for (int i = 0; i < k; i++) {
                     xg16[i] = X16 + (size_t)(sl[i] / m) * ldx16;
@@ -627,6 +752,13 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                     const uint16_t *w16 = (const uint16_t *)wg;
                     sm_rows_dp(w16, (size_t)sgu_r, a0, a1, xg16, k, h, G, (size_t)2 * I);
                     sm_rows_dp(w16, (size_t)sgu_r, I + a0, I + a1, xg16, k, h, G, (size_t)2 * I);
+                } else
+#endif
+#if SM_AVX2
+                if (qi) {
+                    const uint8_t *w8 = (const uint8_t *)wg;
+                    sm_rows_q8i(w8, (size_t)sgu_r, a0, a1, xgq, xgs, k, h, G, (size_t)2 * I);
+                    sm_rows_q8i(w8, (size_t)sgu_r, I + a0, I + a1, xgq, xgs, k, h, G, (size_t)2 * I);
                 } else
 #endif
                 {
@@ -643,6 +775,10 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                         else Ab[(size_t)i * lda + j] = av;
                     }
                 }
+                if (qi)
+                    for (int i = 0; i < k; i++)
+                        sm_quant_i16(Ab + (size_t)i * lda, a0 / 32, a1 / 32, AQb + (size_t)i * I,
+                                     ASb + (size_t)i * (I / 32));
             }
 #ifdef _OPENMP
             #pragma omp barrier
@@ -651,6 +787,10 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
             if (h1 > h0) {
 #if SM_BF16DP
                 if (dp) sm_rows_dp((const uint16_t *)wdn, (size_t)sd_r, h0, h1, ag16, k, I, Y, (size_t)h);
+                else
+#endif
+#if SM_AVX2
+                if (qi) sm_rows_q8i((const uint8_t *)wdn, (size_t)sd_r, h0, h1, agq, ags, k, I, Y, (size_t)h);
                 else
 #endif
                 sm_rows(wdn, wt, (size_t)sd_r, h0, h1, ag, k, I, Y, (size_t)h);
@@ -664,9 +804,10 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                 }
             }
         }
-        free(xg); free(ag); free(xg16); free(ag16);
+        free(xg); free(ag); free(xg16); free(ag16); free(xgq); free(agq); free(xgs); free(ags);
     }
     free(ord); free(gs); free(X); free(G); free(A); free(Y); free(X16); free(A16);
+    free(XQ); free(XS); free(AQ); free(AS);
     return 0;
 }
 
@@ -721,5 +862,7 @@ int specmoe_has_bf16dp(void) { return SM_BF16DP; }
 int specmoe_set_bf16dp(int on) { int prev = sm_bf16dp_on; sm_bf16dp_on = on ? 1 : 0; return prev; }
 /* Run q8_0 weights through the portable loop (1) or the vector blocks (0, the default);
    returns the previous setting. Not thread-safe: set it between calls. */
+/* q8_0 activations: 0 fp32 (the default), 1 int16 blocks (AVX2 only); returns the previous. */
+int specmoe_set_q8_mode(int mode) { int prev = sm_q8_mode; sm_q8_mode = mode ? 1 : 0; return prev; }
 int specmoe_set_q8_portable(int on) { int prev = sm_q8_portable_on; sm_q8_portable_on = on ? 1 : 0; return prev; }
 """

@@ -13,7 +13,9 @@ bytes per weight, both ``w_gate_up`` and ``w_down``) are dequantised on the fly 
 the register blocks (sign-extending load, conversion, one multiply by the block's scale, FMA
 against fp32 activations): ``y`` is the contract's with ``W`` the dequantised weights, to fp32
 rounding (:data:`specmoe.kernels.selfcheck.TOL` ``["q8_0"]``); the activations are not
-quantised (unlike ggml's q8_0 × q8_0 dot). Where the C kernel cannot
+quantised (unlike ggml's q8_0 × q8_0 dot). :func:`set_q8_activations` ``("int16")`` switches to
+int16 activation blocks and integer products instead (``benchmarks/kernel_q8.py`` times both;
+results/cpu/kernels/q8_0.md). Where the C kernel cannot
 take a call (no C compiler, weights of another dtype than float32/bfloat16/float16/q8_0, a strided
 last dimension, tensors off the CPU: :func:`c_reason`) the call runs the pure-torch kernel
 below instead, with a :class:`~specmoe.kernels.KernelFallbackWarning` naming the reason
@@ -86,6 +88,22 @@ def set_q8_portable(on: bool) -> bool:
     if lib is None:
         return False
     return bool(lib.lib.specmoe_set_q8_portable(1 if on else 0))
+
+
+def set_q8_activations(kind: str) -> str:
+    """The activations q8_0 weights are multiplied with: ``"float32"`` (the default: the
+    weights dequantised to fp32, within ``TOL["q8_0"]`` of the contract on the dequantised
+    weights) or ``"int16"`` (each 32-element block of x and of the intermediate activation
+    rounded to int16 with its own scale, integer products with ``vpmaddwd``, AVX2 builds
+    only; within ``TOL["q8_0_i16"]``). Returns the previous kind; ``"float32"`` and no change
+    when the C kernels are not loaded. Set it between calls, not during one."""
+    if kind not in ("float32", "int16"):
+        raise InputError(f"must be float32 or int16, got {kind!r}", argument="kind")
+    lib = _cbuild.load()
+    if lib is None:
+        return "float32"
+    prev = lib.lib.specmoe_set_q8_mode(1 if kind == "int16" and lib.avx2 else 0)
+    return "int16" if prev else "float32"
 
 
 def c_available() -> bool:

@@ -15,7 +15,9 @@ weights, :mod:`specmoe.kernels.q8`, with float32 activations): 1e-5 against the 
 the *dequantised* weights, since the kernels dequantise exactly and keep the activations in
 float32; the quantisation error itself (against the float weights before quantisation, about
 1e-2 on these cases) is not part of the tolerance, :func:`check` reports it as
-``quantization_error``.
+``quantization_error``. ``q8_0_i16`` (the C kernels' optional int16 activation blocks,
+:func:`specmoe.kernels.cpu.set_q8_activations`): 2e-4 on the same reference (each activation
+rounded to 2^-16 of its block's largest; about 5e-5 measured).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ import torch
 
 from specmoe.errors import InputError
 
-TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2, "q8_0": 1e-5}
+TOL = {
+    torch.float32: 1e-5,
+    torch.float16: 5e-3,
+    torch.bfloat16: 3e-2,
+    "q8_0": 1e-5,
+    "q8_0_i16": 2e-4,  # q8_0 with int16 activation blocks (cpu.set_q8_activations("int16"))
+}
 # q8_0 rows are whole 32-weight blocks: h and I multiples of 32
 Q8_SHAPES = [(1, 1, 4), (1, 8, 12), (2, 3, 7), (5, 2, 6), (9, 4, 10), (16, 8, 24)]
 Q8_KERNELS = ("per_slot", "dedup")  # the kernels with a q8_0 path (CPU)
