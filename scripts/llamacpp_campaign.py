@@ -95,7 +95,7 @@ class Config:
 
     name: str
     gguf: str  # bundled | lifted: which --*-gguf file
-    label: str  # the runs files' model (matched to the plan's model by specmoe validate)
+    label: str  # the runs files' model; the committed plan's model name replaces it
     depths: tuple[int, ...]
     verify: tuple[int, int]  # prompts, recorded repeats (one warm-up more)
     throughput: tuple[int, int, int]  # prompts, repeats, tokens
@@ -366,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
             if err:
                 print(f"llamacpp_campaign: error: {err}", file=sys.stderr)
                 return 2
+            # the runs files name the model as the committed plan does (specmoe validate
+            # matches the two)
+            name = _plan_model(args.predictions / c / "plan.json")
+            if name:
+                table = {**table, c: dataclasses.replace(table[c], label=name)}
+        record["labels"] = {c: table[c].label for c in names}
     atomic_write_json(record_path, record)
     status = record.setdefault("units", {})
     models = Models({}, args.seed)  # prompts only: the bundled tokenizer
@@ -423,6 +429,15 @@ def main(argv: list[str] | None = None) -> int:
     record["elapsed_min_last_invocation"] = (time.perf_counter() - start) / 60
     atomic_write_json(record_path, record)
     return 0
+
+
+def _plan_model(plan: Path) -> str | None:
+    """The model name of a committed plan (None when it has none)."""
+    try:
+        name = json.loads(plan.read_text())["model"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 def _aggregate(folder: Path, cfg: Config, have: dict[int, tuple[int, int]]) -> None:

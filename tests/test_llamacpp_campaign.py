@@ -145,3 +145,16 @@ def test_the_kept_prompt_cache_gives_a_fresh_prefill_s_passes(lc, gguf):
             pc.forward(kv, [11, 12])  # a generation's further passes, then cropped back
             crop_cache(kv, len(prompt) + len(tokens))
         assert new_cache(pc.model) is kv
+
+
+def test_the_runs_take_the_committed_plan_s_model_name(lc, tmp_path):
+    from specmoe.spec import ModelSpec
+    from specmoe.validate.score import _same_model
+
+    plan = tmp_path / "plan.json"
+    spec = ModelSpec.from_hf_config(ROOT / "specmoe" / "data" / "tiny_olmoe" / "config.json")
+    plan.write_text(json.dumps({"model": spec.to_dict()}))
+    name = lc._plan_model(plan)
+    assert name == spec.name and _same_model(spec, name)
+    plan.write_text("{}")
+    assert lc._plan_model(plan) is None and lc._plan_model(tmp_path / "none.json") is None
