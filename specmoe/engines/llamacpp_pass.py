@@ -39,7 +39,15 @@ node, so that each node is computed alone, and records each node's name, op
 (``ggml_op_desc``) and time (the difference of thread CPU timestamps taken as each node is
 handed over; the first node's from the decode call's start, so it holds the graph's build and
 the inputs' upload). Computing nodes one by one costs a graph launch each: the per-node sum
-exceeds the unprofiled pass (bundled model, n = 4: 1.13x at depth 512, 1.2-1.4x at depth 64).
+differs from the unprofiled pass (bundled model as f32 GGUF, depth 512: 0.94x at n = 1, 1.20x
+at n = 4, 1.12x at n = 9; 1.2-1.4x at n = 4, depth 64).
+
+**Against llama-bench.** On the bundled f32 GGUF at depth 512 (2 cores, load 2.3-4) a pass here
+took 1.5-2x what ``llama-bench -p n -n 0 -d 512 -t 1 -fa off`` reports in the same minutes
+(median of 20: n = 1 2.10 ms against 0.98-1.12, n = 9 5.29 against 2.73-3.73). Not from the eval
+callback (a shim without it timed the same), a threadpool attached as llama-bench does, the
+context size (528-4096), random against real tokens, torch loaded in the process, or the logits
+of every row (the last row's only: 1.54 ms at n = 1): not explained yet.
 
 **Caches.** There is one context: :func:`specmoe.engine.speculative.new_cache` on
 ``engine.model`` clears it and returns a handle (:class:`LlamaKV`) with ``get_seq_length()``
