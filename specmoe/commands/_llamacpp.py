@@ -79,6 +79,8 @@ def _verify_rows(gguf: Path, depths: list[int], n_max: int, reps: int, threads: 
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "whole_pass", False):
+        return run_whole_pass(args)
     from specmoe._io import atomic_write_json, dumps_json
     from specmoe.commands._common import check_at_most, check_int, check_out_dir
     from specmoe.commands.bench import MAX_N, MAX_REPS, parse_depths
@@ -136,6 +138,69 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"draft model {draft['model']} ({draft['dtype']}), median ms")
         for d, rows in draft["verify"].items():
             print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+def run_whole_pass(args: argparse.Namespace) -> int:
+    """``specmoe bench --engine llama.cpp --whole-pass``: every operation of llama.cpp's verify
+    pass from per-node profiles of its own graph (:mod:`specmoe.engines.llamacpp_ops`), on a
+    validation document of the bundled corpus (bundled tokenizer) at each --depths and
+    n = 1..--n-max; ``--out`` gets ``profile.json`` (the expert fit of llama.cpp's MUL_MAT_ID
+    and the ``whole_pass`` field, read by ``specmoe plan``)."""
+    from specmoe._io import dumps_json
+    from specmoe.commands._common import check_int, check_out_dir
+    from specmoe.commands.bench import MAX_N, MAX_REPS, _print_ops, parse_depths
+    from specmoe.engine.models import load_tokenizer
+    from specmoe.engine.runner import validation_prompts
+    from specmoe.engines import llamacpp
+    from specmoe.engines.llamacpp_ops import benchmark_profile
+
+    check_out_dir(args.out)
+    depths = parse_depths(args.depths)
+    n_max = 9 if args.n_max is None else args.n_max
+    reps = 7 if args.reps is None else args.reps
+    check_int(n_max, "--n-max", low=1, high=MAX_N)
+    check_int(reps, "--reps", low=1, high=MAX_REPS)
+    if args.threads not in (None, 1):
+        raise InputError("--threads: the per-node profile is one thread's CPU time (1)")
+    if args.clock not in (None, "cpu"):
+        raise InputError("--clock: the per-node profile is timed on the thread CPU clock (cpu)")
+    if getattr(args, "processes", 1) != 1:
+        raise InputError("--processes: not with --engine llama.cpp")
+    if args.device != "cpu":
+        raise InputError(f"--device {args.device!r}: this llama.cpp build runs on the CPU only")
+    outtype = _outtype(args)
+    llamacpp.require_built()
+    tok = load_tokenizer("bundled")
+    ((doc, ids),) = validation_prompts(tok, count=1, context=depths[-1] + 256)
+    source = {
+        "command": "specmoe " + " ".join(sys.argv[1:]),
+        "prompt": doc,
+        "engine": "llama.cpp",
+        "llama_cpp": llamacpp.VERSION,
+    }
+    with tempfile.TemporaryDirectory(prefix="specmoe-gguf-") as tmp:
+        gguf, _ = _gguf_of(args, outtype, tmp)
+        prof = benchmark_profile(
+            gguf, ids, n_values=list(range(1, n_max + 1)), depths=depths, reps=reps,
+            source={**source, "gguf": str(args.model)},
+        )  # fmt: skip
+    files = []
+    if args.out:
+        files.append(str(prof.save(Path(args.out) / "profile.json")))
+    wp = prof.whole_pass
+    if args.json:
+        print(dumps_json({"whole_pass": wp, "files": files}))
+        return 0
+    _print_ops(wp)
+    print(
+        "experts (MUL_MAT_ID, Eq. (E.1)): beta_dedup "
+        + " ".join(f"{v:.2f}" for v in prof.beta_dedup)
+        + f" GB/s, epsilon {prof.epsilon['dedup']:.3f}"
+    )
+    print(f"{wp['wall_s']:.1f} s")
     for f in files:
         print(f"wrote {f}")
     return 0

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole-pass predictions for llama.cpp (results/cpu/llamacpp/whole-pass/README.md), from
+# per-node profiles of llama.cpp's own graph alone: for each configuration the benchmark
+# (`specmoe bench --engine llama.cpp --whole-pass`: every operation of the verify pass and
+# the expert fit of its MUL_MAT_ID, one process, 4 depths, n = 1..9) and the plan with the
+# bundled validation trace as the routing of the expert operation, written to
+# results/cpu/llamacpp/whole-pass/predictions/<config>/{profile.json,plan.json}.
+# Committed before any campaign unit runs.
+#
+# Usage: bash scripts/llamacpp_predictions.sh [llamacpp-bundled|llamacpp-lifted]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SPECMOE=${SPECMOE:-.venv/bin/specmoe}
+P=results/cpu/llamacpp/whole-pass/predictions
+CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
+VAL=specmoe/data/traces/validation.npz
+DEPTHS=256,512,1024,2048
+
+predict() {  # name, GGUF, reps, plan --model
+  local name=$1 gguf=$2 reps=$3 spec=$4
+  local out=$P/$name
+  mkdir -p "$out/bench" "$out/plan"
+  echo "== $name: per-node profile of every operation" >&2
+  local t0=$SECONDS
+  nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
+    --reps "$reps" --out "$out/bench"
+  echo "== $name: benchmark wall $((SECONDS - t0)) s" >&2
+  cp "$out/bench/profile.json" "$out/profile.json"
+  echo "== $name: plan" >&2
+  $SPECMOE plan --model "$spec" --trace "$VAL" --bandwidth "$out/profile.json" --context 512 \
+    --out "$out/plan"
+  cp "$out/plan/plan.json" "$out/plan.json"
+}
+
+for name in ${@:-llamacpp-bundled llamacpp-lifted}; do
+  case $name in
+    llamacpp-bundled)
+      predict llamacpp-bundled "$CACHE/gguf/bundled-f32.gguf" 21 specmoe/data/tiny_olmoe ;;
+    llamacpp-lifted)
+      predict llamacpp-lifted "$CACHE/lifted/OLMoE-1B-7B-0125-4L-bf16.gguf" 7 \
+        "$CACHE/lifted/OLMoE-1B-7B-0125-4L-bf16" ;;
+    *) echo "llamacpp_predictions: unknown configuration $name" >&2; exit 2 ;;
+  esac
+done

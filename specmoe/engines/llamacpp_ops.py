@@ -1,0 +1,628 @@
+"""Every operation of a llama.cpp verification pass, from a per-node profile of its own graph.
+
+Legend: ``n`` tokens of the pass, ``d`` tokens already in the KV cache, ``L`` decoder layers,
+``m`` experts per token, ``U`` distinct experts of a layer's pass, ``M`` graph nodes of a pass.
+
+:meth:`~specmoe.engines.llamacpp_pass.LlamaCppEngine.profile` computes each node of one pass
+as its own graph and times it on the thread CPU clock. This module
+
+* groups the nodes into specmoe's operations (:func:`classify`, :data:`GROUPS`): ``embed``
+  (the embedding rows), ``norm`` (the layer's two RMSNorms, norm and weight), ``qkv`` (the
+  q/k/v projections, the q/k norms), ``attention`` (RoPE, the KV cache writes and views,
+  K·Q, softmax, V·P, the head merge), ``o_proj`` (the output projection), ``router`` (logits,
+  softmax, top-m, gate weights), ``experts`` (the three MUL_MAT_ID, the activation, the
+  weighting and the sum over slots), ``overhead`` (the residual adds), ``head`` (final norm
+  and lm_head). Views, reshapes and permutes take the group of the node they view
+  (their name is that node's with a suffix); ``norm-<l>`` (build_norm's RMS_NORM) the group of
+  the node that scales it; an unnamed MUL_MAT after the attention the output projection; any
+  other unnamed node the group of the node before it;
+* subtracts the per-node launch overhead (:func:`launch_overhead`): computing a node alone
+  costs a graph launch; the no-op nodes (VIEW, RESHAPE, PERMUTE, TRANSPOSE, NONE) compute
+  nothing, so their median time in the same pass is the launch, removed from every node;
+* ``engine_overhead`` = the un-profiled :meth:`forward` of the same tokens at the same depth
+  minus the corrected sum of every node of the profiled pass: what one whole-graph decode
+  costs beyond its nodes' work (the graph build that the first node's time also holds, the
+  inputs, the logits' copy and argmax, the scheduler), signed;
+* fits each operation with :mod:`specmoe.cost.ops_fit` (the terms of
+  :data:`specmoe.bench.ops.OPS`, held-out ε on the n the fit did not see), as the profile's
+  ``whole_pass``;
+* fits the expert operation as the profile's kernel fit: llama.cpp's CPU MUL_MAT_ID groups
+  rows by expert (a deduplicating kernel at every n), so the experts' time of each layer is
+  fitted by Eq. (E.1) of paper 002 on the union U of that layer's experts for the same tokens
+  (recorded in an untimed pass), β_dedup(n) = Σ U·b / Σ t. The per-slot entries are the same
+  kernel's times on the per-slot definitions (Eq. (4), β_slot on requested bytes n·m·b): the
+  same times, so the per-slot and dedup policies predict the same expert time and S(n) = 0;
+  only dedup is a kernel llama.cpp runs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from specmoe.bench.ops import OPS
+from specmoe.cost import ops_fit as OF
+from specmoe.errors import InputError
+
+NOOPS = frozenset({"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"})
+LAYER_OPS = ("norm", "qkv", "attention", "o_proj", "router", "experts", "overhead")
+MODEL_OPS = ("embed", "head")
+GROUPS = ("embed", *LAYER_OPS, "head")
+
+_SUFFIX = re.compile(r"\s+\([^()]*\)$")
+_LAYER = re.compile(r"^(.*)-(\d+)$")
+_CACHE = re.compile(r"^cache_[kv]_l(\d+)$")
+_ROUTER = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_argsort", "ffn_moe_topk",
+           "ffn_moe_weights", "ffn_moe_group_topk")  # fmt: skip
+_NAMES = {
+    "embd": "embed", "inp_embd": "embed", "inp_tokens": "embed",
+    "attn_norm": "norm", "ffn_norm": "norm",
+    "Qcur": "qkv", "Kcur": "qkv", "Vcur": "qkv", "Qcur_normed": "qkv", "Kcur_normed": "qkv",
+    "wqkv": "qkv",
+    "kq": "attention", "kq_soft_max": "attention", "kqv": "attention", "kqv_out": "attention",
+    "v_cont": "attention",
+    "attn_out": "o_proj", "kqv_wo": "o_proj",
+    "ffn_inp": "overhead", "l_out": "overhead",
+    "result_norm": "head", "result_output": "head",
+}  # fmt: skip
+
+
+def base_name(name: str) -> tuple[str, int | None]:
+    """(the name without its view suffixes and layer, the layer or None):
+    ``"cache_v_l2 (reshaped) (view)"`` -> ``("cache_v", 2)``, ``"Qcur-3"`` -> ``("Qcur", 3)``."""
+    s = name.strip()
+    while True:
+        t = _SUFFIX.sub("", s)
+        if t == s:
+            break
+        s = t
+    m = _CACHE.match(s)
+    if m:
+        return s[:7], int(m.group(1))
+    m = _LAYER.match(s)
+    if m:
+        return m.group(1), int(m.group(2))
+    return s, None
+
+
+def _named_group(base: str, op: str) -> str | None:
+    if op == "ROPE":
+        return "attention"
+    if base in ("cache_k", "cache_v") or base.startswith("kq_"):
+        return "attention"
+    if base.startswith("wqkv"):
+        return "qkv"
+    if base.startswith("ffn_moe_"):
+        return "router" if base.startswith(_ROUTER) else "experts"
+    return _NAMES.get(base)
+
+
+def classify(nodes: Sequence[tuple[str, str]]) -> list[tuple[str, int | None]]:
+    """(group, layer) of every (name, op) node of one pass in graph order (module docstring);
+    ``layer`` None for the model's own nodes (embed, head). Every node gets exactly one."""
+    n = len(nodes)
+    out: list[tuple[str, int | None] | None] = [None] * n
+    pending: list[int] = []  # build_norm's "norm" nodes: the group of the next named node
+    prev: tuple[str, int | None] = ("embed", None)
+    for i, (name, op) in enumerate(nodes):
+        base, layer = base_name(name)
+        if base == "norm":
+            pending.append(i)
+            continue
+        group = _named_group(base, op)
+        if group is None:  # unnamed (node_<k>) or unknown: by its neighbours
+            group = "o_proj" if op == "MUL_MAT" and prev[0] == "attention" else prev[0]
+            layer = prev[1] if layer is None else layer
+        if group in MODEL_OPS:
+            layer = None
+        elif layer is None:
+            layer = prev[1] if prev[1] is not None else 0
+        out[i] = (group, layer)
+        for j in pending:
+            out[j] = (group, layer)
+        pending = []
+        prev = (group, layer)
+    for j in pending:  # a trailing norm with nothing after it: the head's
+        out[j] = ("head", None)
+    return [x for x in out if x is not None]
+
+
+def launch_overhead(nodes: Sequence[tuple[str, float]]) -> float:
+    """The per-node launch time of a profiled pass (ms): the median time of its no-op nodes
+    ((op, ms) pairs; ops in :data:`NOOPS`), which compute nothing; 0 without any."""
+    t = [ms for op, ms in nodes if op in NOOPS]
+    return float(np.median(t)) if t else 0.0
+
+
+@dataclass(frozen=True)
+class GroupedPass:
+    """One profiled pass grouped: ``ms[group]`` corrected ms summed over the pass, ``layer_ms``
+    [L] the corrected experts' time of each layer, ``count[group]`` nodes, ``launch_ms``."""
+
+    ms: dict[str, float]
+    experts_layer_ms: np.ndarray
+    count: dict[str, int]
+    launch_ms: float
+    raw_ms: float
+
+    @property
+    def corrected_ms(self) -> float:
+        return float(sum(self.ms.values()))
+
+
+def group_pass(
+    nodes: Sequence[tuple[str, str, float]], num_layers: int, launch_ms: float | None = None
+) -> GroupedPass:
+    """Group (name, op, ms) nodes of one pass (:func:`classify`) with ``launch_ms`` (default
+    :func:`launch_overhead` of the pass) subtracted from every node."""
+    if not nodes:
+        raise InputError("no nodes", argument="nodes")
+    launch = launch_overhead([(op, ms) for _, op, ms in nodes]) if launch_ms is None else launch_ms
+    groups = classify([(a, b) for a, b, _ in nodes])
+    ms = dict.fromkeys(GROUPS, 0.0)
+    count = dict.fromkeys(GROUPS, 0)
+    exp_layer = np.zeros(num_layers)
+    for (g, layer), (_, _, t) in zip(groups, nodes, strict=True):
+        ms[g] += t - launch
+        count[g] += 1
+        if g == "experts" and layer is not None and 0 <= layer < num_layers:
+            exp_layer[layer] += t - launch
+    raw = float(sum(t for _, _, t in nodes))
+    return GroupedPass(ms, exp_layer, count, float(launch), raw)
+
+
+# ------------------------------------------------------------------------------------------
+# the model's shapes, from the GGUF's metadata
+
+
+_FILE_TYPES = {0: ("float32", 4), 1: ("float16", 2), 32: ("bfloat16", 2)}
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A GGUF MoE model's shapes (llama.cpp's metadata) and weight element size ``es``."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    experts: int
+    top_k: int
+    inter: int
+    vocab: int
+    dtype: str
+    es: int
+    kv_es: int
+
+    @classmethod
+    def of(cls, engine: Any, kv_type: str = "f16") -> Dims:
+        arch = engine.meta("general.architecture")
+
+        def num(key: str, default: int | None = None) -> int:
+            v = engine.meta(f"{arch}.{key}")
+            if v is None:
+                if default is None:
+                    raise InputError(f"{engine.path}: no {arch}.{key} in the GGUF", argument="gguf")
+                return default
+            return int(float(v))
+
+        ft = int(float(engine.meta("general.file_type") or -1))
+        if ft not in _FILE_TYPES:
+            raise InputError(
+                f"{engine.path}: weight type {ft} (general.file_type); the expert fit needs "
+                "f32, f16 or bf16 weights",
+                argument="gguf",
+            )
+        dtype, es = _FILE_TYPES[ft]
+        h, heads = num("embedding_length"), num("attention.head_count")
+        return cls(
+            name=str(engine.meta("general.name") or arch),
+            layers=num("block_count"),
+            hidden=h,
+            heads=heads,
+            kv_heads=num("attention.head_count_kv", heads),
+            head_dim=num("attention.key_length", h // heads),
+            experts=num("expert_count"),
+            top_k=num("expert_used_count"),
+            inter=num("expert_feed_forward_length", num("feed_forward_length", 0) or None),
+            vocab=int(engine.vocab_size),
+            dtype=dtype,
+            es=es,
+            kv_es=4 if kv_type == "f32" else 2,
+        )
+
+    def shape(self, op: str) -> dict[str, float]:
+        """Bytes and flops coefficients of ``op`` (as :class:`specmoe.bench.ops._Shapes`; the
+        KV cache's element size is the cache's type)."""
+        h, es, q, k = (
+            self.hidden,
+            self.es,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+        )
+        return {
+            "embed": {"bytes_n": 2.0 * h * es},
+            "norm": {"bytes0": h * es, "bytes_n": 2.0 * h * es},
+            "qkv": {"bytes0": h * (q + 2 * k) * es, "flops_n": 2.0 * h * (q + 2 * k)},
+            "attention": {"bytes_nd": 2.0 * 2 * k * self.kv_es, "flops_nd": 4.0 * q},
+            "o_proj": {"bytes0": q * h * es, "flops_n": 2.0 * q * h},
+            "router": {"bytes0": self.experts * h * es, "flops_n": 2.0 * self.experts * h},
+            "head": {"bytes0": self.vocab * h * es, "flops_n": 2.0 * self.vocab * h},
+        }.get(op, {})
+
+    @property
+    def expert_bytes(self) -> float:
+        return 3.0 * self.hidden * self.inter * self.es
+
+    def spec_dict(self, source: str) -> dict[str, Any]:
+        from specmoe.spec import ModelSpec
+
+        q, k = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dense = self.layers * (self.hidden * (2 * q + 2 * k) + self.experts * self.hidden)
+        spec = ModelSpec(
+            name=self.name,
+            num_experts=self.experts,
+            top_k=self.top_k,
+            num_moe_layers=self.layers,
+            hidden_size=self.hidden,
+            expert_intermediate=self.inter,
+            bytes_per_weight=float(self.es),
+            dense_params=int(dense + self.vocab * self.hidden),
+            kv_elements_per_token=int(2 * k * self.layers),
+            num_hidden_layers=self.layers,
+            vocab_size=self.vocab,
+            source=source,
+        )
+        return spec.to_dict()
+
+
+# ------------------------------------------------------------------------------------------
+# the benchmark
+
+
+@dataclass
+class _Records:
+    """Every timed cell: ``ms[op]`` [D, N, R] per call, ``fwd``/``prof`` [D, N, R] the
+    un-profiled pass and the corrected node sum, ``experts`` [D, N, R, L] per layer (ms) and
+    ``union`` [D, N, R, L] its U, ``launch`` [D, N, R]."""
+
+    shape: tuple[int, int, int]
+    layers: int
+    ms: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        z = np.zeros(self.shape)
+        for k in (*GROUPS, "engine_overhead", "fwd", "prof", "raw", "launch"):
+            self.ms[k] = z.copy()
+        self.experts = np.zeros((*self.shape, self.layers))
+        self.union = np.zeros((*self.shape, self.layers))
+        self.count: dict[str, int] = {}
+
+
+def _per_call(g: GroupedPass, num_layers: int) -> dict[str, float]:
+    """Per-call ms of each op: model ops once, layer ops per layer (norm per norm, two a
+    layer)."""
+    out = {}
+    for op in GROUPS:
+        div = 1 if op in MODEL_OPS else num_layers * (2 if op == "norm" else 1)
+        out[op] = g.ms[op] / div
+    return out
+
+
+def time_llamacpp_operations(
+    engine: Any,
+    tokens: Sequence[int],
+    *,
+    n_values: Sequence[int],
+    depths: Sequence[int],
+    reps: int = 7,
+    warmup: int = 1,
+    progress: bool = True,
+) -> tuple[_Records, Dims]:
+    """Profile a llama.cpp engine's verify passes (module docstring): for each depth d
+    (ascending) the cache is ``tokens[:d]``; each repetition runs every n in a rotated order,
+    and for each, in this order, an un-profiled :meth:`forward` (so that it follows a pass of
+    another n, as a verify pass does in specmoe's verify-time runs and in speculative decoding),
+    a :meth:`profile` and an untimed pass recording the routing, all of the same n tokens of ``tokens`` after
+    the prefix (a different window each repetition), cropping back to d after each."""
+    from specmoe.engine.speculative import crop_cache, new_cache
+
+    ns, ds = _ints("n_values", n_values, 1), _ints("depths", depths, 1)
+    for name, v, low in (("reps", reps, 1), ("warmup", warmup, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise InputError(f"must be an integer >= {low}, got {v!r}", argument=name)
+    tail = len(tokens) - ds[-1]
+    if tail < ns[-1]:
+        raise InputError(
+            f"{len(tokens)} tokens: need the deepest depth {ds[-1]} plus {ns[-1]}",
+            argument="tokens",
+        )
+    if engine.clock != "cpu" or engine.threads != 1:
+        raise InputError("the per-node times are one thread's CPU time", argument="engine")
+    say: Callable[[str], None] = (
+        (lambda s: print(s, file=sys.stderr, flush=True)) if progress else (lambda s: None)
+    )
+    dims = Dims.of(engine, engine.kv_type)
+    L = dims.layers
+    rec = _Records((len(ds), len(ns), reps), L)
+    kv = new_cache(engine.model)
+    have = 0
+    for di, d in enumerate(ds):
+        engine.prefill(kv, list(tokens[have:d]))
+        have = d
+        for rep in range(-warmup, reps):
+            r = max(rep, 0)
+            for j in range(len(ns)):
+                ni = (j + r) % len(ns)
+                n = ns[ni]
+                s = d + (r * 7 + ni) % (tail - n + 1)
+                window = [int(t) for t in tokens[s : s + n]]
+                t_fwd = engine.forward(kv, window).t_ms  # after a pass of another n
+                crop_cache(kv, d)
+                prof = engine.profile(kv, window)
+                crop_cache(kv, d)
+                engine.record_routing = True  # untimed: the experts of the same tokens
+                try:
+                    routing = np.asarray(engine.forward(kv, window).routing)  # [n, L, m]
+                finally:
+                    engine.record_routing = False
+                crop_cache(kv, d)
+                if rep < 0:
+                    continue
+                g = group_pass([(x.name, x.op, x.ms) for x in prof.nodes], L)
+                cell = (di, ni, r)
+                for op, v in _per_call(g, L).items():
+                    rec.ms[op][cell] = v
+                rec.ms["fwd"][cell] = t_fwd
+                rec.ms["prof"][cell] = g.corrected_ms
+                rec.ms["raw"][cell] = g.raw_ms
+                rec.ms["launch"][cell] = g.launch_ms
+                rec.ms["engine_overhead"][cell] = t_fwd - g.corrected_ms
+                rec.experts[cell] = g.experts_layer_ms
+                rec.union[cell] = [np.unique(routing[:, li]).size for li in range(L)]
+                rec.count = g.count
+        say(f"d={d}: n=1 pass {np.median(rec.ms['fwd'][di, 0]):.3f} ms")
+    return rec, dims
+
+
+def _ints(name: str, values: Sequence[int], low: int) -> list[int]:
+    vals = list(values)
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in vals):
+        raise InputError(f"must be integers >= {low}, got {vals!r}", argument=name)
+    return sorted(set(vals))
+
+
+# ------------------------------------------------------------------------------------------
+# fits
+
+
+def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Sequence[int]):
+    """The profile's ``whole_pass`` from the records: per op medians, spread and fits
+    (:func:`specmoe.cost.ops_fit.fit_op`, the terms of :data:`specmoe.bench.ops.OPS`, ε on
+    the held-out n of :func:`~specmoe.cost.ops_fit.held_out_split`)."""
+    ns, ds = list(n_values), list(depths)
+    fit_n, held_n = OF.held_out_split(ns)
+    nn_, dd_ = np.meshgrid(np.asarray(ns, float), np.asarray(ds, float))
+    med = {k: np.median(v, axis=2) for k, v in rec.ms.items()}
+    layer_ms = sum((2 if op == "norm" else 1) * med[op] for op in LAYER_OPS)
+    wholes = {"layer": layer_ms, "pass": med["fwd"]}
+    ops: dict[str, Any] = {}
+    for op in (*GROUPS, "engine_overhead"):
+        per, in_sum, terms = OPS[op]
+        t = rec.ms[op]
+        m = med[op]
+        shape = dims.shape(op)
+        feats = OF.op_features({"shape": shape}, nn_, dd_)
+        feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
+        fsel = np.isin(nn_, fit_n)
+        hsel = ~fsel if held_n else fsel
+        signed = op in ("overhead", "engine_overhead") or bool(np.any(m[fsel] <= 0))
+        fit = OF.fit_op(terms, {k: v[fsel] for k, v in feats.items()}, m[fsel], signed=signed)
+        eps_of = ("layer" if per == "layer" else "pass") if signed else op
+        err_ms = None
+        if signed:  # a difference of times: its error over the whole it is part of
+            absd = np.abs(fit.predict({k: v[hsel] for k, v in feats.items()}) - m[hsel])
+            errs = absd / wholes[eps_of][hsel]
+            err_ms = float(np.median(absd))
+        else:
+            errs = OF.relative_errors(fit, {k: v[hsel] for k, v in feats.items()}, m[hsel])
+        ops[op] = {
+            "per": per,
+            "count": 2 if op == "norm" else 1,
+            "in_sum": in_sum,
+            "terms": list(terms),
+            "shape": shape,
+            "fit": fit.fit,
+            "eps": float(min(np.median(errs), 0.999)),
+            "eps_max": float(np.max(errs)),
+            "eps_of": eps_of,
+            "err_ms": err_ms,
+            "fit_n": list(fit_n),
+            "held_n": list(held_n),
+            "n": ns,
+            "d": ds,
+            "nodes": rec.count.get(op),
+            "median_ms": m.tolist(),
+            "p10_ms": np.percentile(t, 10, axis=2).tolist(),
+            "p90_ms": np.percentile(t, 90, axis=2).tolist(),
+        }
+    launch = rec.ms["launch"]
+    return {
+        "ops": ops,
+        "layer_ms": layer_ms.tolist(),
+        "model_ms": med["prof"].tolist(),
+        "pass_ms": med["fwd"].tolist(),
+        "profiled_raw_ms": med["raw"].tolist(),
+        "overhead_ms_per_layer": med["overhead"].tolist(),
+        "launch_ms": {
+            "median": float(np.median(launch)),
+            "p10": float(np.percentile(launch, 10)),
+            "p90": float(np.percentile(launch, 90)),
+            "per_cell": med["launch"].tolist(),
+            "how": "per profiled pass, the median time of its no-op nodes "
+            f"({', '.join(sorted(NOOPS))}), subtracted from each of its nodes",
+        },
+        "n": ns,
+        "d": ds,
+    }
+
+
+def expert_fit(rec: _Records, dims: Dims, *, n_values: Sequence[int]) -> dict[str, Any]:
+    """The profile's expert-kernel fields from the experts' time of every layer of every
+    profiled pass and its union U (module docstring): Eq. (E.1) (dedup) and Eq. (4)
+    (per-slot, the same kernel's times), fitted on the fit n of
+    :func:`~specmoe.cost.ops_fit.held_out_split` and scored on the held-out n (ε: the median
+    relative error); β, r, ū by :func:`specmoe.bench.fit.bandwidths`; ``op_time`` [L][n]
+    (seconds) the fit at each layer's mean U and the measured median."""
+    from specmoe.bench import fit as F
+
+    ns = list(n_values)
+    m, b, L = dims.top_k, dims.expert_bytes, dims.layers
+    D, N, R = rec.shape
+    nn = np.broadcast_to(np.asarray(ns, float)[None, :, None, None], (D, N, R, L))
+    n_all, u_all = nn.ravel(), rec.union.ravel()
+    t_all = rec.experts.ravel() / 1e3  # s
+    if np.any(t_all <= 0):
+        raise InputError("a layer's experts' corrected time is not positive", argument="records")
+    fit_n, held_n = OF.held_out_split(ns)
+    fsel = np.isin(n_all, fit_n)
+    hsel = np.isin(n_all, held_n) if held_n else fsel
+    fits, eps = {}, {}
+    for kind in ("per_slot", "dedup"):
+        f = F.fit_time(kind, n_all[fsel], u_all[fsel], t_all[fsel], m=m, b=b)
+        fits[kind] = f
+        errs = F.relative_errors(f, n_all[hsel], u_all[hsel], t_all[hsel], m=m, b=b)
+        eps[kind] = float(min(np.median(errs), 0.999))
+    bw = F.bandwidths(ns, n_all, u_all, t_all, t_all, m=m, b=b)
+    op_time: dict[str, dict[str, list[list[float]]]] = {}
+    for kind, f in fits.items():
+        pred, meas = [], []
+        for li in range(L):
+            u_mean = rec.union[..., li].mean(axis=(0, 2))  # [N]
+            p = f.predict(np.asarray(ns, float), u_mean, m, b)
+            pred.append(np.maximum(p, 1e-12).tolist())
+            meas.append((np.median(rec.experts[..., li], axis=(0, 2)) / 1e3).tolist())
+        op_time[kind] = {"predicted": pred, "measured": meas}
+    return {
+        "n": ns,
+        "beta_slot": [v / 1e9 for v in bw["beta_slot"]],
+        "beta_dedup": [v / 1e9 for v in bw["beta_dedup"]],
+        "r": bw["r"],
+        "u_bar": bw["u_bar"],
+        "reread_cost": fits["per_slot"].reread_cost,
+        "epsilon": eps,
+        "crossover": None,
+        "fits": {k: dict(f.coef) for k, f in fits.items()},
+        "op_time": op_time,
+        "layers": list(range(L)),
+    }
+
+
+def benchmark_profile(
+    gguf: Any,
+    tokens: Sequence[int],
+    *,
+    n_values: Sequence[int],
+    depths: Sequence[int],
+    reps: int = 7,
+    warmup: int = 1,
+    kv_type: str = "f16",
+    ceiling: bool = True,
+    source: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> Any:
+    """The whole benchmark of one GGUF: a :class:`~specmoe.formats.profile.BandwidthProfile`
+    whose kernel fields are llama.cpp's MUL_MAT_ID fit and whose ``whole_pass`` is every other
+    operation's (module docstring)."""
+    from specmoe.bench.machine import last_level_cache_bytes, measure_ceiling
+    from specmoe.engines import llamacpp
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+    from specmoe.formats.profile import BandwidthProfile
+
+    t_start = time.perf_counter()
+    ns, ds = _ints("n_values", n_values, 1), _ints("depths", depths, 1)
+    notes = []
+    gbps, method = None, None
+    if ceiling:
+        c = measure_ceiling("cpu", clock="cpu", threads=[1])
+        gbps, method = float(c.gbps), c.method
+        notes.append(f"read ceiling {c.gbps:.2f} GB/s ({c.method})")
+    n_ctx = ds[-1] + ns[-1] + 16
+    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
+        rec, dims = time_llamacpp_operations(
+            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress
+        )
+    wp = summarize(rec, dims, n_values=ns, depths=ds)
+    exp = expert_fit(rec, dims, n_values=ns)
+    llc = last_level_cache_bytes("cpu")
+    weight_bytes = int(__import__("os").path.getsize(gguf))
+    launch = wp["launch_ms"]
+    notes += [
+        f"per-node launch overhead {launch['median'] * 1e3:.2f} us (10-90%: "
+        f"{launch['p10'] * 1e3:.2f}-{launch['p90'] * 1e3:.2f}), {launch['how']}",
+        "engine_overhead: the un-profiled decode of the same tokens minus the corrected sum "
+        "of every node of the profiled one (the graph build, held in the first node's time "
+        "too, the inputs, the logits' copy and argmax); embed is that first node",
+        "experts: llama.cpp's CPU MUL_MAT_ID groups rows by expert (deduplicating at every n); "
+        "fitted by Eq. (E.1) on the union of the same tokens' recorded experts; the per-slot "
+        "entries are the same kernel's times on the per-slot definitions (Eq. (4)), not a "
+        "kernel llama.cpp has: only dedup is scored",
+        f"weights {weight_bytes / 2**20:.1f} MiB, last-level cache "
+        f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}: timed as the engine runs "
+        "them (no flush)",
+    ]
+    wall = time.perf_counter() - t_start
+    wp.update(
+        model=dims.name, layers=dims.layers, dtype=dims.dtype, clock="cpu", cold=False,
+        notes=notes, weight_bytes=weight_bytes, llc_bytes=llc, reps=reps, warmup=warmup,
+        attention=f"llama.cpp's non-flash attention (K·Q, softmax, V·P) on a {kv_type} KV cache",
+        engine="llama.cpp", llama_cpp=llamacpp.VERSION, kv_type=kv_type, wall_s=wall,
+    )  # fmt: skip
+    impl = {
+        k: {"device": "cpu", "requested": "ggml", "ran": "ggml", "kernel": "dedup",
+            "fallback": None, "engine": "llama.cpp", "op": "MUL_MAT_ID",
+            "note": None if k == "dedup" else "the dedup kernel's times on the per-slot fit"}
+        for k in ("per_slot", "dedup")
+    }  # fmt: skip
+    return BandwidthProfile(
+        model=dims.spec_dict(str(gguf)),
+        device="cpu",
+        dtype=dims.dtype,
+        ceiling_gbps=gbps if gbps is not None else float("nan"),
+        n=exp["n"],
+        beta_slot=exp["beta_slot"],
+        beta_dedup=exp["beta_dedup"],
+        r=exp["r"],
+        u_bar=exp["u_bar"],
+        reread_cost=exp["reread_cost"],
+        epsilon=exp["epsilon"],
+        crossover=None,
+        fits=exp["fits"],
+        op_time=exp["op_time"],
+        layers=exp["layers"],
+        device_name=_cpu_name(),
+        implementations=impl,
+        source=dict(source or {}),
+        whole_pass=wp,
+        extra={"engine": "llama.cpp", "ceiling_method": method, "threads": 1, "clock": "cpu",
+               "expert_bytes": dims.expert_bytes, "wall_s": wall, "notes": notes[2:3]},
+    )  # fmt: skip
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
