@@ -45,6 +45,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -115,7 +116,7 @@ CONFIGS = {
     ),
     "llamacpp-lifted": Config(
         "llamacpp-lifted", "lifted", "OLMoE-1B-7B-0125-4L-bf16", (512, 2048), (8, 3), (3, 1, 24),
-        throughput_at=((2048, (1, 1, 16)),),
+        throughput_at=((2048, (2, 1, 16)),),
     ),
 }  # fmt: skip
 QUICK = {
@@ -188,6 +189,27 @@ def _gguf_record(path: Path) -> dict[str, Any]:
     return {"path": str(path), "bytes": path.stat().st_size, "sha256_first_64MiB": h.hexdigest()}
 
 
+def gguf_eps(path: Path) -> float | None:
+    """The RMSNorm epsilon stored in a GGUF file, read by llama.cpp's own gguf-py (the
+    vendored copy, in a subprocess); libllama's metadata text rounds it to six decimals.
+    None when the file has no such key or cannot be read."""
+    from specmoe.engines import llamacpp
+
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from gguf import GGUFReader;"
+        "f = GGUFReader(sys.argv[2]).fields.get(sys.argv[3]);"
+        "print('' if f is None else repr(float(f.contents())))"
+    )
+    src = llamacpp.cache_root() / "src" / "gguf-py"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(path), EPS_KEY], capture_output=True, text=True
+    )
+    try:
+        return float(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else None
+    except ValueError:
+        return None
+
+
 def _checkpoint_eps(model_dir: Path) -> float | None:
     try:
         return float(json.loads((model_dir / "config.json").read_text())["rms_norm_eps"])
@@ -205,19 +227,16 @@ def open_engine(cfg: Config, gguf: Path, *, lifted_model: Path | None) -> tuple[
     info: dict[str, Any] = {"gguf": _gguf_record(gguf), "threads": THREADS, "kv_type": KV_TYPE}
     info.update(n_ctx=N_CTX, clock=CLOCK, flash_attention=False, kernel="dedup")
     overrides: dict[str, float] = {}
-    engine = LlamaCppEngine(gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK)
-    raw = engine.meta(EPS_KEY)
-    file_eps = None if raw is None else float(raw)
+    file_eps = gguf_eps(gguf)
     info["rms_norm_eps_in_gguf"] = file_eps
     want = _checkpoint_eps(lifted_model) if cfg.gguf == "lifted" and lifted_model else None
     info["rms_norm_eps_of_checkpoint"] = want
     if want is not None and (file_eps is None or abs(file_eps - want) > 1e-3 * want):
-        engine.close()
-        overrides = {EPS_KEY: want}
-        engine = LlamaCppEngine(
-            gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK, overrides=overrides
-        )
+        overrides = {EPS_KEY: want}  # float32 in the file: equal to 1e-3 counts as the same
     info["overrides"] = overrides
+    engine = LlamaCppEngine(
+        gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK, overrides=overrides
+    )
     return PromptCache(engine), info
 
 

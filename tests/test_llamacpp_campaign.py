@@ -158,3 +158,9 @@ def test_the_runs_take_the_committed_plan_s_model_name(lc, tmp_path):
     assert name == spec.name and _same_model(spec, name)
     plan.write_text("{}")
     assert lc._plan_model(plan) is None and lc._plan_model(tmp_path / "none.json") is None
+
+
+def test_the_gguf_epsilon_is_the_stored_float(lc, gguf, tmp_path):
+    cfg = json.loads((ROOT / "specmoe" / "data" / "tiny_olmoe" / "config.json").read_text())
+    assert lc.gguf_eps(gguf) == pytest.approx(cfg["rms_norm_eps"], rel=1e-6)  # float32
+    assert lc.gguf_eps(tmp_path / "none.gguf") is None
