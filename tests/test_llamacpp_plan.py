@@ -284,3 +284,18 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
             proc.kill()
             proc.wait()
     assert "speculative" in log.read_text().lower() or "draft" in log.read_text().lower()
+
+
+def test_statistic_picks_the_profile_column(tmp_path, capsys):
+    data = json.loads(_profile(tmp_path / "v.json").read_text())
+    for r in data["verify"]["512"]:
+        r["min_ms"] = r["median_ms"] / 2
+    (tmp_path / "v.json").write_text(json.dumps(data))
+    out = tmp_path / "plan"
+    argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(tmp_path / "v.json")]
+    assert main([*argv, "--llamacpp-statistic", "min", "--out", str(out)]) == 0
+    capsys.readouterr()
+    s = json.loads((out / "plan.json").read_text())["engine"]["settings"]["llama.cpp"]
+    assert s["statistic"] == "min_ms"
+    assert s["tau_target_ms"] == pytest.approx([v / 2 for v in TARGET_MS])
+    assert s["step_ms"][1] == pytest.approx(TARGET_MS[1] / 2 + DRAFT_MS[1] + DRAFT_MS[0])

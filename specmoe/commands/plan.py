@@ -160,6 +160,13 @@ def add_arguments(parser) -> None:
         "draft-model passes); the speedup at each --acceptance, the best k and llama-server's "
         "flags (--target-model and --draft-model: the GGUF files; depth --context)",
     )
+    parser.add_argument(
+        "--llamacpp-statistic",
+        default="median",
+        choices=("median", "min", "mean"),
+        help="with --llamacpp-profile: which of llama-bench's statistics over repetitions is a "
+        "pass time (default median; min: the least disturbed on a shared machine)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -593,7 +600,8 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
         raise InputError(f"--k-max: must lie in 1..{MAX_K}, got {args.k_max}")
     acceptance = parse_acceptance(args.acceptance)
     try:
-        prof = load_llamacpp_profile(args.llamacpp_profile)
+        stat = f"{getattr(args, 'llamacpp_statistic', 'median') or 'median'}_ms"
+        prof = load_llamacpp_profile(args.llamacpp_profile, statistic=stat)
     except InputError as exc:
         raise exc.as_flag("--llamacpp-profile") from None
     notes = []
