@@ -1,0 +1,349 @@
+"""``specmoe plan --engine llama.cpp`` checked against llama-server's measured speedup.
+
+Needs ``make llama-cpp``. For the bundled target and the bundled draft model, both exported to
+GGUF at ``--outtype`` (bf16 by default):
+
+1. ``specmoe bench --engine llama.cpp --model T --draft-model D --depths D --reps R``: llama-bench's
+   pass times of both models at n = 1..9;
+2. ``specmoe plan --engine llama.cpp --llamacpp-profile ... --acceptance A``: the predicted
+   speedup S(a, k), the best k*(a) and llama-server's flags at k*;
+3. llama-server started with exactly the printed flags (plus ``--host/--port``, ``-c`` and
+   ``-np 1``) and ``--spec-synth-rates a,a^2,...,a^k`` (synthetic acceptance: each draft accepted
+   with probability a until the first rejection, :mod:`specmoe.engines.llamacpp_server`), at
+   k*(a) and at k* - 1 and k* + 1 (k >= 1), against a plain server (the plan's k = 0 flags):
+   ``--repeats`` greedy completions of ``--tokens`` tokens (``ignore_eos``) on each of
+   ``--num-prompts`` validation documents (Python standard-library source) cut to ``--depth``
+   tokens, plain and speculative alternating; each server holds the prompt in its cache first
+   (a one-token completion, not counted), so a completion's cost is its generation.
+
+The measured speedup (``--measure``): ``cpu``, the default, speculative over plain tokens per
+CPU second of the server (every thread's ``/proc`` schedstat time, ns): on a machine shared with
+other jobs a completion's wall time carries their time slices, its CPU time does not; ``wall``,
+the median over the alternating pairs of the server's own tokens/s (``predicted_per_second``).
+Both are recorded, and the plan from llama-bench's medians beside the plan from its fastest
+repetitions (``--statistic``, default min: the least disturbed).
+
+Beside each speedup it records what decomposes a miss: the server's tokens per round (against
+G_a(k)) and its time per round (CPU and wall, against the plan's V(k)), and the plain server's
+time per token against llama-bench's tau_T(1): what the server spends beyond llama-bench's passes. Writes
+``<out>/plan_check.json``.
+
+Usage: ``python scripts/llamacpp_plan_check.py [--out results/cpu/llamacpp] [--acceptance ...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from specmoe._io import atomic_write_json  # noqa: E402
+from specmoe.cli import main as specmoe  # noqa: E402
+from specmoe.cost import theory  # noqa: E402
+from specmoe.cost.llamacpp_plan import server_flags  # noqa: E402
+from specmoe.engines import llamacpp  # noqa: E402
+from specmoe.engines.llamacpp_server import synthetic_rates  # noqa: E402
+
+TOLERANCE = 0.10
+
+
+def _prompts(count: int, context: int) -> list[tuple[str, str]]:
+    """The first ``count`` validation documents with at least ``context`` tokens, cut to
+    ``context`` tokens of the bundled tokenizer and decoded back to text."""
+    from specmoe.data import corpus
+    from specmoe.engine.models import load_tokenizer
+
+    tok = load_tokenizer("bundled")
+    out = []
+    for name, text in corpus.documents("validation"):
+        ids = tok.encode(text, add_special_tokens=False)
+        if len(ids) >= context:
+            out.append((name, tok.decode(ids[:context])))
+        if len(out) == count:
+            return out
+    raise SystemExit(f"only {len(out)} validation documents have {context} tokens")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """llama-server with ``argv`` (the plan's flags) on a free port, for several completions."""
+
+    def __init__(self, argv: list[str], *, ctx: int) -> None:
+        self.port = _free_port()
+        self.cmd = [str(llamacpp.tool("llama-server")), *argv]
+        self.cmd += ["--host", "127.0.0.1", "--port", str(self.port), "-c", str(ctx), "-np", "1"]
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while True:
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.log.seek(0)
+                tail = " | ".join(self.log.read().strip().splitlines()[-3:])
+                self.close()
+                raise RuntimeError(f"llama-server did not start: {tail}")
+            try:
+                with urllib.request.urlopen(self._url("/health"), timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def cpu_ms(self) -> float:
+        """The server's CPU time so far, every thread (``/proc/<pid>/task/*/schedstat``, ns)."""
+        total = 0
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended
+        return total / 1e6
+
+    def complete(self, prompt: str, n_predict: int, *, cache: bool = True) -> dict[str, Any]:
+        """One greedy completion; with ``cache`` the prompt's cache from the previous request
+        is reused, so that a repeated prompt costs one token's pass."""
+        body = {
+            "prompt": prompt,
+            "n_predict": int(n_predict),
+            "temperature": 0,
+            "seed": 0,
+            "cache_prompt": bool(cache),
+            "ignore_eos": True,
+        }
+        c0 = self.cpu_ms()
+        req = urllib.request.Request(
+            self._url("/completion"),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=600) as r:
+            t = json.loads(r.read())["timings"]
+        cpu = self.cpu_ms() - c0
+        return {
+            "cpu_ms": cpu,
+            "prompt_n": int(t["prompt_n"]),
+            "predicted_n": int(t["predicted_n"]),
+            "predicted_ms": float(t["predicted_ms"]),
+            "tokens_per_s": float(t["predicted_per_second"]),
+            "draft_n": int(t.get("draft_n", 0)),
+            "draft_n_accepted": int(t.get("draft_n_accepted", 0)),
+        }
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "results" / "cpu" / "llamacpp"))
+    ap.add_argument("--outtype", default="bf16", choices=("bf16", "f32"))
+    ap.add_argument("--acceptance", default="0.5,0.7,0.9,0.98")
+    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=30, help="llama-bench repetitions")
+    ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="completions per prompt and server")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument(
+        "--statistic",
+        default="min",
+        choices=("min", "median"),
+        help="the plan's pass times: llama-bench's fastest repetition (min, the least disturbed "
+        "on a shared machine) or the median; the other plan is recorded beside it",
+    )
+    ap.add_argument(
+        "--measure",
+        default="cpu",
+        choices=("cpu", "wall"),
+        help="the measured speedup scored: tokens per CPU second of each server (cpu) or the "
+        "median over alternating pairs of the server's tokens/s (wall); both are recorded",
+    )
+    args = ap.parse_args(argv)
+    llamacpp.require_built()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, load0 = time.time(), os.getloadavg()
+    prompts = _prompts(args.num_prompts, args.depth)
+    ctx = 2 * (args.depth + args.tokens + args.k_max + 64)
+    with tempfile.TemporaryDirectory(prefix="specmoe-plan-check-") as tmp:
+        target, draft = Path(tmp) / f"target-{args.outtype}.gguf", Path(tmp) / "draft.gguf"
+        for model, path in [("bundled", target), ("bundled-draft", draft)]:
+            cmd = ["export", "--format", "gguf", "--model", model, "--out", str(path)]
+            assert specmoe([*cmd, "--outtype", args.outtype]) == 0
+        bench_argv = ["bench", "--engine", "llama.cpp", "--model", str(target)]
+        bench_argv += ["--draft-model", str(draft), "--depths", str(args.depth)]
+        bench_argv += ["--reps", str(args.reps), "--out", str(Path(tmp) / "bench")]
+        assert specmoe(bench_argv) == 0
+        profile_path = Path(tmp) / "bench" / "llamacpp_verify.json"
+        plan_argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(profile_path)]
+        plan_argv += ["--acceptance", args.acceptance, "--context", str(args.depth)]
+        plan_argv += ["--k-max", str(args.k_max), "--target-model", str(target)]
+        plan_argv += ["--draft-model", str(draft)]
+        plans = {}
+        for stat in ("min", "median"):
+            argv_s = [*plan_argv, "--llamacpp-statistic", stat, "--out", str(Path(tmp) / stat)]
+            assert specmoe(argv_s) == 0
+            plans[stat] = json.loads((Path(tmp) / stat / "plan.json").read_text())
+        plan = plans[args.statistic]
+        other = plans["median" if args.statistic == "min" else "min"]
+        so = other["engine"]["settings"]["llama.cpp"]
+        s = plan["engine"]["settings"]["llama.cpp"]
+        V = s["step_ms"]
+        tau_t, tau_d = s["tau_target_ms"], s["tau_draft_ms"]
+        k_max = s["k_max"]
+        # V(k) without the draft's re-evaluation of the target's batch, for comparison
+        V_noreeval = [tau_t[0]] + [tau_t[k] + k * tau_d[0] for k in range(1, k_max + 1)]
+        plain_argv = server_flags(k=0, target=str(target), draft=None, threads=s["threads"])
+        plain = Server(plain_argv, ctx=ctx)
+        results, plain_runs = [], []
+        try:
+            for p in s["plans"]:
+                a, k_best = p["acceptance"], p["draft_length"]
+                ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
+                for k in ks:
+                    flags = (
+                        p["command"][1:]
+                        if k == k_best
+                        else server_flags(
+                            k=k, target=str(target), draft=str(draft), threads=s["threads"]
+                        )
+                    )
+                    rates = ",".join(f"{r:.9g}" for r in synthetic_rates(a, k))
+                    spec = Server([*flags, "--spec-synth-rates", rates], ctx=ctx)
+                    pairs = []
+                    try:
+                        for name, text in prompts:
+                            # the prompt into each server's cache (not counted)
+                            plain.complete(text, 1)
+                            spec.complete(text, 1)
+                            for rep in range(args.repeats):
+                                tp = plain.complete(text, args.tokens)
+                                ts = spec.complete(text, args.tokens)
+                                plain_runs.append({"prompt": name, **tp})
+                                pairs.append({"prompt": name, "rep": rep, "plain": tp, "spec": ts})
+                    finally:
+                        spec.close()
+                    speedups = [
+                        q["spec"]["tokens_per_s"] / q["plain"]["tokens_per_s"] for q in pairs
+                    ]
+                    paired = float(np.median(speedups))
+                    cpu_spec = sum(q["spec"]["cpu_ms"] for q in pairs)
+                    cpu_plain = sum(q["plain"]["cpu_ms"] for q in pairs)
+                    n_spec = sum(q["spec"]["predicted_n"] for q in pairs)
+                    n_plain = sum(q["plain"]["predicted_n"] for q in pairs)
+                    cpu_speedup = (n_spec / cpu_spec) / (n_plain / cpu_plain)
+                    measured = cpu_speedup if args.measure == "cpu" else paired
+                    predicted = float(p["speedup_by_k"][k])
+                    p_other = next(x for x in so["plans"] if x["acceptance"] == a)
+                    drafted = sum(q["spec"]["draft_n"] for q in pairs)
+                    accepted = sum(q["spec"]["draft_n_accepted"] for q in pairs)
+                    rounds = drafted / k
+                    emitted = sum(q["spec"]["predicted_n"] for q in pairs)
+                    spec_ms = sum(q["spec"]["predicted_ms"] for q in pairs)
+                    plain_ms = sum(q["plain"]["predicted_ms"] for q in pairs)
+                    plain_n = sum(q["plain"]["predicted_n"] for q in pairs)
+                    row = {
+                        "acceptance": a,
+                        "k": k,
+                        "is_plan_k": k == k_best,
+                        "predicted_speedup": predicted,
+                        "predicted_speedup_without_reeval": float(theory.speedup(V_noreeval, a, k)),
+                        "measured_speedup": measured,
+                        "measured_speedup_cpu": cpu_speedup,
+                        "measured_speedup_wall_paired_median": paired,
+                        "measured_speedups": speedups,
+                        "predicted_speedup_other_statistic": float(p_other["speedup_by_k"][k]),
+                        "plan_k_other_statistic": p_other["draft_length"],
+                        "relative_error": predicted / measured - 1,
+                        "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
+                        "server_flags": [*flags, "--spec-synth-rates", rates],
+                        "acceptance_measured": accepted / drafted if drafted else None,
+                        "tokens_per_round_measured": emitted / rounds if rounds else None,
+                        "tokens_per_round_G": float(theory.expected_tokens(a, k)),
+                        "ms_per_round_measured": spec_ms / rounds if rounds else None,
+                        "cpu_ms_per_round": cpu_spec / rounds if rounds else None,
+                        "plain_cpu_ms_per_token": cpu_plain / n_plain,
+                        "ms_per_round_V": V[k],
+                        "plain_ms_per_token_measured": plain_ms / plain_n,
+                        "plain_ms_per_token_V0": V[0],
+                        "pairs": pairs,
+                    }
+                    results.append(row)
+                    print(
+                        f"a={a:g} k={k}{'*' if k == k_best else ' '} predicted "
+                        f"{predicted:.3f} measured {measured:.3f} (wall paired median {paired:.3f}) "
+                        f"({row['relative_error']:+.1%}); round {row['ms_per_round_measured']:.3f}"
+                        f" ms (cpu {row['cpu_ms_per_round']:.3f}) vs V {V[k]:.3f}; plain cpu "
+                        f"{row['plain_cpu_ms_per_token']:.3f} vs V0 {V[0]:.3f}; tokens/round {row['tokens_per_round_measured']:.2f}"
+                        f" vs G {row['tokens_per_round_G']:.2f}",
+                        file=sys.stderr,
+                    )
+        finally:
+            plain.close()
+        profile = json.loads(profile_path.read_text())
+        shown_plan = json.loads(json.dumps(plan).replace(tmp, "<tmp>"))
+    atomic_write_json(
+        out / "plan_check.json",
+        {
+            "llama_cpp": llamacpp.VERSION,
+            "command": "python scripts/llamacpp_plan_check.py " + " ".join(argv or sys.argv[1:]),
+            "weights": args.outtype,
+            "depth": args.depth,
+            "tokens": args.tokens,
+            "prompts": [name for name, _ in prompts],
+            "repeats": args.repeats,
+            "tolerance": TOLERANCE,
+            "bench": {
+                "command": "specmoe " + " ".join(bench_argv).replace(tmp, "<tmp>"),
+                "profile": json.loads(json.dumps(profile).replace(tmp, "<tmp>")),
+            },
+            "statistic": args.statistic,
+            "measure": args.measure,
+            "plan": {
+                "command": "specmoe "
+                + " ".join(plan_argv).replace(tmp, "<tmp>")
+                + f" --llamacpp-statistic {args.statistic}",
+                "plan": shown_plan,
+                "plan_other_statistic": json.loads(json.dumps(other).replace(tmp, "<tmp>")),
+            },
+            "plain_runs": plain_runs,
+            "results": results,
+            "load_before": load0,
+            "load_after": os.getloadavg(),
+            "wall_s": time.time() - t0,
+        },
+    )
+    print(f"wrote {out / 'plan_check.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
