@@ -20,10 +20,11 @@ prints one JSON record (stdout) with, for n = 1..9 on recorded windows:
   the recorded windows of each n.
 
 ``ggml`` in ``--kernels`` needs the llama.cpp build (``make llama-cpp``); it runs float32 and
-bfloat16 weights in place. ``--dtype q8_0`` times ggml alone (specmoe's kernels have no q8_0
-path): its FFN on the same recorded windows, weights in ggml's q8_0 layout (34 bytes per 32
-weights) from a rotating pool, with the read ceiling timed in the same rotation, each n against
-max(U·b / ceiling, flops / the float32 matmul peak).
+bfloat16 weights in place. ``--dtype q8_0`` times ggml alone (specmoe's q8_0 kernels are timed
+beside bf16 and ggml by ``benchmarks/kernel_q8.py``): its FFN on the same recorded windows,
+weights in ggml's q8_0 layout (34 bytes per 32 weights) from a rotating pool, with the read
+ceiling timed in the same rotation, each n against max(U·b / ceiling, flops / the float32
+matmul peak).
 
 Recorded windows come from ``--trace`` or the bundled fit trace; without either, from a sticky
 synthetic trace (each expert kept by the next token with probability ``--keep``, 0.363 = ρ(2)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if kernels != ["ggml"]:
             print(
                 "kernel_roofline.py: --dtype q8_0: only --kernels ggml has a q8_0 path "
-                "(specmoe's kernels have none)",
+                "(specmoe's q8_0 kernels: benchmarks/kernel_q8.py)",
                 file=sys.stderr,
             )
             return 2
@@ -274,7 +275,7 @@ def _ggml_q8(a: argparse.Namespace, spec) -> dict:
         "model": spec.name,
         "dtype": "q8_0",
         "kernels": ["ggml"],
-        "note": "specmoe's per_slot and dedup kernels have no q8_0 path: ggml alone",
+        "note": "ggml alone; specmoe's q8_0 per_slot and dedup: benchmarks/kernel_q8.py",
         "clock": clock,
         "threads": threads,
         "trace": label,

@@ -270,3 +270,24 @@ def test_bad_inputs_are_one_line_input_errors():
     if cpu.c_available():
         with pytest.raises(InputError, match=r"^ids: expert id 4 outside \[0, 4\)"):
             cpu.dedup(x, qgu, qd, torch.full_like(ids, 4), w)
+
+
+def _kernel_q8_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_q8.py"
+    spec = importlib.util.spec_from_file_location("kernel_q8", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [(["--n", "0"], "--n"), (["--n", "a,b"], "--n"), (["--threads", "2"], "--threads")],
+)
+def test_kernel_q8_benchmark_bad_input_is_one_line_exit_2(argv, flag, capsys):
+    assert _kernel_q8_script().main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"kernel_q8.py: {flag}:") and "\n" not in err

@@ -332,7 +332,9 @@ static void sm_rows_q8_portable(const uint8_t *w, size_t ldw, int r0, int r1,
 
 #if SM_AVX2
 #ifndef SM_Q8_PF
-#define SM_Q8_PF 1   /* prefetch the next block's rows, one line per row per 32 weights */
+#define SM_Q8_PF 2   /* prefetch the rows 2 row blocks ahead, one line per row per 32 weights
+                        (without it about 1.5x slower; 1-6 blocks ahead within the noise of
+                        a loaded machine: results/cpu/kernels/q8_0.md) */
 #endif
 /* A register block: RB q8_0 rows by TB tokens, 8-lane fp32 accumulators; per 32-weight block
    each row's scale is broadcast and its 4 vectors of 8 weights dequantised once for all TB
@@ -342,7 +344,7 @@ static inline __attribute__((always_inline)) void sm_q8block_##RB##x##TB(       
         const uint8_t *w, size_t ldw, const float *const *xp, int cols, float *out,         \
         size_t ldo) {                                                                       \
     __m256 acc[RB][TB];                                                                     \
-    const uint8_t *pf = w + (size_t)RB * ldw;                                               \
+    const uint8_t *pf = w + (size_t)SM_Q8_PF * RB * ldw;                                    \
     int nb = cols / 32;                                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
     for (int b = 0; b < nb; b++) {                                                          \
@@ -415,7 +417,7 @@ static inline __attribute__((always_inline)) void sm_q8iblock_##RB##x##TB(      
         const uint8_t *w, size_t ldw, const int16_t *const *xq, const float *const *xs,     \
         int cols, float *out, size_t ldo) {                                                 \
     __m256 acc[RB][TB];                                                                     \
-    const uint8_t *pf = w + (size_t)RB * ldw;                                               \
+    const uint8_t *pf = w + (size_t)SM_Q8_PF * RB * ldw;                                    \
     int nb = cols / 32;                                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
     for (int b = 0; b < nb; b++) {                                                          \
