@@ -30,6 +30,8 @@ predict() {  # name, GGUF, reps, plan --model
   $SPECMOE plan --model "$spec" --trace "$VAL" --bandwidth "$out/profile.json" --context 512 \
     --out "$out/plan"
   cp "$out/plan/plan.json" "$out/plan.json"
+  # the cache's paths under the home directory written as ~ (as the other results do)
+  grep -rl "$HOME/" "$out" | xargs -r sed -i "s#$HOME/#~/#g"
 }
 
 for name in ${@:-llamacpp-bundled llamacpp-lifted}; do
