@@ -299,3 +299,27 @@ def test_statistic_picks_the_profile_column(tmp_path, capsys):
     assert s["statistic"] == "min_ms"
     assert s["tau_target_ms"] == pytest.approx([v / 2 for v in TARGET_MS])
     assert s["step_ms"][1] == pytest.approx(TARGET_MS[1] / 2 + DRAFT_MS[1] + DRAFT_MS[0])
+
+
+def test_overhead_adds_to_plain_and_rounds(tmp_path, capsys):
+    path = _profile(tmp_path / "v.json")
+    out = tmp_path / "plan"
+    argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path)]
+    assert main([*argv, "--llamacpp-overhead", "0.25,1.5", "--out", str(out)]) == 0
+    capsys.readouterr()
+    s = json.loads((out / "plan.json").read_text())["engine"]["settings"]["llama.cpp"]
+    V = s["step_ms"]
+    assert V[0] == pytest.approx(TARGET_MS[0] + 0.25)
+    assert V[2] == pytest.approx(TARGET_MS[2] + DRAFT_MS[2] + 2 * DRAFT_MS[0] + 1.5)
+    a = s["plans"][-1]["acceptance"]
+    g = (1 - a**3) / (1 - a)
+    assert s["plans"][-1]["speedup_by_k"][2] == pytest.approx(g * V[0] / V[2])
+    out3 = tmp_path / "plan3"
+    assert main([*argv, "--llamacpp-overhead", "0.25,1.5,0.5", "--out", str(out3)]) == 0
+    capsys.readouterr()
+    s3 = json.loads((out3 / "plan.json").read_text())["engine"]["settings"]["llama.cpp"]
+    assert s3["step_ms"][2] == pytest.approx(V[2] + 2 * 0.5)
+    for bad in ("1", "a,b", "1,-2", "1,2,3,4", "nan,1"):
+        rc = main([*argv, "--llamacpp-overhead", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "--llamacpp-overhead" in err[0]

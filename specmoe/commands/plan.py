@@ -167,6 +167,14 @@ def add_arguments(parser) -> None:
         help="with --llamacpp-profile: which of llama-bench's statistics over repetitions is a "
         "pass time (default median; min: the least disturbed on a shared machine)",
     )
+    parser.add_argument(
+        "--llamacpp-overhead",
+        default=None,
+        metavar="PLAIN_MS,ROUND_MS[,TOKEN_MS]",
+        help="with --llamacpp-profile: the server's measured time beyond llama-bench's passes, "
+        "ms per plain token, per speculative round and (optional) per drafted token, added to "
+        "V(0) and to V(k >= 1) as ROUND + k TOKEN (default none: llama-bench's passes alone)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -604,6 +612,18 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
         prof = load_llamacpp_profile(args.llamacpp_profile, statistic=stat)
     except InputError as exc:
         raise exc.as_flag("--llamacpp-profile") from None
+    overhead: tuple[float, ...] = (0.0, 0.0)
+    if getattr(args, "llamacpp_overhead", None) is not None:
+        parts = str(args.llamacpp_overhead).split(",")
+        try:
+            overhead = tuple(float(x) for x in parts)
+            if len(parts) not in (2, 3) or not all(np.isfinite(x) and x >= 0 for x in overhead):
+                raise ValueError
+        except (ValueError, IndexError):
+            raise InputError(
+                f"--llamacpp-overhead: {args.llamacpp_overhead!r} is not two or three non-negative "
+                "ms 'PLAIN_MS,ROUND_MS[,TOKEN_MS]'"
+            ) from None
     notes = []
     top = min(len(prof.target.get(args.context, [0])), len(prof.draft.get(args.context, [0])))
     k_max = args.k_max
@@ -629,6 +649,7 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
             k_max=k_max,
             target_model=target,
             draft_model=draft,
+            overhead=overhead,
         )
     except InputError as exc:
         flag = {"depth": "--context", "k_max": "--k-max"}.get(exc.argument or "")
@@ -655,6 +676,11 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
         _row("target tau_T(k+1) ms", s["step_parts_ms"]["target"]),
         _row("draft k tau_D(1) ms", s["step_parts_ms"]["draft_tokens"]),
         _row("draft tau_D(k+1) ms", s["step_parts_ms"]["draft_reeval"]),
+        *(
+            [_row("server overhead ms", s["step_parts_ms"]["overhead"])]
+            if any(s["step_parts_ms"].get("overhead", []))
+            else []
+        ),
         _row("step V(k) ms", s["step_ms"]),
         _row("step points a_j", [None, *s["step_points"]], "{:8.4f}"),
         "",

@@ -12,8 +12,9 @@ the draft model drafting its k tokens one at a time (``draft`` of ``draft-simple
 ``common/speculative.cpp``: a one-token pass on the last token, then one per draft but the last)
 and the draft model re-evaluating the target's batch (``common_speculative_process`` after every
 target decode in ``tools/server/server-context.cpp``, "always re-evaluate for simplicity").
-No other per-round time (sampling, HTTP, the server's bookkeeping) is in V(k): llama-bench does
-not time it. The speedup at acceptance a is Eq. (9) of paper 002,
+No other per-round time (sampling, the server's bookkeeping) is in V(k) unless given: llama-bench
+does not time it; ``overhead`` adds what was measured on the server, o_plain per plain token
+to V(0) and o_round + k o_token per speculative round to V(k >= 1). The speedup at acceptance a is Eq. (9) of paper 002,
 
     S(a, k) = G_a(k) V(0) / V(k),   G_a(k) = (1 - a^(k+1)) / (1 - a),
 
@@ -142,11 +143,25 @@ def load_llamacpp_profile(
 
 
 def step_times(
-    profile: LlamaCppProfile, depth: int, k_max: int, *, reevaluate: bool = True
+    profile: LlamaCppProfile,
+    depth: int,
+    k_max: int,
+    *,
+    reevaluate: bool = True,
+    overhead: tuple[float, ...] = (0.0, 0.0),
 ) -> tuple[list[float], dict[str, list[float]]]:
     """V(0..k_max) in ms at ``depth`` (module docstring) and its parts: ``target`` tau_T(k+1),
     ``draft_tokens`` k tau_D(1), ``draft_reeval`` tau_D(k+1) (0 at k = 0, and everywhere
-    without ``reevaluate``)."""
+    without ``reevaluate``) and ``overhead``: the server's time beyond llama-bench's passes,
+    ``overhead[0]`` ms per plain token (k = 0), ``overhead[1]`` ms per speculative round
+    (k >= 1) and ``overhead[2]`` (optional) ms per drafted token, as measured on the server
+    (default none): o(k) = overhead[1] + k overhead[2]."""
+    vals = [float(x) for x in overhead]
+    if len(vals) not in (2, 3) or not all(math.isfinite(x) and x >= 0 for x in vals):
+        raise InputError(
+            f"must be two or three non-negative ms, got {overhead!r}", argument="overhead"
+        )
+    o_plain, o_round, o_token = (*vals, 0.0)[:3]
     if depth not in profile.target:
         have = ", ".join(map(str, profile.depths()))
         raise InputError(f"{profile.path} has no passes at depth {depth} (it has {have})",
@@ -169,6 +184,7 @@ def step_times(
         "target": [tt[k] for k in range(k_max + 1)],
         "draft_tokens": [k * td[0] for k in range(k_max + 1)],
         "draft_reeval": [td[k] if (k and reevaluate) else 0.0 for k in range(k_max + 1)],
+        "overhead": [o_round + k * o_token if k else o_plain for k in range(k_max + 1)],
     }
     V = [sum(p[k] for p in parts.values()) for k in range(k_max + 1)]
     return V, parts
@@ -196,11 +212,12 @@ def llamacpp_plan(
     k_max: int,
     target_model: str,
     draft_model: str | None,
+    overhead: tuple[float, ...] = (0.0, 0.0),
 ) -> dict[str, Any]:
     """The plan (plan.json's ``engine.settings["llama.cpp"]``): V(k), the staircase k*(a)
     (:func:`specmoe.cost.theory.staircase`), and per acceptance a: S(a, k) at every k, k*(a),
     its speedup and llama-server's command line at k*(a)."""
-    V, parts = step_times(profile, depth, k_max)
+    V, parts = step_times(profile, depth, k_max, overhead=overhead)
     stairs = theory.staircase(V)
     rows = []
     for a in acceptance:
@@ -237,7 +254,12 @@ def llamacpp_plan(
         "tau_draft_ms": profile.draft[depth],
         "step_points": stairs.step_points,
         "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
-        "model": "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1), V(0) = tau_T(1); "
-        "S(a, k) = G_a(k) V(0) / V(k) (paper 002 Eq. (9)); no per-round server overhead",
+        "model": "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1) + o_round + k o_token, V(0) = "
+        "tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / V(k) (paper 002 Eq. (9))",
+        "overhead_ms": {
+            "plain_token": float(overhead[0]),
+            "round": float(overhead[1]),
+            "drafted_token": float(overhead[2]) if len(overhead) > 2 else 0.0,
+        },
         "plans": rows,
     }
