@@ -23,6 +23,11 @@ the median over the alternating pairs of the server's own tokens/s (``predicted_
 Both are recorded, and the plan from llama-bench's medians beside the plan from its fastest
 repetitions (``--statistic``, default min: the least disturbed).
 
+Before the checked cells, a calibration measures the server's time beyond llama-bench's passes
+(CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1 and k = 4 with
+acceptance 0.3, not a checked value: a line o_round + k o_token); a second plan adds it
+(``--llamacpp-overhead``) and is scored beside the first.
+
 Beside each speedup it records what decomposes a miss: the server's tokens per round (against
 G_a(k)) and its time per round (CPU and wall, against the plan's V(k)), and the plain server's
 time per token against llama-bench's tau_T(1): what the server spends beyond llama-bench's passes. Writes
@@ -161,6 +166,50 @@ class Server:
         self.log.close()
 
 
+CALIBRATION_ACCEPTANCE = 0.3  # not one of the checked acceptances
+CALIBRATION_K = (1, 4)
+
+
+def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
+    """The server's time beyond llama-bench's passes, measured before and apart from the
+    checked cells: plain CPU ms per token minus V(0), and CPU ms per round of servers at
+    k = 1 and k = 4 with synthetic acceptance 0.3 minus V(k) (the plan without overhead),
+    the line o(k) = o_round + k o_token through those two points."""
+    V = s["step_ms"]
+    runs_p, per_k = [], {}
+    for k in CALIBRATION_K:
+        flags = server_flags(k=k, target=str(target), draft=str(draft), threads=s["threads"])
+        rates = ",".join(f"{r:.9g}" for r in synthetic_rates(CALIBRATION_ACCEPTANCE, k))
+        spec = Server([*flags, "--spec-synth-rates", rates], ctx=ctx)
+        runs_s = []
+        try:
+            for _, text in prompts:
+                plain.complete(text, 1)
+                spec.complete(text, 1)
+                runs_p.append(plain.complete(text, args.tokens))
+                runs_s.append(spec.complete(text, args.tokens))
+        finally:
+            spec.close()
+        rounds = sum(r["draft_n"] for r in runs_s) / k
+        cpu_round = sum(r["cpu_ms"] for r in runs_s) / rounds
+        per_k[k] = {"cpu_ms_per_round": cpu_round, "V_ms": V[k], "excess_ms": cpu_round - V[k],
+                    "runs": runs_s}  # fmt: skip
+    plain_ms = sum(r["cpu_ms"] for r in runs_p) / sum(r["predicted_n"] for r in runs_p)
+    (k1, e1), (k2, e2) = ((k, per_k[k]["excess_ms"]) for k in CALIBRATION_K)
+    o_token = max(0.0, (e2 - e1) / (k2 - k1))
+    o_round = max(0.0, e1 - k1 * o_token)
+    return {
+        "acceptance": CALIBRATION_ACCEPTANCE,
+        "plain_cpu_ms_per_token": plain_ms,
+        "V0_ms": V[0],
+        "by_k": {str(k): v for k, v in per_k.items()},
+        "overhead_plain_ms": max(0.0, plain_ms - V[0]),
+        "overhead_round_ms": o_round,
+        "overhead_token_ms": o_token,
+        "plain_runs": runs_p,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "cpu" / "llamacpp"))
@@ -225,6 +274,13 @@ def main(argv: list[str] | None = None) -> int:
         plain = Server(plain_argv, ctx=ctx)
         results, plain_runs = [], []
         try:
+            calibration = _calibrate(plain, s, target, draft, prompts, args, ctx)
+            over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
+            argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
+            argv_o += ["--llamacpp-overhead", ",".join(f"{x:.6f}" for x in over)]
+            assert specmoe([*argv_o, "--out", str(Path(tmp) / "overhead")]) == 0
+            plan_o = json.loads((Path(tmp) / "overhead" / "plan.json").read_text())
+            s_o = plan_o["engine"]["settings"]["llama.cpp"]
             for p in s["plans"]:
                 a, k_best = p["acceptance"], p["draft_length"]
                 ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
@@ -282,6 +338,13 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_speedups": speedups,
                         "predicted_speedup_other_statistic": float(p_other["speedup_by_k"][k]),
                         "plan_k_other_statistic": p_other["draft_length"],
+                        "predicted_speedup_with_overhead": (
+                            po := next(x for x in s_o["plans"] if x["acceptance"] == a)
+                        )["speedup_by_k"][k],
+                        "plan_k_with_overhead": po["draft_length"],
+                        "relative_error_with_overhead": po["speedup_by_k"][k] / measured - 1,
+                        "within_10pct_with_overhead": abs(po["speedup_by_k"][k] / measured - 1)
+                        <= TOLERANCE,
                         "relative_error": predicted / measured - 1,
                         "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
                         "server_flags": [*flags, "--spec-synth-rates", rates],
@@ -299,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(row)
                     print(
                         f"a={a:g} k={k}{'*' if k == k_best else ' '} predicted "
-                        f"{predicted:.3f} measured {measured:.3f} (wall paired median {paired:.3f}) "
+                        f"{predicted:.3f} (with overhead {row['predicted_speedup_with_overhead']:.3f}) "
+                        f"measured {measured:.3f} (wall paired median {paired:.3f}) "
                         f"({row['relative_error']:+.1%}); round {row['ms_per_round_measured']:.3f}"
                         f" ms (cpu {row['cpu_ms_per_round']:.3f}) vs V {V[k]:.3f}; plain cpu "
                         f"{row['plain_cpu_ms_per_token']:.3f} vs V0 {V[0]:.3f}; tokens/round {row['tokens_per_round_measured']:.2f}"
@@ -333,9 +397,12 @@ def main(argv: list[str] | None = None) -> int:
                 + f" --llamacpp-statistic {args.statistic}",
                 "plan": shown_plan,
                 "plan_other_statistic": json.loads(json.dumps(other).replace(tmp, "<tmp>")),
+                "plan_with_overhead": json.loads(json.dumps(plan_o).replace(tmp, "<tmp>")),
+                "plan_with_overhead_command": "specmoe " + " ".join(argv_o).replace(tmp, "<tmp>"),
             },
+            "calibration": calibration,
             "plain_runs": plain_runs,
-            "results": results,
+            "results": json.loads(json.dumps(results).replace(tmp, "<tmp>")),
             "load_before": load0,
             "load_after": os.getloadavg(),
             "wall_s": time.time() - t0,
