@@ -222,11 +222,27 @@ _RUN_UNSUPPORTED = {
 def _check_run(args: argparse.Namespace) -> None:
     from specmoe.commands._common import check_int
 
-    if args.drafter != "draft-model":
+    if args.drafter not in ("draft-model", "ngram"):
         raise InputError(
             f"--drafter {args.drafter!r}: --engine llama.cpp runs --drafter draft-model "
-            "(llama.cpp's draft-simple with the draft model)"
+            "(llama.cpp's draft-simple with the draft model) or ngram (its n-gram lookup)"
         )
+    if args.drafter == "ngram":
+        from specmoe.engines.llamacpp_ngram import SPEC_TYPES
+
+        if args.draft_model is not None:
+            raise InputError(
+                "--draft-model applies to --drafter draft-model only (--drafter ngram drafts "
+                "from the generation's own tokens)"
+            )
+        spec_type = args.spec_type or "ngram-simple"
+        if spec_type not in SPEC_TYPES:
+            raise InputError(f"--spec-type {spec_type!r}: choose from {', '.join(SPEC_TYPES)}")
+        if args.ngram_size_n is not None:
+            check_int(args.ngram_size_n, "--ngram-size-n", low=1, high=1024)
+    elif args.spec_type not in (None, "draft-simple") or args.ngram_size_n is not None:
+        flag = "--spec-type" if args.spec_type not in (None, "draft-simple") else "--ngram-size-n"
+        raise InputError(f"{flag} applies to --drafter ngram only (draft-model: draft-simple)")
     for dest, flag in _RUN_UNSUPPORTED.items():
         if getattr(args, dest, None) not in (None, False):
             raise InputError(f"{flag} does not apply to --engine llama.cpp")
@@ -256,14 +272,17 @@ def _prompt_texts(args: argparse.Namespace, tokenizer: object) -> list[tuple[str
 
 
 def run_spec(args: argparse.Namespace) -> int:
-    """``specmoe run --engine llama.cpp``: llama-speculative-simple with the draft model at
+    """``specmoe run --engine llama.cpp``: llama-speculative-simple with the draft model
+    (``--drafter draft-model``) or an n-gram lookup of the generation's own tokens (``--drafter
+    ngram``, ``--spec-type`` ngram-simple by default, :mod:`specmoe.engines.llamacpp_ngram`) at
     each k of --k (k = 0: plain decoding timed by llama-bench), each prompt and repetition.
 
     Each generation runs twice: at llama.cpp's default verbosity for its throughput, and with
     the debug log that gives its rounds (which slows it) for the round log
     ``rounds/<run id>/part-*.parquet``, routing replayed in specmoe's engine. ``summary.json``
     holds the throughputs, ``run.json`` the options and grid. A folder holding a run is
-    refused unless --overwrite."""
+    refused unless --overwrite. n-gram runs keep the generated text in each run's row; their
+    round logs are written for ngram-simple only (the other types' logs name no drafts)."""
     import numpy as np
 
     from specmoe._io import atomic_write_json, dumps_json, out_lock
@@ -276,14 +295,27 @@ def run_spec(args: argparse.Namespace) -> int:
     _check_run(args)
     check_seed(args.seed)
     ks = parse_k(args.k)
+    ngram = args.drafter == "ngram"
+    spec_type = (args.spec_type or "ngram-simple") if ngram else "draft-simple"
+    size_n = args.ngram_size_n or 1
+    if ngram:
+        from specmoe.engines.llamacpp_ngram import (
+            ROUND_LOG_TYPES,
+            ngram_flags,
+            run_ngram,
+            timed_rounds,
+        )
+
+        for k in ks:  # the flags' checks (k against ngram-cache's 8, size-n against k) first
+            if k > 0:
+                ngram_flags(spec_type, k=k, size_n=size_n)
     out = check_out_dir(args.out) if args.out else None
     model_dir = resolve_model_dir(args.model)
-    if args.draft_model is not None:
-        draft_dir = resolve_model_dir(args.draft_model)
-    else:
+    draft_dir = None
+    if not ngram:
         from specmoe.data import corpus
 
-        draft_dir = resolve_model_dir(corpus.bundled_draft_dir())
+        draft_dir = resolve_model_dir(args.draft_model or corpus.bundled_draft_dir())
     if out is not None and holds_work(out) and not args.overwrite:
         raise InputError(f"--out {out}: holds a run's work; --overwrite starts the folder anew")
     llamacpp.require_built()
@@ -294,15 +326,28 @@ def run_spec(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(model_dir)
         prompts = _prompt_texts(args, tokenizer)
         model = load_model(model_dir)
-        print("run: exporting the target and the draft to GGUF (bf16)", file=sys.stderr)
+        what = "the target" if ngram else "the target and the draft"
+        print(f"run: exporting {what} to GGUF (bf16)", file=sys.stderr)
         target = llamacpp.export_gguf(model_dir, Path(tmp) / "target.gguf", outtype="bf16")
-        draft = llamacpp.export_gguf(draft_dir, Path(tmp) / "draft.gguf", outtype="bf16")
+        draft = None
+        if not ngram:
+            draft = llamacpp.export_gguf(draft_dir, Path(tmp) / "draft.gguf", outtype="bf16")
+        # round logs where llama.cpp's log names the drafts (n-gram: ngram-simple only)
+        log_rounds = out is not None and (not ngram or spec_type in ROUND_LOG_TYPES)
+        if out is not None and not log_rounds:
+            print(
+                f"run: no round logs for {spec_type}: llama.cpp's debug log does not name its "
+                "drafted tokens (summary.json only)",
+                file=sys.stderr,
+            )
         options = {
             "engine": "llama.cpp",
             "llama_cpp": llamacpp.VERSION,
             "model": str(args.model),
-            "draft_model": str(draft_dir),
-            "drafter": "draft-model",
+            "draft_model": None if draft_dir is None else str(draft_dir),
+            "drafter": args.drafter,
+            "spec_type": spec_type,
+            **({"ngram_size_n": size_n} if ngram else {}),
             "dtype": "bf16",
             "context": args.context,
             "tokens": args.tokens,
@@ -323,17 +368,23 @@ def run_spec(args: argparse.Namespace) -> int:
                             )
                         continue
                     rid = run_id(
-                        engine="llama.cpp", model=args.model, drafter="draft-model", k=k, rep=rep
+                        engine="llama.cpp", model=args.model, drafter=args.drafter, k=k, rep=rep
                     )
-                    fast = llamacpp.run_speculative(
-                        target,
-                        draft,
-                        text,
-                        k=k,
-                        n_predict=args.tokens,
-                        threads=threads,
-                        rounds=False,
-                    )
+                    if ngram:
+                        fast = run_ngram(
+                            target, text, k=k, n_predict=args.tokens, spec_type=spec_type,
+                            size_n=size_n, threads=threads,
+                        )  # fmt: skip
+                    else:
+                        fast = llamacpp.run_speculative(
+                            target,
+                            draft,
+                            text,
+                            k=k,
+                            n_predict=args.tokens,
+                            threads=threads,
+                            rounds=False,
+                        )
                     row = {
                         "run_id": rid,
                         "prompt": name,
@@ -343,21 +394,32 @@ def run_spec(args: argparse.Namespace) -> int:
                         "n_predict": fast.n_predict,
                         "n_accept": fast.n_accept,
                         "n_drafted": fast.n_drafted,
+                        **({"text": fast.text} if ngram else {}),
                     }
-                    if out is not None:
-                        logged = llamacpp.run_speculative(
-                            target, draft, text, k=k, n_predict=args.tokens, threads=threads
-                        )
+                    if log_rounds:
+                        prompt_ids = llamacpp.tokenize(target, text)
+                        if ngram:
+                            logged = run_ngram(
+                                target, text, k=k, n_predict=args.tokens, spec_type=spec_type,
+                                size_n=size_n, threads=threads, prompt_ids=prompt_ids,
+                            )  # fmt: skip
+                            logged, prompt_ids = timed_rounds(logged, prompt_ids)
+                        else:
+                            logged = llamacpp.run_speculative(
+                                target, draft, text, k=k, n_predict=args.tokens, threads=threads
+                            )
                         llamacpp.write_round_log(
                             logged,
                             out / "rounds" / rid.replace("/", "_"),
                             model=model,
-                            prompt_ids=llamacpp.tokenize(target, text),
+                            prompt_ids=prompt_ids,
                             run_id=rid,
                             prompt_id=name,
                             budget=k,
+                            drafter=spec_type,
                         )
                         row["logged_rounds"] = len(logged.rounds)
+                        row["logged_tokens"] = logged.n_predict
                     rows.append(row)
                     print(
                         f"run: k={k} {name} rep {rep}: {fast.tokens_per_s:.0f} tok/s, "

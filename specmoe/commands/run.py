@@ -126,8 +126,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine",
         default="specmoe",
         choices=("specmoe", "llama.cpp"),
-        help="llama.cpp: its llama-speculative-simple with --drafter draft-model, the models "
-        "exported to GGUF (bf16), rounds from its log (needs make llama-cpp)",
+        help="llama.cpp: its llama-speculative-simple with --drafter draft-model or ngram, the "
+        "models exported to GGUF (bf16), rounds from its log (needs make llama-cpp)",
+    )
+    parser.add_argument(
+        "--spec-type",
+        help="--engine llama.cpp --drafter ngram: llama.cpp's n-gram drafter, ngram-simple "
+        "(default), ngram-map-k, ngram-map-k4v, ngram-mod or ngram-cache (k = 8 only)",
+    )
+    parser.add_argument(
+        "--ngram-size-n",
+        type=int,
+        help="--engine llama.cpp --drafter ngram: tokens of the n-gram looked up (default 1; "
+        "at most k for ngram-simple and ngram-map-*; ngram-mod's n-match)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -180,6 +191,9 @@ def parse_grid(text: str) -> list[float]:
 
 
 def _check(args: argparse.Namespace) -> None:
+    for dest in ("spec_type", "ngram_size_n"):
+        if getattr(args, dest, None) is not None:
+            raise InputError(f"--{dest.replace('_', '-')} applies to --engine llama.cpp only")
     for flag in ("tokens", "context", "repeats", "num_prompts", "threads", "layers"):
         v = getattr(args, flag, None)
         if v is not None and v < 1:

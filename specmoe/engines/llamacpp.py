@@ -345,13 +345,16 @@ def write_round_log(
     prompt_id: str,
     budget: int,
     flush: bool = True,
+    drafter: str = "draft-simple",
 ) -> Path:
     """Append ``run``'s rounds to the round log in ``directory`` as one finished generation.
 
     From llama.cpp: k, accepted, the draft tokens, the context length, t_verify_ms (from the
     log line after drafting to the round's ``accepted`` line: the target's pass, the draft
     model's pass over the same batch, and sampling) and t_draft_ms (from the previous round's
-    end to that line; null in round 0). Routing, u_mean and e_max: :func:`replay_routing`."""
+    end to that line; null in round 0). Routing, u_mean and e_max: :func:`replay_routing`.
+    ``drafter``: llama.cpp's ``--spec-type`` of the run (n-gram runs:
+    :mod:`specmoe.engines.llamacpp_ngram`)."""
     from specmoe.formats.roundlog import RoundLogWriter
 
     passes = replay_routing(model, prompt_ids, run)
@@ -360,7 +363,7 @@ def write_round_log(
         "run_id": run_id,
         "prompt_id": prompt_id,
         "kernel": "llama.cpp",
-        "drafter": "draft-simple",
+        "drafter": drafter,
         "budget": int(budget),
         "num_experts": int(getattr(cfg, "num_experts", 0) or passes[0].routing.max() + 1),
     }
