@@ -173,13 +173,20 @@ def load_prefills(log: str, die_at: int | None = None, marker: str | None = None
 
 @pytest.fixture(scope="module")
 def single_generation(tmp_path_factory) -> Path:
+    import torch
+
     from specmoe.engine.capture import capture_generation
     from specmoe.formats.trace import save_trace
 
     model, tok, label = load_tiny()
-    tr = capture_generation(
-        model, tok, PROMPTS, max_new_tokens=GEN, progress=False, model_name=label
-    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as Ray's workers run (OMP_NUM_THREADS=1): the same reductions
+    try:
+        tr = capture_generation(
+            model, tok, PROMPTS, max_new_tokens=GEN, progress=False, model_name=label
+        )
+    finally:
+        torch.set_num_threads(threads)
     return save_trace(tr, tmp_path_factory.mktemp("gen") / "generation.npz")
 
 
