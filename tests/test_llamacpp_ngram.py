@@ -164,3 +164,72 @@ def test_ngram_flags_set_the_draft_length_where_llama_cpp_reads_it():
     ]  # fmt: skip
     assert "--spec-ngram-mod-n-max" in ngram_flags("ngram-mod", k=3)
     assert ngram_flags("ngram-cache", k=8) == ["--spec-type", "ngram-cache"]
+
+
+# ------------------------------------------------------------------------------------------
+# the parser, on a captured log (no llama.cpp needed): tests/fixtures/llamacpp/
+# speculative-simple-ngram.jsonl is stdout and stderr of the command that
+# run_ngram(t.gguf, text, k=3, n_predict=24, prompt_ids=ids) runs (bf16 bundled target,
+# ngram-simple, size-n 1, size-m 3, -lv 5), from its first printed piece on;
+# speculative-simple-ngram-prompt.json holds the prompt's text and llama.cpp's tokens of it.
+
+
+def _fixture():
+    from pathlib import Path
+
+    fix = Path(__file__).parent / "fixtures" / "llamacpp"
+    log = (fix / "speculative-simple-ngram.jsonl").read_text(encoding="utf-8")
+    return log, json.loads((fix / "speculative-simple-ngram-prompt.json").read_text())["ids"]
+
+
+def test_parsed_rounds_add_up_and_draft_what_ngram_simple_looks_up():
+    from specmoe.engines.llamacpp_ngram import parse_ngram_log
+
+    log, ids = _fixture()
+    run = parse_ngram_log(log, prompt_ids=ids)
+    assert (run.n_input, run.n_predict, run.n_drafted, run.n_accept) == (len(ids), 25, 24, 5)
+    assert sum(r.accepted + 1 for r in run.rounds) == run.n_predict
+    assert sum(r.k for r in run.rounds) == run.n_drafted
+    assert {r.k for r in run.rounds} == {0, 1, 3}  # no match, a short match, a full draft
+    # ngram-simple with a 1-token lookup, rebuilt here from the emitted tokens alone: the draft
+    # follows the latest earlier occurrence (index >= 1) of the current token
+    hist, cur = list(ids[:-1]), ids[-1]
+    for r in run.rounds:
+        assert r.context_len == len(hist)
+        js = [j for j in range(len(hist) - 2, 0, -1) if hist[j] == cur]
+        if r.k:
+            j = js[0]
+            assert list(r.draft_tokens) == hist[j + 1 : j + 1 + r.k]
+        else:
+            assert not js  # no earlier occurrence: no draft
+        for t in (*r.draft_tokens[: r.accepted], r.last_token):
+            hist.append(cur)
+            cur = t
+    assert run.text and parse_ngram_log(log).text == run.text  # the text without the rounds
+
+
+def test_a_log_missing_a_lookup_line_is_refused():
+    from specmoe.engines.llamacpp_ngram import parse_ngram_log
+    from specmoe.errors import InputError
+
+    log, ids = _fixture()
+    lines = log.split("\n")
+    i = next(i for i, line in enumerate(lines) if "found matching pattern" in line)
+    with pytest.raises(InputError, match="round"):
+        parse_ngram_log("\n".join(lines[:i] + lines[i + 1 :]), prompt_ids=ids)
+    with pytest.raises(InputError, match="prompt tokens"):
+        parse_ngram_log(log, prompt_ids=ids[1:])
+
+
+def test_timed_rounds_moves_an_untimed_first_round_into_the_prompt():
+    from specmoe.engines.llamacpp_ngram import parse_ngram_log, timed_rounds
+
+    log, ids = _fixture()
+    run = parse_ngram_log(log, prompt_ids=ids)
+    assert run.rounds[0].k == 0 and run.rounds[0].t_verify_ms != run.rounds[0].t_verify_ms
+    rest, prompt = timed_rounds(run, ids)
+    assert prompt == [*ids, run.rounds[0].last_token]
+    assert [r.index for r in rest.rounds] == list(range(len(run.rounds) - 1))
+    assert rest.rounds[0].context_len == len(prompt) - 1
+    assert all(r.t_verify_ms > 0 for r in rest.rounds)
+    assert sum(r.accepted + 1 for r in rest.rounds) == rest.n_predict == run.n_predict - 1
