@@ -347,6 +347,16 @@ def check_recorded_prediction(
         if checked:
             notes[str(folder)] = (
                 f"prediction checked: the {' and '.join(checked)} scored have the sha256 "
-                f"that {rec.record} recorded before the runs"
+                f"that {_shown(rec.record)} recorded before the runs"
             )
     return notes
+
+
+def _shown(path: str | Path) -> str:
+    """``path`` relative to the working directory when it lies under it (a result names no
+    machine's absolute paths), else as given."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
