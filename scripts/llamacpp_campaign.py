@@ -186,7 +186,11 @@ def _gguf_record(path: Path) -> dict[str, Any]:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         h.update(f.read(64 << 20))
-    return {"path": str(path), "bytes": path.stat().st_size, "sha256_first_64MiB": h.hexdigest()}
+    shown = str(path)
+    home = str(Path.home())
+    if shown.startswith(home + "/"):  # the record names no machine's home directory
+        shown = "~" + shown[len(home) :]
+    return {"path": shown, "bytes": path.stat().st_size, "sha256_first_64MiB": h.hexdigest()}
 
 
 def gguf_eps(path: Path) -> float | None:
