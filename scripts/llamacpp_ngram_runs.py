@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 
 from specmoe._io import atomic_write_json  # noqa: E402
 from specmoe.engines import llamacpp  # noqa: E402
+from specmoe.errors import InputError  # noqa: E402
 
 STATISTICS = ("min_ms", "median_ms")
 
@@ -153,16 +154,25 @@ def main(argv: list[str] | None = None) -> int:
         verify = json.loads(verify_json.read_text())["verify"][str(depth)]
         profiles = {s: _profile(verify_json, s, depth) for s in STATISTICS}
 
+        unreadable: list[str] = []
+
         def spec(text: str, *, k: int, size_n: int, n_predict: int, rounds: bool = False):
             """One run: (SpecRun, CPU s); rounds rebuilt at debug verbosity with ``rounds``."""
-            with tempfile.TemporaryDirectory(prefix="specmoe-ngram-") as t2:
-                pf = Path(t2) / "prompt.txt"
-                pf.write_text(text + "\n", encoding="utf-8")  # -f drops one trailing newline
-                cmd = ngram_command(gguf, pf, k=k, n_predict=n_predict, size_n=size_n,
-                                    rounds=rounds)  # fmt: skip
-                log, cpu = _timed(cmd)
             ids = llamacpp.tokenize(gguf, text) if rounds else None
-            return parse_ngram_log(log, prompt_ids=ids), cpu
+            for attempt in (1, 2):
+                with tempfile.TemporaryDirectory(prefix="specmoe-ngram-") as t2:
+                    pf = Path(t2) / "prompt.txt"
+                    pf.write_text(text + "\n", encoding="utf-8")  # -f drops one newline
+                    cmd = ngram_command(gguf, pf, k=k, n_predict=n_predict, size_n=size_n,
+                                        rounds=rounds)  # fmt: skip
+                    log, cpu = _timed(cmd)
+                try:
+                    return parse_ngram_log(log, prompt_ids=ids), cpu
+                except InputError as exc:  # a log without its summary from a run that exited 0
+                    if attempt == 2:
+                        raise
+                    unreadable.append(str(exc))
+                    print(f"warning: {exc}; running it again", file=sys.stderr)
 
         # the CPU time of loading, the prompt's pass and one token, per prompt (fewest of 3):
         # a run's CPU time over its generated tokens is its own less this
@@ -274,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_reference": {n: {"cpu_s": c, "n_predict": m} for n, (c, m) in ref.items()},
             },
             "runs": rows,
+            "runs_rerun_for_an_unreadable_log": unreadable,
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
             "load_before": load0,
