@@ -27,6 +27,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -282,12 +283,25 @@ def run_ngram(
             target, pf, k=k, n_predict=n_predict, spec_type=spec_type, size_n=size_n,
             threads=threads, ctx_size=ctx_size, rounds=rounds,
         )  # fmt: skip
-        proc = _run(cmd, what="llama-speculative-simple")
-    log = proc.stdout + proc.stderr
+        for attempt in (1, 2):
+            proc = _run(cmd, what="llama-speculative-simple")
+            log = proc.stdout + proc.stderr
+            try:
+                run = parse_ngram_log(log, prompt_ids=prompt_ids)
+                break
+            except InputError as exc:
+                # a log without its summary from a run that exited 0 (seen now and then on a
+                # busy machine, as with the draft-model runs): said, run once more
+                if "no summary line" not in str(exc):
+                    raise
+                if attempt == 2:
+                    raise RuntimeError(f"llama-speculative-simple: {exc}") from None
+                print(f"warning: llama-speculative-simple: {exc}; running it again",
+                      file=sys.stderr)  # fmt: skip
     if log_path is not None:
         with atomic_path(log_path) as tmp_log:
             tmp_log.write_text(log, encoding="utf-8")
-    return parse_ngram_log(log, prompt_ids=prompt_ids)
+    return run
 
 
 def timed_rounds(run: SpecRun, prompt_ids: list[int]) -> tuple[SpecRun, list[int]]:
