@@ -59,7 +59,7 @@ for p in (ROOT, ROOT / "scripts"):
         sys.path.insert(0, str(p))
 
 import numpy as np  # noqa: E402
-from measure_runs import _load, _machine, _mem_available_gb, skip_unit  # noqa: E402
+from measure_runs import skip_unit  # noqa: E402
 from whole_pass_campaign import (  # noqa: E402
     ACCEPTANCE,
     KS,
@@ -68,10 +68,16 @@ from whole_pass_campaign import (  # noqa: E402
     Unit,
     aggregate,
     check_prediction,
+    design_of,
+    finish_unit,
+    open_record,
+    record_qualifying,
+    start_unit,
+    too_few_prompts,
     units_of,
 )
 
-from specmoe._io import atomic_write_json, read_json  # noqa: E402
+from specmoe._io import atomic_write_json  # noqa: E402
 
 PROTOCOL = "docs/runs-protocol-llamacpp.md"
 CLOCK = "cpu"
@@ -350,37 +356,26 @@ def main(argv: list[str] | None = None) -> int:
         "out/llamacpp-whole-pass-quick" if args.quick else "results/cpu/llamacpp/whole-pass"
     )
     record_path = out / "runs_campaign.json"
-    record = read_json(record_path, "campaign record") if record_path.exists() else {}
-    record.update(
-        {
-            "protocol": PROTOCOL,
-            "quick": args.quick,
-            "clock": CLOCK,
-            "seed": args.seed,
-            "machine": _machine(),
-            "design": {
-                c: {
-                    "depths": list(table[c].depths),
-                    "verify_prompts_x_repeats": list(table[c].verify),
-                    "throughput_prompts_x_repeats_x_tokens": list(table[c].throughput),
-                    "throughput_at_depth": {
+    record = open_record(
+        record_path,
+        protocol=PROTOCOL,
+        quick=args.quick,
+        seed=args.seed,
+        design={
+            c: {
+                **design_of(
+                    table[c],
+                    throughput_at_depth={
                         str(d): list(table[c].at(d).throughput) for d in table[c].depths
                     },
-                    "n": NS,
-                    "k": KS,
-                    "acceptance": ACCEPTANCE,
-                    "kernel_settings": [s for s, _ in SETTINGS],
-                }
-                for c in names
-            },
-        }
-    )
-    record.setdefault("commands", []).append(
-        "python scripts/llamacpp_campaign.py "
-        + " ".join(argv if argv is not None else sys.argv[1:])
-    )
-    record.setdefault("invocations", []).append(
-        {"started": time.time(), "machine": record["machine"], "configs": names}
+                ),
+                "kernel_settings": [s for s, _ in SETTINGS],
+            }
+            for c in names
+        },
+        command="python scripts/llamacpp_campaign.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        names=names,
     )
     out.mkdir(parents=True, exist_ok=True)
     if not args.quick:  # every named configuration's prediction, before any of its units
@@ -402,9 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     for c in names:
         cfg, folder = table[c], out / c
         have = _have(cfg, models)
-        record.setdefault("qualifying_prompts", {})[c] = {
-            str(d): {"verify": v, "throughput": t} for d, (v, t) in have.items()
-        }
+        record_qualifying(record, c, have)
         engine = None
         try:
             for unit in units_of_config(cfg):
@@ -412,35 +405,14 @@ def main(argv: list[str] | None = None) -> int:
                 done = folder / "units" / f"{unit.name}.json"
                 if skip_unit(status, key, done, start, args.budget):
                     continue
-                qual = have[unit.depth][0 if unit.kind == "verify" else 1]
-                if unit.prompt >= qual:
-                    status[key] = {"status": f"not run (only {qual} qualifying documents)"}
+                if too_few_prompts(status, key, unit, have):
                     continue
                 if engine is None:
                     engine, info = open_engine(cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model)
                     record.setdefault("engines", {})[c] = info
-                info = {
-                    "status": "running",
-                    "invocation": len(record["invocations"]) - 1,
-                    "load_start": _load(),
-                    "mem_available_gb_start": _mem_available_gb(),
-                    "started": time.time(),
-                }
-                status[key] = info
-                atomic_write_json(record_path, record)
-                t0 = time.perf_counter()
-                print(f"{key} ...", file=sys.stderr, flush=True)
+                info, t0 = start_unit(record, record_path, key)
                 result = run_unit(unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed)
-                result.update(unit=unit.name, kind=unit.kind, depth=unit.depth)
-                result["wall_s"] = time.perf_counter() - t0
-                atomic_write_json(done, result)
-                info.update(
-                    status="done",
-                    wall_s=result["wall_s"],
-                    cpu_s=result["cpu_s"],
-                    load_end=_load(),
-                    mem_available_gb_end=_mem_available_gb(),
-                )
+                finish_unit(result, unit, t0, done, info)
                 _aggregate(folder, cfg, have)
                 atomic_write_json(record_path, record)
                 print(f"{key}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)

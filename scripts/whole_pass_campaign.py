@@ -414,6 +414,110 @@ def _h(gens: list[dict[str, Any]]) -> float:
 # ------------------------------------------------------------------------------------------
 
 
+# ------------------------------------------------------------------------------------------
+# the campaign record (runs_campaign.json) and one unit's run
+
+
+def design_of(cfg: Config, **more: Any) -> dict[str, Any]:
+    """A configuration's design as the campaign record keeps it (``more`` after its sizes)."""
+    return {
+        "depths": list(cfg.depths),
+        "verify_prompts_x_repeats": list(cfg.verify),
+        "throughput_prompts_x_repeats_x_tokens": list(cfg.throughput),
+        **more,
+        "n": NS,
+        "k": KS,
+        "acceptance": ACCEPTANCE,
+    }
+
+
+def open_record(
+    record_path: Path,
+    *,
+    protocol: str,
+    quick: bool,
+    seed: int,
+    design: dict[str, Any],
+    command: str,
+    names: list[str],
+) -> dict[str, Any]:
+    """The campaign record at ``record_path`` (empty when there is none) with this
+    invocation's fields, its command and its machine appended."""
+    record = read_json(record_path, "campaign record") if record_path.exists() else {}
+    if "machine" in record and "invocations" not in record:  # a record from before the field
+        record["invocations"] = [{"started": None, "machine": record["machine"]}]
+        for info in record.get("units", {}).values():
+            info.setdefault("invocation", 0)
+    record.update(
+        {
+            "protocol": protocol,
+            "quick": quick,
+            "clock": CLOCK,
+            "seed": seed,
+            "machine": _machine(),
+            "design": design,
+        }
+    )
+    record.setdefault("commands", []).append(command)
+    # each invocation's machine, so that units of one configuration run on two machines show
+    record.setdefault("invocations", []).append(
+        {"started": time.time(), "machine": record["machine"], "configs": names}
+    )
+    return record
+
+
+def record_qualifying(record: dict[str, Any], c: str, have: dict[int, tuple[int, int]]) -> None:
+    """Configuration ``c``'s qualifying prompts per depth (verify, throughput) in the record."""
+    record.setdefault("qualifying_prompts", {})[c] = {
+        str(d): {"verify": v, "throughput": t} for d, (v, t) in have.items()
+    }
+
+
+def too_few_prompts(
+    status: dict[str, Any], key: str, unit: Unit, have: dict[int, tuple[int, int]]
+) -> bool:
+    """Whether ``unit``'s prompt is past its depth's qualifying documents (then so recorded)."""
+    qual = have[unit.depth][0 if unit.kind == "verify" else 1]
+    if unit.prompt >= qual:
+        status[key] = {"status": f"not run (only {qual} qualifying documents)"}
+        return True
+    return False
+
+
+def start_unit(record: dict[str, Any], record_path: Path, key: str) -> tuple[dict, float]:
+    """The status of unit ``key``, with the load and available memory at its start, in the
+    record (written), and its start on ``time.perf_counter``'s clock."""
+    info = {
+        "status": "running",
+        "invocation": len(record["invocations"]) - 1,
+        "load_start": _load(),
+        "mem_available_gb_start": _mem_available_gb(),
+        "started": time.time(),
+    }
+    record["units"][key] = info
+    atomic_write_json(record_path, record)
+    t0 = time.perf_counter()
+    print(f"{key} ...", file=sys.stderr, flush=True)
+    return info, t0
+
+
+def finish_unit(
+    result: dict[str, Any], unit: Unit, t0: float, done: Path, info: dict[str, Any]
+) -> None:
+    """A unit's output, with its wall time since ``t0``, written to ``done``; its status
+    ``info`` done, with the load and available memory at its end."""
+    result.update(unit=unit.name, kind=unit.kind, depth=unit.depth)
+    result["wall_s"] = time.perf_counter() - t0
+    atomic_write_json(done, result)
+    info.update(
+        status="done",
+        wall_s=result["wall_s"],
+        cpu_s=result["cpu_s"],
+        load_end=_load(),
+        mem_available_gb_end=_mem_available_gb(),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -446,37 +550,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu.set_num_threads(int(os.environ["SPECMOE_NUM_THREADS"]))
     record_path = out / "runs_campaign.json"
-    record = read_json(record_path, "campaign record") if record_path.exists() else {}
-    if "machine" in record and "invocations" not in record:  # a record from before the field
-        record["invocations"] = [{"started": None, "machine": record["machine"]}]
-        for info in record.get("units", {}).values():
-            info.setdefault("invocation", 0)
-    record.update(
-        {
-            "protocol": PROTOCOL,
-            "quick": args.quick,
-            "clock": CLOCK,
-            "seed": args.seed,
-            "machine": _machine(),
-            "design": {
-                c: {
-                    "depths": list(table[c].depths),
-                    "verify_prompts_x_repeats": list(table[c].verify),
-                    "throughput_prompts_x_repeats_x_tokens": list(table[c].throughput),
-                    "n": NS,
-                    "k": KS,
-                    "acceptance": ACCEPTANCE,
-                }
-                for c in names
-            },
-        }
-    )
-    record.setdefault("commands", []).append(
-        "python scripts/whole_pass_campaign.py " + " ".join(argv or sys.argv[1:])
-    )
-    # each invocation's machine, so that units of one configuration run on two machines show
-    record.setdefault("invocations", []).append(
-        {"started": time.time(), "machine": record["machine"], "configs": names}
+    record = open_record(
+        record_path,
+        protocol=PROTOCOL,
+        quick=args.quick,
+        seed=args.seed,
+        design={c: design_of(table[c]) for c in names},
+        command="python scripts/whole_pass_campaign.py " + " ".join(argv or sys.argv[1:]),
+        names=names,
     )
     out.mkdir(parents=True, exist_ok=True)
     if not args.quick:  # every named configuration's prediction, before any of its units
@@ -497,9 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             d: (len(models.prompts(d, cfg.verify[0])), len(models.prompts(d, cfg.throughput[0])))
             for d in cfg.depths
         }
-        record.setdefault("qualifying_prompts", {})[c] = {
-            str(d): {"verify": v, "throughput": t} for d, (v, t) in have.items()
-        }
+        record_qualifying(record, c, have)
         for unit in units_of(cfg):
             key = f"{c}/{unit.name}"
             done = folder / "units" / f"{unit.name}.json"
@@ -511,32 +590,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
                     atomic_write_json(record_path, record)
                     return 2
-            qual = have[unit.depth][0 if unit.kind == "verify" else 1]
-            if unit.prompt >= qual:
-                status[key] = {"status": f"not run (only {qual} qualifying documents)"}
+            if too_few_prompts(status, key, unit, have):
                 continue
-            info = {
-                "status": "running",
-                "invocation": len(record["invocations"]) - 1,
-                "load_start": _load(),
-                "mem_available_gb_start": _mem_available_gb(),
-                "started": time.time(),
-            }
-            status[key] = info
-            atomic_write_json(record_path, record)
-            t0 = time.perf_counter()
-            print(f"{key} ...", file=sys.stderr, flush=True)
+            info, t0 = start_unit(record, record_path, key)
             result = run_unit(unit, cfg, models, folder, seed=args.seed)
-            result.update(unit=unit.name, kind=unit.kind, depth=unit.depth)
-            result["wall_s"] = time.perf_counter() - t0
-            atomic_write_json(done, result)
-            info.update(
-                status="done",
-                wall_s=result["wall_s"],
-                cpu_s=result["cpu_s"],
-                load_end=_load(),
-                mem_available_gb_end=_mem_available_gb(),
-            )
+            finish_unit(result, unit, t0, done, info)
             aggregate(folder, models.get(c)["label"], cfg, have)
             atomic_write_json(record_path, record)
             print(f"{key}: {result['wall_s']:.1f} s", file=sys.stderr, flush=True)

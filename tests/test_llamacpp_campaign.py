@@ -9,14 +9,13 @@ a missing build fails instead.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _scripts import load_script
 
 from specmoe.engines import llamacpp
 
@@ -30,14 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def lc():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "llamacpp_campaign", ROOT / "scripts" / "llamacpp_campaign.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llamacpp_campaign")
 
 
 @pytest.fixture(scope="module")

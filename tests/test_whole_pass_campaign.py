@@ -3,27 +3,19 @@ the runs files it aggregates (checked against brute-force statistics and the run
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def wc():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(
-        "whole_pass_campaign", ROOT / "scripts" / "whole_pass_campaign.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("whole_pass_campaign")
 
 
 def test_units_run_verify_first_then_every_prompt_of_a_repeat(wc):
