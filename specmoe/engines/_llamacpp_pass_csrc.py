@@ -23,19 +23,11 @@ the previous timestamp, the first node's from the start of the decode call (so i
 graph's build and the inputs' upload).
 """
 
-SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
+from specmoe.engines._llamacpp_common_csrc import PRELUDE
 
-#include "llama.h"
-#include "ggml.h"
-#include "ggml-backend.h"
-
-#define LP_ERRLEN 512
+SOURCE = (
+    PRELUDE
+    + r"""
 #define LP_NAME 64
 #define LP_OP 32
 
@@ -57,22 +49,8 @@ typedef struct {
     int64_t * prof_wall;
     int64_t last_cpu, last_wall;
     int failed;
-    char err[LP_ERRLEN];
+    char err[SM_ERRLEN];
 } lp_state;
-
-static char lp_log_last[LP_ERRLEN];
-
-static void lp_log(enum ggml_log_level level, const char * text, void * user) {
-    (void) user;
-    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
-        size_t n = strlen(text);
-        if (n >= LP_ERRLEN) n = LP_ERRLEN - 1;
-        memcpy(lp_log_last, text, n);
-        lp_log_last[n] = 0;
-        while (n > 0 && (lp_log_last[n - 1] == '\n' || lp_log_last[n - 1] == '\r')) lp_log_last[--n] = 0;
-    }
-    if (getenv("SPECMOE_LLAMACPP_VERBOSE")) fputs(text, stderr);
-}
 
 static int64_t lp_ns(clockid_t c) {
     struct timespec ts;
@@ -80,22 +58,10 @@ static int64_t lp_ns(clockid_t c) {
     return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* the layer of a node named exactly "<prefix>-<layer>", else -1 */
-static int lp_layer(const char * name, const char * prefix) {
-    size_t p = strlen(prefix);
-    if (strncmp(name, prefix, p) != 0 || name[p] != '-') return -1;
-    const char * s = name + p + 1;
-    if (*s < '0' || *s > '9') return -1;
-    char * end = NULL;
-    long l = strtol(s, &end, 10);
-    if (*end != 0) return -1;
-    return (int) l;
-}
-
 static void lp_fail(lp_state * st, const char * msg) {
     if (!st->failed) {
         st->failed = 1;
-        snprintf(st->err, LP_ERRLEN, "%s", msg);
+        snprintf(st->err, SM_ERRLEN, "%s", msg);
     }
 }
 
@@ -118,35 +84,13 @@ static bool lp_callback(struct ggml_tensor * t, bool ask, void * user) {
         st->last_wall = lp_ns(CLOCK_MONOTONIC);
         return true;
     }
-    int lt = lp_layer(t->name, "ffn_moe_topk");
+    int lt = sm_layer(t->name, "ffn_moe_topk");
     if (ask) return lt >= 0;
     if (lt < 0 || st->out_ids == NULL) return true;
-    char msg[LP_ERRLEN];
-    if (lt >= st->n_layer || t->type != GGML_TYPE_I32 || t->ne[0] != st->top_k) {
-        snprintf(msg, LP_ERRLEN, "%s: type %d shape [%lld, %lld], expected i32 [%d, n] of %d layers",
-                 t->name, (int) t->type, (long long) t->ne[0], (long long) t->ne[1], st->top_k, st->n_layer);
+    char msg[SM_ERRLEN];
+    if (sm_take_rows(t, lt, st->n_layer, GGML_TYPE_I32, st->top_k, 1, st->n, st->out_ids, st->fill_ids, msg))
         lp_fail(st, msg);
-        return true;
-    }
-    int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-    if (st->fill_ids[lt] + rows > st->n) {
-        snprintf(msg, LP_ERRLEN, "%s: more positions than the %lld tokens given", t->name, (long long) st->n);
-        lp_fail(st, msg);
-        return true;
-    }
-    for (int64_t j = 0; j < rows; j++) {
-        int32_t * dst = st->out_ids + ((st->fill_ids[lt] + j) * st->n_layer + lt) * st->top_k;
-        ggml_backend_tensor_get(t, dst, (size_t) j * t->nb[1], (size_t) st->top_k * sizeof(int32_t));
-    }
-    st->fill_ids[lt] += rows;
     return true;
-}
-
-static int lp_meta_int(struct llama_model * m, const char * arch, const char * key) {
-    char k[256], v[64];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
-    if (llama_model_meta_val_str(m, k, v, sizeof v) < 0) return -1;
-    return atoi(v);
 }
 
 const char * lp_version(void) { return "specmoe-pass-1"; }
@@ -156,65 +100,21 @@ const char * lp_version(void) { return "specmoe-pass-1"; }
 void * lp_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
                int n_over, const char ** over_keys, const double * over_vals,
                char * err, int errlen) {
-    static int backend_ready = 0;
-    llama_log_set(lp_log, NULL);
-    if (!backend_ready) {
-        llama_backend_init();
-        backend_ready = 1;
-    }
-    lp_log_last[0] = 0;
     lp_state * st = (lp_state *) calloc(1, sizeof(lp_state));
-    struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    struct llama_model_kv_override * over = NULL;
-    if (n_over > 0) {
-        over = (struct llama_model_kv_override *) calloc((size_t) n_over + 1, sizeof *over);
-        for (int i = 0; i < n_over; i++) {
-            over[i].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT;
-            snprintf(over[i].key, sizeof over[i].key, "%s", over_keys[i]);
-            over[i].val_f64 = over_vals[i];
-        }
-        over[n_over].key[0] = 0;
-        mp.kv_overrides = over;
-    }
-    st->model = llama_model_load_from_file(path, mp);
-    free(over);
+    st->model = sm_load_model(path, n_over, over_keys, over_vals, &st->n_layer, &st->top_k, &st->n_expert,
+                              err, errlen);
     if (!st->model) {
-        snprintf(err, errlen, "llama.cpp could not load it (%s)", lp_log_last[0] ? lp_log_last : "no message");
         free(st);
         return NULL;
     }
-    char arch[128];
-    if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) arch[0] = 0;
-    st->n_layer = llama_model_n_layer(st->model);
-    st->top_k = lp_meta_int(st->model, arch, "expert_used_count");
-    st->n_expert = lp_meta_int(st->model, arch, "expert_count");
     st->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
-    if (st->top_k <= 0 || st->n_expert <= 0) {
-        snprintf(err, errlen, "not a mixture-of-experts model (architecture %s has no %s.expert_count)", arch, arch);
-        llama_model_free(st->model);
-        free(st);
-        return NULL;
-    }
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) n_ctx;
-    cp.n_batch = (uint32_t) batch;
-    cp.n_ubatch = (uint32_t) batch;
-    cp.n_seq_max = 1;
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    if (kv_f32) {
-        cp.type_k = GGML_TYPE_F32;
-        cp.type_v = GGML_TYPE_F32;
-    }
-    cp.no_perf = true;
+    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv_f32);
     st->cp = cp;
     cp.cb_eval = lp_callback;
     cp.cb_eval_user_data = st;
     st->ctx[0] = llama_init_from_model(st->model, cp);
     if (!st->ctx[0]) {
-        snprintf(err, errlen, "llama.cpp could not make a context (%s)", lp_log_last[0] ? lp_log_last : "no message");
+        snprintf(err, errlen, "llama.cpp could not make a context (%s)", sm_log_text());
         llama_model_free(st->model);
         free(st);
         return NULL;
@@ -240,10 +140,10 @@ static struct llama_context * lp_ctx(lp_state * st, int slot, char * err, int er
         return NULL;
     }
     if (!st->ctx[slot]) { /* the scratch context: no eval callback */
-        lp_log_last[0] = 0;
+        sm_log_last[0] = 0;
         st->ctx[slot] = llama_init_from_model(st->model, st->cp);
         if (!st->ctx[slot]) {
-            snprintf(err, errlen, "llama.cpp could not make a context (%s)", lp_log_last[0] ? lp_log_last : "no message");
+            snprintf(err, errlen, "llama.cpp could not make a context (%s)", sm_log_text());
             return NULL;
         }
     }
@@ -253,8 +153,8 @@ static struct llama_context * lp_ctx(lp_state * st, int slot, char * err, int er
 /* tokens in the sequence of a slot (its largest position + 1), -1 on a bad slot */
 int lp_length(void * h, int slot) {
     lp_state * st = (lp_state *) h;
-    char err[LP_ERRLEN];
-    struct llama_context * ctx = lp_ctx(st, slot, err, LP_ERRLEN);
+    char err[SM_ERRLEN];
+    struct llama_context * ctx = lp_ctx(st, slot, err, SM_ERRLEN);
     if (!ctx) return -1;
     return (int) llama_memory_seq_pos_max(llama_get_memory(ctx), 0) + 1;
 }
@@ -334,7 +234,7 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
             b.seq_id[j][0] = 0;
             b.logits[j] = all_logits || j == m - 1;
         }
-        lp_log_last[0] = 0;
+        sm_log_last[0] = 0;
         if (slot == 0) st->mode = mode;
         int64_t c0 = lp_ns(CLOCK_THREAD_CPUTIME_ID), w0 = lp_ns(CLOCK_MONOTONIC);
         st->last_cpu = c0;
@@ -347,7 +247,7 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
         times[1] += w1 - w0;
         if (r != 0) {
             snprintf(err, errlen, "llama_decode returned %d at row %d (%s)", r, start,
-                     lp_log_last[0] ? lp_log_last : "no message");
+                     sm_log_text());
             rc = 1;
         } else if (st->failed) {
             snprintf(err, errlen, "%s", st->err);
@@ -395,16 +295,7 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
 /* a metadata value of the model as text ("<arch>." prefixed when key starts with a dot);
    its length, or -1 when absent */
 int lp_meta(void * h, const char * key, char * buf, int buf_size) {
-    lp_state * st = (lp_state *) h;
-    char full[256];
-    if (key[0] == '.') {
-        char arch[128];
-        if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) return -1;
-        snprintf(full, sizeof full, "%s%s", arch, key);
-    } else {
-        snprintf(full, sizeof full, "%s", key);
-    }
-    return llama_model_meta_val_str(st->model, full, buf, (size_t) buf_size);
+    return sm_meta(((lp_state *) h)->model, key, buf, buf_size);
 }
 
 void lp_close(void * h) {
@@ -416,3 +307,4 @@ void lp_close(void * h) {
     free(st);
 }
 """
+)

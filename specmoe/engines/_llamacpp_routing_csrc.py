@@ -12,18 +12,11 @@ positions of a layer fill in the sequence's order. Every position asks for its l
 last layer's MoE block (which llama.cpp runs on the output rows only) sees every token.
 """
 
-SOURCE = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+from specmoe.engines._llamacpp_common_csrc import PRELUDE
 
-#include "llama.h"
-#include "ggml.h"
-#include "ggml-backend.h"
-
-#define RR_ERRLEN 512
-
+SOURCE = (
+    PRELUDE
+    + r"""
 typedef struct {
     struct llama_model * model;
     struct llama_context * ctx;
@@ -35,95 +28,34 @@ typedef struct {
     int64_t * fill_ids;  /* [L] positions filled so far */
     int64_t * fill_probs;
     int failed;
-    char err[RR_ERRLEN];
+    char err[SM_ERRLEN];
 } rr_state;
-
-static char rr_log_last[RR_ERRLEN];
-
-static void rr_log(enum ggml_log_level level, const char * text, void * user) {
-    (void) user;
-    if (level == GGML_LOG_LEVEL_ERROR || level == GGML_LOG_LEVEL_WARN) {
-        size_t n = strlen(text);
-        if (n >= RR_ERRLEN) n = RR_ERRLEN - 1;
-        memcpy(rr_log_last, text, n);
-        rr_log_last[n] = 0;
-        while (n > 0 && (rr_log_last[n - 1] == '\n' || rr_log_last[n - 1] == '\r')) rr_log_last[--n] = 0;
-    }
-    if (getenv("SPECMOE_LLAMACPP_VERBOSE")) fputs(text, stderr);
-}
-
-/* the layer of a node named exactly "<prefix>-<layer>", else -1 */
-static int rr_layer(const char * name, const char * prefix) {
-    size_t p = strlen(prefix);
-    if (strncmp(name, prefix, p) != 0 || name[p] != '-') return -1;
-    const char * s = name + p + 1;
-    if (*s < '0' || *s > '9') return -1;
-    char * end = NULL;
-    long l = strtol(s, &end, 10);
-    if (*end != 0) return -1;
-    return (int) l;
-}
 
 static void rr_fail(rr_state * st, const char * msg) {
     if (!st->failed) {
         st->failed = 1;
-        snprintf(st->err, RR_ERRLEN, "%s", msg);
+        snprintf(st->err, SM_ERRLEN, "%s", msg);
     }
 }
 
 static bool rr_callback(struct ggml_tensor * t, bool ask, void * user) {
     rr_state * st = (rr_state *) user;
-    int lt = rr_layer(t->name, "ffn_moe_topk");
-    int lp = st->out_probs ? rr_layer(t->name, "ffn_moe_probs") : -1;
+    int lt = sm_layer(t->name, "ffn_moe_topk");
+    int lp = st->out_probs ? sm_layer(t->name, "ffn_moe_probs") : -1;
     if (ask) return lt >= 0 || lp >= 0;
     if (st->n == 0) return true; /* a pass outside record (none is made) */
-    char msg[RR_ERRLEN];
-    if (lt >= 0) {
-        if (lt >= st->n_layer || t->type != GGML_TYPE_I32 || t->ne[0] != st->top_k) {
-            snprintf(msg, RR_ERRLEN, "%s: type %d shape [%lld, %lld], expected i32 [%d, n] of %d layers",
-                     t->name, (int) t->type, (long long) t->ne[0], (long long) t->ne[1], st->top_k, st->n_layer);
-            rr_fail(st, msg);
-            return true;
-        }
-        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-        if (st->fill_ids[lt] + rows > st->n) {
-            snprintf(msg, RR_ERRLEN, "%s: more positions than the %lld tokens given", t->name, (long long) st->n);
-            rr_fail(st, msg);
-            return true;
-        }
-        for (int64_t j = 0; j < rows; j++) {
-            int32_t * dst = st->out_ids + ((st->fill_ids[lt] + j) * st->n_layer + lt) * st->top_k;
-            ggml_backend_tensor_get(t, dst, (size_t) j * t->nb[1], (size_t) st->top_k * sizeof(int32_t));
-        }
-        st->fill_ids[lt] += rows;
+    char msg[SM_ERRLEN];
+    if (lt >= 0 && sm_take_rows(t, lt, st->n_layer, GGML_TYPE_I32, st->top_k, 1, st->n, st->out_ids,
+                                st->fill_ids, msg)) {
+        rr_fail(st, msg);
+        return true;
     }
-    if (lp >= 0) {
-        if (lp >= st->n_layer || t->type != GGML_TYPE_F32 || t->ne[0] != st->n_expert) {
-            snprintf(msg, RR_ERRLEN, "%s: type %d shape [%lld, %lld], expected f32 [%d, n]",
-                     t->name, (int) t->type, (long long) t->ne[0], (long long) t->ne[1], st->n_expert);
-            rr_fail(st, msg);
-            return true;
-        }
-        int64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-        if (st->fill_probs[lp] + rows > st->n) {
-            snprintf(msg, RR_ERRLEN, "%s: more positions than the %lld tokens given", t->name, (long long) st->n);
-            rr_fail(st, msg);
-            return true;
-        }
-        for (int64_t j = 0; j < rows; j++) {
-            float * dst = st->out_probs + ((st->fill_probs[lp] + j) * st->n_layer + lp) * st->n_expert;
-            ggml_backend_tensor_get(t, dst, (size_t) j * t->nb[1], (size_t) st->n_expert * sizeof(float));
-        }
-        st->fill_probs[lp] += rows;
+    if (lp >= 0 && sm_take_rows(t, lp, st->n_layer, GGML_TYPE_F32, st->n_expert, 0, st->n, st->out_probs,
+                                st->fill_probs, msg)) {
+        rr_fail(st, msg);
+        return true;
     }
     return true;
-}
-
-static int rr_meta_int(struct llama_model * m, const char * arch, const char * key) {
-    char k[256], v[64];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
-    if (llama_model_meta_val_str(m, k, v, sizeof v) < 0) return -1;
-    return atoi(v);
 }
 
 const char * rr_version(void) { return "specmoe-routing-1"; }
@@ -134,63 +66,19 @@ const char * rr_version(void) { return "specmoe-routing-1"; }
 void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
                int n_over, const char ** over_keys, const double * over_vals,
                char * err, int errlen) {
-    static int backend_ready = 0;
-    llama_log_set(rr_log, NULL);
-    if (!backend_ready) {
-        llama_backend_init();
-        backend_ready = 1;
-    }
-    rr_log_last[0] = 0;
     rr_state * st = (rr_state *) calloc(1, sizeof(rr_state));
-    struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    struct llama_model_kv_override * over = NULL;
-    if (n_over > 0) {
-        over = (struct llama_model_kv_override *) calloc((size_t) n_over + 1, sizeof *over);
-        for (int i = 0; i < n_over; i++) {
-            over[i].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT;
-            snprintf(over[i].key, sizeof over[i].key, "%s", over_keys[i]);
-            over[i].val_f64 = over_vals[i];
-        }
-        over[n_over].key[0] = 0;
-        mp.kv_overrides = over;
-    }
-    st->model = llama_model_load_from_file(path, mp);
-    free(over);
+    st->model = sm_load_model(path, n_over, over_keys, over_vals, &st->n_layer, &st->top_k, &st->n_expert,
+                              err, errlen);
     if (!st->model) {
-        snprintf(err, errlen, "llama.cpp could not load it (%s)", rr_log_last[0] ? rr_log_last : "no message");
         free(st);
         return NULL;
     }
-    char arch[128];
-    if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) arch[0] = 0;
-    st->n_layer = llama_model_n_layer(st->model);
-    st->top_k = rr_meta_int(st->model, arch, "expert_used_count");
-    st->n_expert = rr_meta_int(st->model, arch, "expert_count");
-    if (st->top_k <= 0 || st->n_expert <= 0) {
-        snprintf(err, errlen, "not a mixture-of-experts model (architecture %s has no %s.expert_count)", arch, arch);
-        llama_model_free(st->model);
-        free(st);
-        return NULL;
-    }
-    struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = (uint32_t) n_ctx;
-    cp.n_batch = (uint32_t) batch;
-    cp.n_ubatch = (uint32_t) batch;
-    cp.n_seq_max = 1;
-    cp.n_threads = threads;
-    cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    if (kv_f32) {
-        cp.type_k = GGML_TYPE_F32;
-        cp.type_v = GGML_TYPE_F32;
-    }
+    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv_f32);
     cp.cb_eval = rr_callback;
     cp.cb_eval_user_data = st;
-    cp.no_perf = true;
     st->ctx = llama_init_from_model(st->model, cp);
     if (!st->ctx) {
-        snprintf(err, errlen, "llama.cpp could not make a context (%s)", rr_log_last[0] ? rr_log_last : "no message");
+        snprintf(err, errlen, "llama.cpp could not make a context (%s)", sm_log_text());
         llama_model_free(st->model);
         free(st);
         return NULL;
@@ -249,11 +137,11 @@ int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float 
             b.seq_id[j][0] = 0;
             b.logits[j] = 1; /* every position is an output: the last layer's MoE sees them all */
         }
-        rr_log_last[0] = 0;
+        sm_log_last[0] = 0;
         int32_t r = llama_decode(st->ctx, b);
         if (r != 0) {
             snprintf(err, errlen, "llama_decode returned %d at position %d (%s)", r, start,
-                     rr_log_last[0] ? rr_log_last : "no message");
+                     sm_log_text());
             rc = 1;
         } else if (st->failed) {
             snprintf(err, errlen, "%s", st->err);
@@ -281,16 +169,7 @@ int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float 
 /* a metadata value of the model as text ("<arch>." prefixed when key starts with a dot);
    its length, or -1 when absent */
 int rr_meta(void * h, const char * key, char * buf, int buf_size) {
-    rr_state * st = (rr_state *) h;
-    char full[256];
-    if (key[0] == '.') {
-        char arch[128];
-        if (llama_model_meta_val_str(st->model, "general.architecture", arch, sizeof arch) < 0) return -1;
-        snprintf(full, sizeof full, "%s%s", arch, key);
-    } else {
-        snprintf(full, sizeof full, "%s", key);
-    }
-    return llama_model_meta_val_str(st->model, full, buf, (size_t) buf_size);
+    return sm_meta(((rr_state *) h)->model, key, buf, buf_size);
 }
 
 /* llama.cpp's tokens of text (no special tokens added; special tokens in the text parsed),
@@ -310,3 +189,4 @@ void rr_close(void * h) {
     free(st);
 }
 """
+)
