@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -279,25 +280,40 @@ def run_speculative(
             ctx_size=ctx_size,
             rounds=rounds,
         )
-        for attempt in (1, 2):
-            proc = _run(cmd, what="llama-speculative-simple")
-            log = proc.stdout + proc.stderr
-            try:
-                run = parse_speculative_log(log, rounds=rounds)
-                break
-            except InputError as exc:
-                # an unreadable log from a run that exited 0: kept, said, run once more
-                fd, kept = tempfile.mkstemp(prefix="specmoe-llamacpp-log-", suffix=".jsonl")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(log)
-                if attempt == 2:
-                    raise RuntimeError(
-                        f"llama-speculative-simple: {exc} (its log: {kept})"
-                    ) from None
-                print(
-                    f"warning: llama-speculative-simple: {exc} (its log: {kept}); running it again",
-                    file=sys.stderr,
-                )
+        return _speculative_run(
+            cmd, lambda log: parse_speculative_log(log, rounds=rounds), log_path=log_path
+        )
+
+
+def _speculative_run(
+    cmd: list[str],
+    parse: Callable[[str], SpecRun],
+    *,
+    log_path: str | os.PathLike | None = None,
+    retry_if: Callable[[InputError], bool] | None = None,
+) -> SpecRun:
+    """``llama-speculative-simple``'s run ``cmd``, its log (stdout and stderr together) read by
+    ``parse`` and kept at ``log_path`` when given. A log ``parse`` cannot read (from a run that
+    exited 0; with ``retry_if``, one whose error it accepts) is kept in a temporary file, said,
+    and the command run once more; a second such log is a RuntimeError."""
+    for attempt in (1, 2):
+        proc = _run(cmd, what="llama-speculative-simple")
+        log = proc.stdout + proc.stderr
+        try:
+            run = parse(log)
+            break
+        except InputError as exc:
+            if retry_if is not None and not retry_if(exc):
+                raise
+            fd, kept = tempfile.mkstemp(prefix="specmoe-llamacpp-log-", suffix=".jsonl")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(log)
+            if attempt == 2:
+                raise RuntimeError(f"llama-speculative-simple: {exc} (its log: {kept})") from None
+            print(
+                f"warning: llama-speculative-simple: {exc} (its log: {kept}); running it again",
+                file=sys.stderr,
+            )
     if log_path is not None:
         with atomic_path(log_path) as tmp_log:
             tmp_log.write_text(log, encoding="utf-8")

@@ -171,6 +171,22 @@ def _entries(text: str) -> list[tuple[float, str, str]]:
     return out
 
 
+def _summary_of(entries: list[tuple[float, str, str]]) -> dict[str, tuple[str, ...]]:
+    """The groups of each summary line of ``llama-speculative-simple``'s log (its first match,
+    at a level other than ``none``); a log lacking one is an InputError."""
+    summary: dict[str, tuple[str, ...]] = {}
+    for _, level, msg in entries:
+        for key, rx in _SUMMARY.items():
+            if level != "none" and (m := rx.match(msg)):
+                summary.setdefault(key, m.groups())
+    missing = [k for k in _SUMMARY if k not in summary]
+    if missing:
+        raise InputError(
+            f"llama-speculative-simple log: no summary line {', '.join(missing)} (did it finish?)"
+        )
+    return summary
+
+
 def parse_speculative_log(text: str, *, rounds: bool = True) -> SpecRun:
     """The rounds and summary of a ``llama-speculative-simple -lv 5 --log-timestamps
     --log-jsonl`` log (stdout and stderr together).
@@ -187,19 +203,36 @@ def parse_speculative_log(text: str, *, rounds: bool = True) -> SpecRun:
     entries = _entries(text)
     if not entries:
         raise InputError("llama-speculative-simple log: no JSON log lines (run with --log-jsonl)")
-    summary: dict[str, tuple[str, ...]] = {}
-    for _, level, msg in entries:
-        for key, rx in _SUMMARY.items():
-            if level != "none" and (m := rx.match(msg)):
-                summary.setdefault(key, m.groups())
-    missing = [k for k in _SUMMARY if k not in summary]
-    if missing:
-        raise InputError(
-            f"llama-speculative-simple log: no summary line {', '.join(missing)} (did it finish?)"
-        )
+    summary = _summary_of(entries)
     if not rounds:
         return _run_of(summary, (), "")
     return _run_of(summary, *_rounds(entries, int(summary["n_input"][0]) - 1))
+
+
+def _timed_round(
+    index: int,
+    accepted: int,
+    draft: tuple[int, ...],
+    last: int,
+    ctx: int,
+    t: float,
+    impl: tuple[float, int] | None,
+    prev_end: float | None,
+) -> SpecRound:
+    """A round whose ``accepted`` line came at ``t``: its lookup from the previous round's end
+    ``prev_end`` to its ``called impl`` line ``impl`` (time, drafts), its verification from then
+    (from ``prev_end`` where it drafted nothing) to ``t``; NaN where a start is missing."""
+    start = impl[0] if impl is not None else prev_end
+    return SpecRound(
+        index=index,
+        k=len(draft),
+        accepted=accepted,
+        draft_tokens=draft,
+        last_token=last,
+        context_len=ctx,
+        t_draft_ms=impl[0] - prev_end if impl is not None and prev_end is not None else math.nan,
+        t_verify_ms=t - start if start is not None else math.nan,
+    )
 
 
 def _rounds(entries: list[tuple[float, str, str]], ctx: int) -> tuple[tuple[SpecRound, ...], str]:
@@ -231,21 +264,8 @@ def _rounds(entries: list[tuple[float, str, str]], ctx: int) -> tuple[tuple[Spec
                     f"llama-speculative-simple log: round {len(rounds)}: {a}/{k} drafts "
                     f"accepted, {gen} reported drafted, {len(cands)} logged (run with -lv 5)"
                 )
-            start = impl[0] if impl is not None else prev_end
-            rounds.append(
-                SpecRound(
-                    index=len(rounds),
-                    k=k,
-                    accepted=a,
-                    draft_tokens=tuple(cands[i] for i in range(k)),
-                    last_token=last,
-                    context_len=ctx,
-                    t_draft_ms=impl[0] - prev_end
-                    if impl is not None and prev_end is not None
-                    else math.nan,
-                    t_verify_ms=t - start if start is not None else math.nan,
-                )
-            )
+            draft = tuple(cands[i] for i in range(k))
+            rounds.append(_timed_round(len(rounds), a, draft, last, ctx, t, impl, prev_end))
             ctx += a + 1
             cands, impl = {}, None
         elif m := _CLEAR.match(msg):

@@ -24,10 +24,8 @@ debug lines give no tokens: their runs give the summary only (:data:`ROUND_LOG_T
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -40,6 +38,8 @@ from specmoe.engines.llamacpp_logs import (
     SpecRun,
     _entries,
     _run_of,
+    _summary_of,
+    _timed_round,
 )
 from specmoe.errors import InputError
 
@@ -155,16 +155,7 @@ def parse_ngram_log(text: str, *, prompt_ids: list[int] | None = None) -> SpecRu
     entries = _entries(text)
     if not entries:
         raise InputError("llama-speculative-simple log: no JSON log lines (run with --log-jsonl)")
-    summary: dict[str, tuple[str, ...]] = {}
-    for _, level, msg in entries:
-        for key, rx in _SUMMARY.items():
-            if level != "none" and (m := rx.match(msg)):
-                summary.setdefault(key, m.groups())
-    missing = [k for k in _SUMMARY if k not in summary]
-    if missing:
-        raise InputError(
-            f"llama-speculative-simple log: no summary line {', '.join(missing)} (did it finish?)"
-        )
+    summary = _summary_of(entries)
     gen_text = generated_text(text)
     if prompt_ids is None:
         return _run_of(summary, (), gen_text)
@@ -215,21 +206,7 @@ def _rounds(entries: list[tuple[float, str, str]], prompt_ids: list[int]) -> tup
                 draft = tuple(hist[pos + length : pos + length + k])
             else:
                 draft = ()
-            start = impl[0] if impl is not None else prev_end
-            rounds.append(
-                SpecRound(
-                    index=len(rounds),
-                    k=k,
-                    accepted=a,
-                    draft_tokens=draft,
-                    last_token=tok,
-                    context_len=len(hist),
-                    t_draft_ms=impl[0] - prev_end
-                    if impl is not None and prev_end is not None
-                    else math.nan,
-                    t_verify_ms=t - start if start is not None else math.nan,
-                )
-            )
+            rounds.append(_timed_round(len(rounds), a, draft, tok, len(hist), t, impl, prev_end))
             for nxt in (*draft[:a], tok):
                 hist.append(last)
                 last = nxt
@@ -265,8 +242,7 @@ def run_ngram(
     (the debug log slows the run; its throughput is not the engine's). Without: at the default
     verbosity, the summary and the generated text (``rounds`` empty). ``log_path`` keeps the log.
     """
-    from specmoe._io import atomic_path
-    from specmoe.engines.llamacpp import _model_file, _run
+    from specmoe.engines.llamacpp import _model_file, _speculative_run
 
     rounds = prompt_ids is not None
     if rounds and spec_type not in ROUND_LOG_TYPES:
@@ -283,25 +259,14 @@ def run_ngram(
             target, pf, k=k, n_predict=n_predict, spec_type=spec_type, size_n=size_n,
             threads=threads, ctx_size=ctx_size, rounds=rounds,
         )  # fmt: skip
-        for attempt in (1, 2):
-            proc = _run(cmd, what="llama-speculative-simple")
-            log = proc.stdout + proc.stderr
-            try:
-                run = parse_ngram_log(log, prompt_ids=prompt_ids)
-                break
-            except InputError as exc:
-                # a log without its summary from a run that exited 0 (seen now and then on a
-                # busy machine, as with the draft-model runs): said, run once more
-                if "no summary line" not in str(exc):
-                    raise
-                if attempt == 2:
-                    raise RuntimeError(f"llama-speculative-simple: {exc}") from None
-                print(f"warning: llama-speculative-simple: {exc}; running it again",
-                      file=sys.stderr)  # fmt: skip
-    if log_path is not None:
-        with atomic_path(log_path) as tmp_log:
-            tmp_log.write_text(log, encoding="utf-8")
-    return run
+        # retried: a log without its summary from a run that exited 0 (seen now and then on a
+        # busy machine, as with the draft-model runs)
+        return _speculative_run(
+            cmd,
+            lambda log: parse_ngram_log(log, prompt_ids=prompt_ids),
+            log_path=log_path,
+            retry_if=lambda exc: "no summary line" in str(exc),
+        )
 
 
 def timed_rounds(run: SpecRun, prompt_ids: list[int]) -> tuple[SpecRun, list[int]]:
