@@ -26,7 +26,6 @@ operation moves ``U`` experts' weights: ``U · rows · row_size(type, cols)``, w
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from functools import cache
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from specmoe.engines import llamacpp
+from specmoe.engines import llamacpp, llamacpp_shim
 from specmoe.engines._ggml_mmid_csrc import SOURCE
 
 __all__ = [
@@ -87,38 +86,23 @@ def op_bytes(ids: np.ndarray, wtype: str, hidden: int, inter: int, op: str = "ff
     return int(np.unique(np.asarray(ids)).size) * weight_bytes(wtype, hidden, inter)[op]
 
 
-@cache
-def build() -> Path:
-    """The compiled harness (built on first use, once per llama.cpp version, source and
-    compiler), beside the llama.cpp build; an ``InputError`` if llama.cpp is not built."""
-    return llamacpp.compile_shim(
-        SOURCE, name="ggml_mmid", libs=["ggml-cpu", "ggml-base", "ggml"], what="ggml harness"
-    )
-
-
-@cache
-def _lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
-    p, i, ll, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_double
-    lib.smm_new.argtypes = [i] * 8 + [p, ll, ll] * 3
-    lib.smm_new.restype = p
-    lib.smm_run.argtypes = [p, p, p, p, p, i]
-    lib.smm_run.restype = d
-    lib.smm_free.argtypes = [p]
-    lib.smm_free.restype = None
-    lib.smm_type_id.argtypes = [ctypes.c_char_p]
-    lib.smm_type_id.restype = i
-    lib.smm_row_size.argtypes = [i, ll]
-    lib.smm_row_size.restype = ll
-    lib.smm_quantize.argtypes = [i, p, p, ll, ll]
-    lib.smm_quantize.restype = ll
-    lib.smm_dequantize.argtypes = [i, p, p, ll]
-    lib.smm_dequantize.restype = None
-    lib.smm_vec_dot_ns.argtypes = [i, i, i, i, i]
-    lib.smm_vec_dot_ns.restype = d
-    lib.smm_read.argtypes = [p, ll]
-    lib.smm_read.restype = d
-    return lib
+build, _lib = llamacpp_shim.shim(
+    SOURCE,
+    name="ggml_mmid",
+    libs=["ggml-cpu", "ggml-base", "ggml"],
+    what="ggml harness",
+    signatures={
+        "smm_new": "p: " + " ".join(["i"] * 8 + ["p", "Q", "Q"] * 3),
+        "smm_run": "d: p p p p p i",
+        "smm_free": "-: p",
+        "smm_type_id": "i: c",
+        "smm_row_size": "Q: i Q",
+        "smm_quantize": "Q: i p p Q Q",
+        "smm_dequantize": "-: i p p Q",
+        "smm_vec_dot_ns": "d: i i i i i",
+        "smm_read": "d: p Q",
+    },
+)
 
 
 def _tid(wtype: str) -> int:

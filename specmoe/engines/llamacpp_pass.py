@@ -64,55 +64,40 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specmoe.engine.speculative import Verified
 from specmoe.engine.switch import KernelPolicy
-from specmoe.engines import llamacpp
+from specmoe.engines import llamacpp_shim
 from specmoe.engines._llamacpp_pass_csrc import SOURCE
 from specmoe.errors import InputError
 
 __all__ = ["KV_TYPES", "LlamaCppEngine", "LlamaKV", "NodeTime", "Profile", "build_shim"]
 
-KV_TYPES = ("f16", "f32")
-_ERRLEN = 512
+KV_TYPES = llamacpp_shim.KV_TYPES
+_ERRLEN = llamacpp_shim.SHIM_ERRLEN
 _NAME, _OP = 64, 32  # the shim's fixed name widths
 _PREFILL_BATCH = 512  # n_batch = n_ubatch, llama.cpp's default ubatch
 _TIMED, _SCRATCH = 0, 1  # context slots
 
 
-@cache
-def build_shim() -> Path:
-    """The compiled pass shim (built on first use, once per llama.cpp version, source and
-    compiler), beside the llama.cpp build."""
-    return llamacpp.compile_shim(
-        SOURCE, name="pass", libs=["llama", "ggml-base", "ggml"], what="llama.cpp pass"
-    )
-
-
-@cache
-def _lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_shim()))
-    p, i, c, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64
-    lib.lp_open.argtypes = [c, i, i, i, i, i, p, p, c, i]
-    lib.lp_open.restype = p
-    lib.lp_dims.argtypes = [p, p]
-    lib.lp_dims.restype = None
-    lib.lp_length.argtypes = [p, i]
-    lib.lp_length.restype = i
-    lib.lp_crop.argtypes = [p, i, i, c, i]
-    lib.lp_crop.restype = i
-    lib.lp_decode.argtypes = [p, i, p, i, i, i, p, p, p, p, i64, p, p, p, p, p, p, c, i]
-    lib.lp_decode.restype = i
-    lib.lp_meta.argtypes = [p, c, c, i]
-    lib.lp_meta.restype = i
-    lib.lp_close.argtypes = [p]
-    lib.lp_close.restype = None
-    return lib
+build_shim, _lib = llamacpp_shim.shim(
+    SOURCE,
+    name="pass",
+    libs=llamacpp_shim.LIBLLAMA,
+    what="llama.cpp pass",
+    signatures={
+        "lp_open": "p: c i i i i i p p c i",
+        "lp_dims": "-: p p",
+        "lp_length": "i: p i",
+        "lp_crop": "i: p i i c i",
+        "lp_decode": "i: p i p i i i p p p p q p p p p p p c i",
+        "lp_meta": "i: p c c i",
+        "lp_close": "-: p",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -186,7 +171,7 @@ class _Model:
         return self._engine._new_cache()
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(llamacpp_shim.Closing):
     """A GGUF model in libllama with specmoe's Engine interface (module docstring).
 
     ``n_ctx``: the context's tokens; ``threads``: decode threads (1: the compute runs in the
@@ -207,47 +192,17 @@ class LlamaCppEngine:
         clock: str = "cpu",
         overrides: dict[str, float] | None = None,
     ):
-        path = Path(gguf)
-        if not path.is_file():
-            raise InputError(f"{path}: no such GGUF file", argument="gguf")
-        for name, v in (("n_ctx", n_ctx), ("threads", threads)):
-            if isinstance(v, bool) or int(v) < 1:
-                raise InputError(f"must be >= 1, got {v}", argument=name)
-        if kv_type not in KV_TYPES:
-            raise InputError(
-                f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
-            )
         if clock not in ("wall", "cpu"):
             raise InputError(f"unknown {clock!r} (choose wall or cpu)", argument="clock")
-        lib = _lib()
-        over = dict(overrides or {})
-        keys = (ctypes.c_char_p * max(1, len(over)))(*[k.encode() for k in over])
-        vals = (ctypes.c_double * max(1, len(over)))(*[float(v) for v in over.values()])
-        err = ctypes.create_string_buffer(_ERRLEN)
-        h = lib.lp_open(
-            str(path).encode(),
-            int(n_ctx),
-            _PREFILL_BATCH,
-            int(threads),
-            int(kv_type == "f32"),
-            len(over),
-            keys,
-            vals,
-            err,
-            _ERRLEN,
+        self._h, self.path, dims = llamacpp_shim.open_model(
+            _lib(), "lp", gguf, n_ctx, _PREFILL_BATCH, threads, kv_type, overrides
         )
-        if not h:
-            raise InputError(f"{path}: {err.value.decode(errors='replace')}", argument="gguf")
-        self._h = h
-        self.path = path
         self.threads = int(threads)
         self.kv_type = kv_type
         self.record_routing = bool(record_routing)
         self.clock = clock
         self.now = time.perf_counter if clock == "wall" else time.thread_time
-        dims = (ctypes.c_int32 * 5)()
-        lib.lp_dims(h, dims)
-        self.num_layers, self.top_k, self.num_experts, self.n_ctx, self.vocab_size = map(int, dims)
+        self.num_layers, self.top_k, self.num_experts, self.n_ctx, self.vocab_size = dims
         self._policy = KernelPolicy("dedup")
         self._serial = 0
         self.model = _Model(self)
@@ -328,18 +283,6 @@ class LlamaCppEngine:
             _lib().lp_close(self._h)
             self._h = None
             self._serial += 1
-
-    def __enter__(self) -> LlamaCppEngine:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - a safety net; close() is the contract
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # -- the shim --------------------------------------------------------------------------
     def _handle(self) -> int:

@@ -27,12 +27,11 @@ import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from specmoe.engines import llamacpp
+from specmoe.engines import llamacpp, llamacpp_shim
 from specmoe.engines._llamacpp_routing_csrc import SOURCE
 from specmoe.errors import InputError
 
@@ -45,36 +44,24 @@ __all__ = [
     "record_routing",
 ]
 
-_ERRLEN = 512
-KV_TYPES = ("f16", "f32")  # the KV cache's type: llama.cpp's default, or float32
+_ERRLEN = llamacpp_shim.SHIM_ERRLEN
+KV_TYPES = llamacpp_shim.KV_TYPES  # the KV cache's type: llama.cpp's default, or float32
 
 
-@cache
-def build_recorder() -> Path:
-    """The compiled recorder (built on first use, once per llama.cpp version, source and
-    compiler), beside the llama.cpp build."""
-    return llamacpp.compile_shim(
-        SOURCE, name="routing", libs=["llama", "ggml-base", "ggml"], what="llama.cpp routing"
-    )
-
-
-@cache
-def _lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build_recorder()))
-    p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
-    lib.rr_open.argtypes = [c, i, i, i, i, i, p, p, c, i]
-    lib.rr_open.restype = p
-    lib.rr_dims.argtypes = [p, p]
-    lib.rr_dims.restype = None
-    lib.rr_record.argtypes = [p, p, i, p, p, p, c, i]
-    lib.rr_record.restype = i
-    lib.rr_meta.argtypes = [p, c, c, i]
-    lib.rr_meta.restype = i
-    lib.rr_tokenize.argtypes = [p, c, i, p, i]
-    lib.rr_tokenize.restype = i
-    lib.rr_close.argtypes = [p]
-    lib.rr_close.restype = None
-    return lib
+build_recorder, _lib = llamacpp_shim.shim(
+    SOURCE,
+    name="routing",
+    libs=llamacpp_shim.LIBLLAMA,
+    what="llama.cpp routing",
+    signatures={
+        "rr_open": "p: c i i i i i p p c i",
+        "rr_dims": "-: p p",
+        "rr_record": "i: p p i p p p c i",
+        "rr_meta": "i: p c c i",
+        "rr_tokenize": "i: p c i p i",
+        "rr_close": "-: p",
+    },
+)
 
 
 @dataclass(frozen=True)
@@ -87,7 +74,7 @@ class Recorded:
     layers: tuple[int, ...]
 
 
-class LlamaRouting:
+class LlamaRouting(llamacpp_shim.Closing):
     """One GGUF model loaded in libllama with a context of ``n_ctx`` tokens that decodes in
     ubatches of ``batch`` tokens on ``threads`` threads, its KV cache in ``kv_type`` (``f16``,
     llama.cpp's default, or ``f32``); ``overrides``: float metadata values in place of the
@@ -103,43 +90,12 @@ class LlamaRouting:
         kv_type: str = "f16",
         overrides: dict[str, float] | None = None,
     ):
-        path = Path(gguf)
-        if not path.is_file():
-            raise InputError(f"{path}: no such GGUF file", argument="gguf")
-        for name, v in (("n_ctx", n_ctx), ("batch", batch), ("threads", threads)):
-            if int(v) < 1:
-                raise InputError(f"must be >= 1, got {v}", argument=name)
-        if kv_type not in KV_TYPES:
-            raise InputError(
-                f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
-            )
-        lib = _lib()
-        err = ctypes.create_string_buffer(_ERRLEN)
-        kv32 = int(kv_type == "f32")
-        over = dict(overrides or {})
-        keys = (ctypes.c_char_p * max(1, len(over)))(*[k.encode() for k in over])
-        vals = (ctypes.c_double * max(1, len(over)))(*[float(v) for v in over.values()])
-        h = lib.rr_open(
-            str(path).encode(),
-            int(n_ctx),
-            int(batch),
-            int(threads),
-            kv32,
-            len(over),
-            keys,
-            vals,
-            err,
-            _ERRLEN,
+        self._h, self.path, dims = llamacpp_shim.open_model(
+            _lib(), "rr", gguf, n_ctx, batch, threads, kv_type, overrides
         )
-        if not h:
-            raise InputError(f"{path}: {err.value.decode(errors='replace')}", argument="gguf")
-        self._h = h
-        self.path = path
         self.batch = int(batch)
         self.kv_type = kv_type
-        dims = (ctypes.c_int32 * 5)()
-        lib.rr_dims(h, dims)
-        self.n_layer, self.top_k, self.num_experts, self.n_ctx, self.n_vocab = map(int, dims)
+        self.n_layer, self.top_k, self.num_experts, self.n_ctx, self.n_vocab = dims
 
     def record(self, token_ids: Sequence[int], *, probs: bool = False) -> Recorded:
         """The routing of ``token_ids`` at positions 0..T-1 (teacher-forced, empty cache)."""
@@ -212,18 +168,6 @@ class LlamaRouting:
         if self._h is not None:
             _lib().rr_close(self._h)
             self._h = None
-
-    def __enter__(self) -> LlamaRouting:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # pragma: no cover - a safety net; close() is the contract
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def record_routing(
