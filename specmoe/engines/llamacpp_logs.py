@@ -209,30 +209,16 @@ def parse_speculative_log(text: str, *, rounds: bool = True) -> SpecRun:
     return _run_of(summary, *_rounds(entries, int(summary["n_input"][0]) - 1))
 
 
-def _timed_round(
-    index: int,
-    accepted: int,
-    draft: tuple[int, ...],
-    last: int,
-    ctx: int,
-    t: float,
-    impl: tuple[float, int] | None,
-    prev_end: float | None,
-) -> SpecRound:
-    """A round whose ``accepted`` line came at ``t``: its lookup from the previous round's end
-    ``prev_end`` to its ``called impl`` line ``impl`` (time, drafts), its verification from then
-    (from ``prev_end`` where it drafted nothing) to ``t``; NaN where a start is missing."""
+def _round_times(
+    t: float, impl: tuple[float, int] | None, prev_end: float | None
+) -> tuple[float, float]:
+    """(t_draft_ms, t_verify_ms) of a round whose ``accepted`` line came at ``t``: its lookup
+    from the previous round's end ``prev_end`` to its ``called impl`` line ``impl`` (time,
+    drafts), its verification from then (from ``prev_end`` where it drafted nothing) to ``t``;
+    NaN where a start is missing."""
     start = impl[0] if impl is not None else prev_end
-    return SpecRound(
-        index=index,
-        k=len(draft),
-        accepted=accepted,
-        draft_tokens=draft,
-        last_token=last,
-        context_len=ctx,
-        t_draft_ms=impl[0] - prev_end if impl is not None and prev_end is not None else math.nan,
-        t_verify_ms=t - start if start is not None else math.nan,
-    )
+    t_draft = impl[0] - prev_end if impl is not None and prev_end is not None else math.nan
+    return t_draft, t - start if start is not None else math.nan
 
 
 def _rounds(entries: list[tuple[float, str, str]], ctx: int) -> tuple[tuple[SpecRound, ...], str]:
@@ -265,7 +251,8 @@ def _rounds(entries: list[tuple[float, str, str]], ctx: int) -> tuple[tuple[Spec
                     f"accepted, {gen} reported drafted, {len(cands)} logged (run with -lv 5)"
                 )
             draft = tuple(cands[i] for i in range(k))
-            rounds.append(_timed_round(len(rounds), a, draft, last, ctx, t, impl, prev_end))
+            times = _round_times(t, impl, prev_end)
+            rounds.append(SpecRound(len(rounds), k, a, draft, last, ctx, *times))
             ctx += a + 1
             cands, impl = {}, None
         elif m := _CLEAR.match(msg):

@@ -37,9 +37,9 @@ from specmoe.engines.llamacpp_logs import (
     SpecRound,
     SpecRun,
     _entries,
+    _round_times,
     _run_of,
     _summary_of,
-    _timed_round,
 )
 from specmoe.errors import InputError
 
@@ -206,7 +206,8 @@ def _rounds(entries: list[tuple[float, str, str]], prompt_ids: list[int]) -> tup
                 draft = tuple(hist[pos + length : pos + length + k])
             else:
                 draft = ()
-            rounds.append(_timed_round(len(rounds), a, draft, tok, len(hist), t, impl, prev_end))
+            times = _round_times(t, impl, prev_end)
+            rounds.append(SpecRound(len(rounds), k, a, draft, tok, len(hist), *times))
             for nxt in (*draft[:a], tok):
                 hist.append(last)
                 last = nxt
