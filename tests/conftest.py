@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random MoE models of every supported family, built offline."""
+"""Shared fixtures: tiny random MoE models of every supported family, built offline; the
+bundled target, and its f32 GGUF for the tests against llama.cpp."""
 
 from __future__ import annotations
 
@@ -41,3 +42,23 @@ def ray_runtime(request):
     yield ray
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(mod)
+
+
+@pytest.fixture(scope="session")
+def gguf(tmp_path_factory):
+    """The bundled target as f32 GGUF, exported once a session by ``specmoe export`` (for the
+    tests against llama.cpp; a module's own ``gguf`` fixture takes its place there)."""
+    from specmoe.cli import main
+
+    path = tmp_path_factory.mktemp("gguf") / "f32.gguf"
+    argv = ["export", "--format", "gguf", "--model", "bundled", "--out", str(path)]
+    assert main([*argv, "--outtype", "f32"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def target():
+    """The bundled target model (float32 on the CPU) and its tokenizer, loaded once a module."""
+    from specmoe.engine.models import load_model, load_tokenizer
+
+    return load_model("bundled"), load_tokenizer("bundled")

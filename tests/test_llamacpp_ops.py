@@ -4,20 +4,14 @@ graph's nodes, the launch-overhead subtraction, the fits, the profile and the pl
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
+from _llamacpp import needs_llamacpp
 
-from specmoe.engines import llamacpp
 from specmoe.engines import llamacpp_ops as LO
 from specmoe.errors import InputError
 
-REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
-needs_llamacpp = pytest.mark.skipif(
-    not llamacpp.is_built() and not REQUIRED,
-    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
-)
 DEPTHS = (64, 160)
 N_MAX = 5
 
@@ -111,16 +105,6 @@ def test_bad_inputs_pure():
 
 # ------------------------------------------------------------------------------------------
 # against llama.cpp
-
-
-@pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    from specmoe.cli import main
-
-    path = tmp_path_factory.mktemp("gguf-ops") / "f32.gguf"
-    argv = ["export", "--format", "gguf", "--model", "bundled", "--out", str(path)]
-    assert main([*argv, "--outtype", "f32"]) == 0
-    return path
 
 
 @pytest.fixture(scope="module")

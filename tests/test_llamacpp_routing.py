@@ -8,44 +8,21 @@ missing build fails these tests instead.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _llamacpp import needs_llamacpp
 
-from specmoe.engines import llamacpp
 from specmoe.errors import InputError
 
-REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
-pytestmark = pytest.mark.skipif(
-    not llamacpp.is_built() and not REQUIRED,
-    reason=f"llama.cpp {llamacpp.VERSION} is not built (make llama-cpp)",
-)
+pytestmark = needs_llamacpp
 
 ROOT = Path(__file__).resolve().parents[1]
 STDLIB_FILE = "textwrap.py"  # a stdlib source file (as in test_llamacpp_engine)
 N = 640
-
-
-@pytest.fixture(scope="module")
-def gguf(tmp_path_factory):
-    """The bundled target as f32 GGUF, exported by ``specmoe export``."""
-    from specmoe.cli import main
-
-    path = tmp_path_factory.mktemp("gguf") / "f32.gguf"
-    argv = ["export", "--format", "gguf", "--model", "bundled", "--out", str(path)]
-    assert main([*argv, "--outtype", "f32"]) == 0
-    return path
-
-
-@pytest.fixture(scope="module")
-def target():
-    from specmoe.engine.models import load_model, load_tokenizer
-
-    return load_model("bundled"), load_tokenizer("bundled")  # float32 on the CPU
 
 
 @pytest.fixture(scope="module")
