@@ -51,10 +51,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for p in (ROOT, ROOT / "scripts"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
 
 import numpy as np  # noqa: E402
+from llamacpp_runs import _prompts  # noqa: E402
 
 from specmoe._io import atomic_write_json  # noqa: E402
 from specmoe.cli import main as specmoe  # noqa: E402
@@ -64,23 +66,6 @@ from specmoe.engines import llamacpp  # noqa: E402
 from specmoe.engines.llamacpp_server import synthetic_rates  # noqa: E402
 
 TOLERANCE = 0.10
-
-
-def _prompts(count: int, context: int) -> list[tuple[str, str]]:
-    """The first ``count`` validation documents with at least ``context`` tokens, cut to
-    ``context`` tokens of the bundled tokenizer and decoded back to text."""
-    from specmoe.data import corpus
-    from specmoe.engine.models import load_tokenizer
-
-    tok = load_tokenizer("bundled")
-    out = []
-    for name, text in corpus.documents("validation"):
-        ids = tok.encode(text, add_special_tokens=False)
-        if len(ids) >= context:
-            out.append((name, tok.decode(ids[:context])))
-        if len(out) == count:
-            return out
-    raise SystemExit(f"only {len(out)} validation documents have {context} tokens")
 
 
 def _free_port() -> int:
@@ -166,6 +151,19 @@ class Server:
         self.log.close()
 
 
+def _synthetic(flags: list[str], acceptance: float, k: int) -> list[str]:
+    """Server ``flags`` whose drafts are accepted at the synthetic rates of a per-token
+    ``acceptance`` and draft length ``k``."""
+    rates = ",".join(f"{r:.9g}" for r in synthetic_rates(acceptance, k))
+    return [*flags, "--spec-synth-rates", rates]
+
+
+def _warm(plain: Server, spec: Server, text: str) -> None:
+    """The prompt into each server's cache (not counted)."""
+    plain.complete(text, 1)
+    spec.complete(text, 1)
+
+
 CALIBRATION_ACCEPTANCE = 0.3  # not one of the checked acceptances
 CALIBRATION_K = (1, 4)
 
@@ -179,13 +177,11 @@ def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     runs_p, per_k = [], {}
     for k in CALIBRATION_K:
         flags = server_flags(k=k, target=str(target), draft=str(draft), threads=s["threads"])
-        rates = ",".join(f"{r:.9g}" for r in synthetic_rates(CALIBRATION_ACCEPTANCE, k))
-        spec = Server([*flags, "--spec-synth-rates", rates], ctx=ctx)
+        spec = Server(_synthetic(flags, CALIBRATION_ACCEPTANCE, k), ctx=ctx)
         runs_s = []
         try:
             for _, text in prompts:
-                plain.complete(text, 1)
-                spec.complete(text, 1)
+                _warm(plain, spec, text)
                 runs_p.append(plain.complete(text, args.tokens))
                 runs_s.append(spec.complete(text, args.tokens))
         finally:
@@ -292,14 +288,12 @@ def main(argv: list[str] | None = None) -> int:
                             k=k, target=str(target), draft=str(draft), threads=s["threads"]
                         )
                     )
-                    rates = ",".join(f"{r:.9g}" for r in synthetic_rates(a, k))
-                    spec = Server([*flags, "--spec-synth-rates", rates], ctx=ctx)
+                    flags = _synthetic(flags, a, k)
+                    spec = Server(flags, ctx=ctx)
                     pairs = []
                     try:
                         for name, text in prompts:
-                            # the prompt into each server's cache (not counted)
-                            plain.complete(text, 1)
-                            spec.complete(text, 1)
+                            _warm(plain, spec, text)
                             for rep in range(args.repeats):
                                 tp = plain.complete(text, args.tokens)
                                 ts = spec.complete(text, args.tokens)
@@ -347,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                         <= TOLERANCE,
                         "relative_error": predicted / measured - 1,
                         "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
-                        "server_flags": [*flags, "--spec-synth-rates", rates],
+                        "server_flags": flags,
                         "acceptance_measured": accepted / drafted if drafted else None,
                         "tokens_per_round_measured": emitted / rounds if rounds else None,
                         "tokens_per_round_G": float(theory.expected_tokens(a, k)),
