@@ -6,8 +6,9 @@ It holds the log callback (llama.cpp's last error or warning line kept for error
 whole log on stderr when ``SPECMOE_LLAMACPP_VERBOSE`` is set), the parser of node names
 ``<prefix>-<layer>``, the copy of a per-layer node's rows into a ``[n, L, width]`` output at
 the next free positions of its layer, the opening of a GGUF model (float metadata overrides,
-the MoE dimensions) and the context parameters both shims use (CPU only, flash attention off,
-one sequence, ``n_batch = n_ubatch``).
+the MoE dimensions), the context parameters both shims use (CPU only, flash attention off,
+one sequence, ``n_batch = n_ubatch``), the token check, the batch of one sequence and a
+batch's error message.
 """
 
 PRELUDE = r"""
@@ -148,6 +149,54 @@ static struct llama_context_params sm_context_params(int n_ctx, int batch, int t
     }
     cp.no_perf = true;
     return cp;
+}
+
+/* dims [5]: layers, experts per token, experts, context, vocabulary */
+static void sm_dims(struct llama_model * model, int n_layer, int top_k, int n_expert, int n_ctx, int32_t * dims) {
+    dims[0] = n_layer;
+    dims[1] = top_k;
+    dims[2] = n_expert;
+    dims[3] = n_ctx;
+    dims[4] = llama_vocab_n_tokens(llama_model_get_vocab(model));
+}
+
+/* 0 when tokens[0..n) are all in a vocabulary of n_vocab, else 2 with err naming the first
+   outside it by its `unit` ("position", "row") */
+static int sm_check_tokens(const int32_t * tokens, int n, int n_vocab, const char * unit, char * err, int errlen) {
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            snprintf(err, errlen, "token %d at %s %d is outside the vocabulary of %d", tokens[i], unit, i, n_vocab);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* b: tokens[0..m) at positions pos..pos+m-1 of sequence 0, row j an output when all_logits or
+   j is the last */
+static void sm_fill_batch(struct llama_batch * b, const int32_t * tokens, int m, int pos, int all_logits) {
+    b->n_tokens = m;
+    for (int j = 0; j < m; j++) {
+        b->token[j] = tokens[j];
+        b->pos[j] = pos + j;
+        b->n_seq_id[j] = 1;
+        b->seq_id[j][0] = 0;
+        b->logits[j] = all_logits || j == m - 1;
+    }
+}
+
+/* a batch's outcome: 0, or 1 with err set from llama_decode's result r (the batch starting at
+   `unit` start) or from the eval callback's message cb_err (NULL when it did not fail) */
+static int sm_decode_status(int32_t r, const char * unit, int start, const char * cb_err, char * err, int errlen) {
+    if (r != 0) {
+        snprintf(err, errlen, "llama_decode returned %d at %s %d (%s)", r, unit, start, sm_log_text());
+        return 1;
+    }
+    if (cb_err) {
+        snprintf(err, errlen, "%s", cb_err);
+        return 1;
+    }
+    return 0;
 }
 
 /* a metadata value of the model as text ("<arch>." prefixed when key starts with a dot);

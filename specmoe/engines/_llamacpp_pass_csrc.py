@@ -127,11 +127,7 @@ void * lp_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
 
 void lp_dims(void * h, int32_t * dims) {
     lp_state * st = (lp_state *) h;
-    dims[0] = st->n_layer;
-    dims[1] = st->top_k;
-    dims[2] = st->n_expert;
-    dims[3] = st->n_ctx;
-    dims[4] = st->n_vocab;
+    sm_dims(st->model, st->n_layer, st->top_k, st->n_expert, st->n_ctx, dims);
 }
 
 static struct llama_context * lp_ctx(lp_state * st, int slot, char * err, int errlen) {
@@ -199,12 +195,7 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
         snprintf(err, errlen, "%d tokens after %d for a context of %d", n, pos, st->n_ctx);
         return 2;
     }
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= st->n_vocab) {
-            snprintf(err, errlen, "token %d at row %d is outside the vocabulary of %d", tokens[i], i, st->n_vocab);
-            return 2;
-        }
-    }
+    if (sm_check_tokens(tokens, n, st->n_vocab, "row", err, errlen)) return 2;
     if (mode == 1) {
         for (int64_t i = 0; i < (int64_t) n * st->n_layer * st->top_k; i++) out_ids[i] = -1;
         memset(st->fill_ids, 0, sizeof(int64_t) * st->n_layer);
@@ -226,14 +217,7 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
     int rc = 0;
     for (int start = 0; start < n && rc == 0; start += st->batch) {
         int m = n - start < st->batch ? n - start : st->batch;
-        b.n_tokens = m;
-        for (int j = 0; j < m; j++) {
-            b.token[j] = tokens[start + j];
-            b.pos[j] = pos + start + j;
-            b.n_seq_id[j] = 1;
-            b.seq_id[j][0] = 0;
-            b.logits[j] = all_logits || j == m - 1;
-        }
+        sm_fill_batch(&b, tokens + start, m, pos + start, all_logits);
         sm_log_last[0] = 0;
         if (slot == 0) st->mode = mode;
         int64_t c0 = lp_ns(CLOCK_THREAD_CPUTIME_ID), w0 = lp_ns(CLOCK_MONOTONIC);
@@ -245,14 +229,8 @@ int lp_decode(void * h, int slot, const int32_t * tokens, int n, int all_logits,
         st->mode = 0;
         times[0] += c1 - c0;
         times[1] += w1 - w0;
-        if (r != 0) {
-            snprintf(err, errlen, "llama_decode returned %d at row %d (%s)", r, start,
-                     sm_log_text());
-            rc = 1;
-        } else if (st->failed) {
-            snprintf(err, errlen, "%s", st->err);
-            rc = 1;
-        } else if (all_logits) {
+        rc = sm_decode_status(r, "row", start, st->failed ? st->err : NULL, err, errlen);
+        if (rc == 0 && all_logits) {
             for (int j = 0; j < m; j++) {
                 const float * row = llama_get_logits_ith(ctx, j);
                 if (!row) {

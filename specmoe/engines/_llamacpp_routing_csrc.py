@@ -92,11 +92,7 @@ void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
 
 void rr_dims(void * h, int32_t * dims) {
     rr_state * st = (rr_state *) h;
-    dims[0] = st->n_layer;
-    dims[1] = st->top_k;
-    dims[2] = st->n_expert;
-    dims[3] = st->n_ctx;
-    dims[4] = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
+    sm_dims(st->model, st->n_layer, st->top_k, st->n_expert, st->n_ctx, dims);
 }
 
 /* Teacher-forced pass over tokens[0..n) at positions 0..n-1 on an empty cache, in batches of
@@ -110,12 +106,7 @@ int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float 
         return 2;
     }
     int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
-            snprintf(err, errlen, "token %d at position %d is outside the vocabulary of %d", tokens[i], i, n_vocab);
-            return 2;
-        }
-    }
+    if (sm_check_tokens(tokens, n, n_vocab, "position", err, errlen)) return 2;
     for (int64_t i = 0; i < (int64_t) n * st->n_layer * st->top_k; i++) out_ids[i] = -1;
     memset(st->fill_ids, 0, sizeof(int64_t) * st->n_layer);
     memset(st->fill_probs, 0, sizeof(int64_t) * st->n_layer);
@@ -129,24 +120,11 @@ int rr_record(void * h, const int32_t * tokens, int n, int32_t * out_ids, float 
     int rc = 0;
     for (int start = 0; start < n && rc == 0; start += st->batch) {
         int m = n - start < st->batch ? n - start : st->batch;
-        b.n_tokens = m;
-        for (int j = 0; j < m; j++) {
-            b.token[j] = tokens[start + j];
-            b.pos[j] = start + j;
-            b.n_seq_id[j] = 1;
-            b.seq_id[j][0] = 0;
-            b.logits[j] = 1; /* every position is an output: the last layer's MoE sees them all */
-        }
+        /* every position is an output: the last layer's MoE sees them all */
+        sm_fill_batch(&b, tokens + start, m, start, 1);
         sm_log_last[0] = 0;
         int32_t r = llama_decode(st->ctx, b);
-        if (r != 0) {
-            snprintf(err, errlen, "llama_decode returned %d at position %d (%s)", r, start,
-                     sm_log_text());
-            rc = 1;
-        } else if (st->failed) {
-            snprintf(err, errlen, "%s", st->err);
-            rc = 1;
-        }
+        rc = sm_decode_status(r, "position", start, st->failed ? st->err : NULL, err, errlen);
     }
     llama_batch_free(b);
     for (int l = 0; l < st->n_layer; l++) filled[l] = st->fill_ids[l];
