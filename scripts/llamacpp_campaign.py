@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -58,19 +57,21 @@ for p in (ROOT, ROOT / "scripts"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import numpy as np  # noqa: E402
 from measure_runs import skip_unit  # noqa: E402
 from whole_pass_campaign import (  # noqa: E402
-    ACCEPTANCE,
-    KS,
+    ACCEPTANCE,  # noqa: F401 (the grid of its runs files)
+    KS,  # noqa: F401
     NS,
     Models,
     Unit,
+    add_campaign_args,
+    add_run_args,
     aggregate,
     check_prediction,
     design_of,
     finish_unit,
     open_record,
+    oracle_generations,
     record_qualifying,
     start_unit,
     too_few_prompts,
@@ -260,7 +261,6 @@ def run_unit(
     """One unit on ``engine``: a verify sweep (the dedup setting alone) or one prompt's
     repeat of every (k, a) with the oracle draft, as ``whole_pass_campaign.run_unit``."""
     from specmoe.engine.measure import verify_passes
-    from specmoe.engine.runner import run_grid
 
     count = cfg.verify[0] if unit.kind == "verify" else cfg.throughput[0]
     pid, ids = models.prompts(unit.depth, count)[unit.prompt]
@@ -275,27 +275,8 @@ def run_unit(
             warmup=1,
         )
     else:
-        rounds = folder / "rounds" / unit.name
-        if rounds.exists():
-            shutil.rmtree(rounds)  # discard rule 3: never resume a partial unit
-        rep = int(unit.repeat or 0)
-        gens = run_grid(
-            engine,
-            [(pid, ids)],
-            drafter="oracle",
-            ks=KS,
-            accs=ACCEPTANCE,
-            tokens=cfg.throughput[2],
-            label=cfg.label,
-            out=rounds,
-            seed=seed,
-            repeats=1,
-            rep_offset=rep,
-            depth=unit.depth,
-            shuffle_seed=int(np.random.SeedSequence([seed, unit.prompt, rep]).generate_state(1)[0]),
-            progress=False,
-            seed_by_acceptance=True,
-            extra={"engine": "llama.cpp"},
+        gens = oracle_generations(
+            engine, unit, (pid, ids), folder, cfg, cfg.label, seed, extra={"engine": "llama.cpp"}
         )
         out = {"generations": gens}
     out.update(
@@ -312,20 +293,7 @@ def run_unit(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--out", type=Path, default=None, help="default results/cpu/llamacpp/whole-pass"
-    )
-    ap.add_argument(
-        "--configs",
-        default=",".join(CONFIGS),
-        help=f"comma-separated configurations, in run order (default {','.join(CONFIGS)})",
-    )
-    ap.add_argument(
-        "--predictions",
-        type=Path,
-        default=ROOT / "results" / "cpu" / "llamacpp" / "whole-pass" / "predictions",
-        help="folder of <config>/plan.json and profile.json (committed)",
-    )
+    add_campaign_args(ap, "results/cpu/llamacpp/whole-pass", CONFIGS)
     ap.add_argument("--bundled-gguf", type=Path, default=DEFAULT_GGUF["bundled"])
     ap.add_argument("--lifted-gguf", type=Path, default=DEFAULT_GGUF["lifted"])
     ap.add_argument(
@@ -335,9 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the lift's checkpoint folder (its config.json's rms_norm_eps is checked against "
         "the GGUF's)",
     )
-    ap.add_argument("--budget", type=float, default=1e9, help="minutes; no unit starts after")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long subset, no prediction")
-    ap.add_argument("--seed", type=int, default=0)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
     names = list(QUICK) if args.quick else [c for c in args.configs.split(",") if c]
@@ -358,9 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     record_path = out / "runs_campaign.json"
     record = open_record(
         record_path,
+        args,
         protocol=PROTOCOL,
-        quick=args.quick,
-        seed=args.seed,
         design={
             c: {
                 **design_of(

@@ -229,7 +229,6 @@ class Models:
 
 def run_unit(unit: Unit, cfg: Config, models: Models, folder: Path, *, seed: int) -> dict:
     from specmoe.engine.measure import verify_passes
-    from specmoe.engine.runner import run_grid
     from specmoe.engine.speculative import Engine
     from specmoe.engine.switch import KernelPolicy
 
@@ -253,32 +252,8 @@ def run_unit(unit: Unit, cfg: Config, models: Models, folder: Path, *, seed: int
         if unit.kind == "verify":
             out = verify_passes(engine, [(pid, ids)], n_values=NS, repeats=cfg.verify[1], warmup=1)
         else:
-            rounds = folder / "rounds" / unit.name
-            if rounds.exists():
-                shutil.rmtree(rounds)  # discard rule 3: never resume a partial unit
-            _, _, tokens = cfg.throughput
-            gens = run_grid(
-                engine,
-                [(pid, ids)],
-                drafter="oracle",
-                ks=KS,
-                accs=ACCEPTANCE,
-                tokens=tokens,
-                label=m["label"],
-                out=rounds,
-                seed=seed,
-                repeats=1,
-                rep_offset=int(unit.repeat or 0),
-                forced=None,  # pointed above, once
-                depth=unit.depth,
-                shuffle_seed=int(
-                    np.random.SeedSequence(
-                        [seed, unit.prompt, int(unit.repeat or 0)]
-                    ).generate_state(1)[0]
-                ),
-                progress=False,
-                seed_by_acceptance=True,
-            )
+            # (forced routing: pointed above, once)
+            gens = oracle_generations(engine, unit, (pid, ids), folder, cfg, m["label"], seed)
             out = {"generations": gens}
     finally:
         engine.close()
@@ -290,6 +265,46 @@ def run_unit(unit: Unit, cfg: Config, models: Models, folder: Path, *, seed: int
         cpu_s=time.process_time() - cpu0,
     )
     return out
+
+
+def oracle_generations(
+    engine: Any,
+    unit: Unit,
+    prompt: tuple[str, list[int]],
+    folder: Path,
+    cfg: Any,
+    label: str,
+    seed: int,
+    **more: Any,
+) -> list:
+    """A throughput unit's generations (``run_grid`` with the oracle drafter: every k and
+    acceptance once, ``cfg.throughput``'s tokens each, in the order shuffled by (seed, prompt,
+    repeat)), its round logs under ``folder/rounds/<unit>`` (a partial unit's deleted first);
+    ``more`` to ``run_grid``."""
+    from specmoe.engine.runner import run_grid
+
+    rounds = folder / "rounds" / unit.name
+    if rounds.exists():
+        shutil.rmtree(rounds)  # discard rule 3: never resume a partial unit
+    rep = int(unit.repeat or 0)
+    return run_grid(
+        engine,
+        [prompt],
+        drafter="oracle",
+        ks=KS,
+        accs=ACCEPTANCE,
+        tokens=cfg.throughput[2],
+        label=label,
+        out=rounds,
+        seed=seed,
+        repeats=1,
+        rep_offset=rep,
+        depth=unit.depth,
+        shuffle_seed=int(np.random.SeedSequence([seed, unit.prompt, rep]).generate_state(1)[0]),
+        progress=False,
+        seed_by_acceptance=True,
+        **more,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -418,6 +433,30 @@ def _h(gens: list[dict[str, Any]]) -> float:
 # the campaign record (runs_campaign.json) and one unit's run
 
 
+def add_campaign_args(ap: argparse.ArgumentParser, results: str, configs: dict) -> None:
+    """``--out`` (default ``results``), ``--configs`` (of ``configs``) and ``--predictions``
+    (default ``results/predictions``)."""
+    ap.add_argument("--out", type=Path, default=None, help=f"default {results}")
+    ap.add_argument(
+        "--configs",
+        default=",".join(configs),
+        help=f"comma-separated configurations, in run order (default {','.join(configs)})",
+    )
+    ap.add_argument(
+        "--predictions",
+        type=Path,
+        default=ROOT / results / "predictions",
+        help="folder of <config>/plan.json and profile.json (committed)",
+    )
+
+
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """``--budget``, ``--quick`` and ``--seed``."""
+    ap.add_argument("--budget", type=float, default=1e9, help="minutes; no unit starts after")
+    ap.add_argument("--quick", action="store_true", help="a seconds-long subset, no prediction")
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def design_of(cfg: Config, **more: Any) -> dict[str, Any]:
     """A configuration's design as the campaign record keeps it (``more`` after its sizes)."""
     return {
@@ -433,16 +472,15 @@ def design_of(cfg: Config, **more: Any) -> dict[str, Any]:
 
 def open_record(
     record_path: Path,
+    args: argparse.Namespace,
     *,
     protocol: str,
-    quick: bool,
-    seed: int,
     design: dict[str, Any],
     command: str,
     names: list[str],
 ) -> dict[str, Any]:
     """The campaign record at ``record_path`` (empty when there is none) with this
-    invocation's fields, its command and its machine appended."""
+    invocation's fields (``args.quick``, ``args.seed``), its command and its machine appended."""
     record = read_json(record_path, "campaign record") if record_path.exists() else {}
     if "machine" in record and "invocations" not in record:  # a record from before the field
         record["invocations"] = [{"started": None, "machine": record["machine"]}]
@@ -451,9 +489,9 @@ def open_record(
     record.update(
         {
             "protocol": protocol,
-            "quick": quick,
+            "quick": args.quick,
             "clock": CLOCK,
-            "seed": seed,
+            "seed": args.seed,
             "machine": _machine(),
             "design": design,
         }
@@ -522,21 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None, help="default results/cpu/whole-pass")
-    ap.add_argument(
-        "--configs",
-        default=",".join(CONFIGS),
-        help=f"comma-separated configurations, in run order (default {','.join(CONFIGS)})",
-    )
-    ap.add_argument(
-        "--predictions",
-        type=Path,
-        default=ROOT / "results" / "cpu" / "whole-pass" / "predictions",
-        help="folder of <config>/plan.json and profile.json (committed)",
-    )
-    ap.add_argument("--budget", type=float, default=1e9, help="minutes; no unit starts after")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long subset, no prediction")
-    ap.add_argument("--seed", type=int, default=0)
+    add_campaign_args(ap, "results/cpu/whole-pass", CONFIGS)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
     names = [c for c in args.configs.split(",") if c] if not args.quick else list(QUICK)
@@ -552,9 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     record_path = out / "runs_campaign.json"
     record = open_record(
         record_path,
+        args,
         protocol=PROTOCOL,
-        quick=args.quick,
-        seed=args.seed,
         design={c: design_of(table[c]) for c in names},
         command="python scripts/whole_pass_campaign.py " + " ".join(argv or sys.argv[1:]),
         names=names,
