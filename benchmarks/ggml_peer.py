@@ -24,16 +24,20 @@ clock. The machine's load average is recorded before and after each part.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
+    sys.path.insert(0, str(HERE))
 
-from specmoe.bench.passes import chosen_pass, recorded_windows
-from specmoe.engines import ggml_mmid
-from specmoe.spec import resolve_spec
+import numpy as np  # noqa: E402
+from _record import emit  # noqa: E402
+
+from specmoe.bench.passes import chosen_pass, recorded_windows  # noqa: E402
+from specmoe.engines import ggml_mmid  # noqa: E402
+from specmoe.spec import resolve_spec  # noqa: E402
 
 PARTS = ("recorded", "union_fixed", "n_fixed", "warm")
 
@@ -137,11 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         del pool, warm_pool
     record["wall_s"] = time.perf_counter() - t0
-    text = json.dumps(record, indent=1)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    emit(record, a.out)
     return 0
 
 

@@ -32,16 +32,20 @@ average before and after is recorded.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
+    sys.path.insert(0, str(HERE))
 
-from specmoe.errors import InputError
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from _record import emit  # noqa: E402
+
+from specmoe.errors import InputError  # noqa: E402
 
 
 def _loadavg() -> list[str] | None:
@@ -98,11 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"kernel_q8.py: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(record, indent=1)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(text + "\n")
-    print(text)
+    emit(record, a.out)
     return 0
 
 
