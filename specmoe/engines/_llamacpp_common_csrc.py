@@ -54,6 +54,14 @@ static int sm_layer(const char * name, const char * prefix) {
     return (int) l;
 }
 
+/* the first failure of a pass kept: *failed set and msg copied into err [SM_ERRLEN] */
+static void sm_fail(int * failed, char * err, const char * msg) {
+    if (!*failed) {
+        *failed = 1;
+        snprintf(err, SM_ERRLEN, "%s", msg);
+    }
+}
+
 /* Node t of layer l, [width, rows] of ggml type `type` (i32 or f32), copied row by row into
    out [n, n_layer, width] at positions fill[l].. of layer l. 0, or 1 with msg [SM_ERRLEN] set
    (layers: the message names the count of layers). */

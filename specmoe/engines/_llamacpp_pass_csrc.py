@@ -58,13 +58,6 @@ static int64_t lp_ns(clockid_t c) {
     return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static void lp_fail(lp_state * st, const char * msg) {
-    if (!st->failed) {
-        st->failed = 1;
-        snprintf(st->err, SM_ERRLEN, "%s", msg);
-    }
-}
-
 static bool lp_callback(struct ggml_tensor * t, bool ask, void * user) {
     lp_state * st = (lp_state *) user;
     if (st->mode == 0) return ask ? false : true;
@@ -72,7 +65,7 @@ static bool lp_callback(struct ggml_tensor * t, bool ask, void * user) {
         if (ask) return true;
         int64_t c = lp_ns(CLOCK_THREAD_CPUTIME_ID), w = lp_ns(CLOCK_MONOTONIC);
         if (st->prof_n >= st->prof_cap) {
-            lp_fail(st, "more graph nodes than the profile buffer holds");
+            sm_fail(&st->failed, st->err, "more graph nodes than the profile buffer holds");
         } else {
             int64_t i = st->prof_n++;
             snprintf(st->prof_names + i * LP_NAME, LP_NAME, "%s", t->name);
@@ -89,7 +82,7 @@ static bool lp_callback(struct ggml_tensor * t, bool ask, void * user) {
     if (lt < 0 || st->out_ids == NULL) return true;
     char msg[SM_ERRLEN];
     if (sm_take_rows(t, lt, st->n_layer, GGML_TYPE_I32, st->top_k, 1, st->n, st->out_ids, st->fill_ids, msg))
-        lp_fail(st, msg);
+        sm_fail(&st->failed, st->err, msg);
     return true;
 }
 

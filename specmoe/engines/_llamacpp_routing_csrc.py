@@ -31,13 +31,6 @@ typedef struct {
     char err[SM_ERRLEN];
 } rr_state;
 
-static void rr_fail(rr_state * st, const char * msg) {
-    if (!st->failed) {
-        st->failed = 1;
-        snprintf(st->err, SM_ERRLEN, "%s", msg);
-    }
-}
-
 static bool rr_callback(struct ggml_tensor * t, bool ask, void * user) {
     rr_state * st = (rr_state *) user;
     int lt = sm_layer(t->name, "ffn_moe_topk");
@@ -47,12 +40,12 @@ static bool rr_callback(struct ggml_tensor * t, bool ask, void * user) {
     char msg[SM_ERRLEN];
     if (lt >= 0 && sm_take_rows(t, lt, st->n_layer, GGML_TYPE_I32, st->top_k, 1, st->n, st->out_ids,
                                 st->fill_ids, msg)) {
-        rr_fail(st, msg);
+        sm_fail(&st->failed, st->err, msg);
         return true;
     }
     if (lp >= 0 && sm_take_rows(t, lp, st->n_layer, GGML_TYPE_F32, st->n_expert, 0, st->n, st->out_probs,
                                 st->fill_probs, msg)) {
-        rr_fail(st, msg);
+        sm_fail(&st->failed, st->err, msg);
         return true;
     }
     return true;
