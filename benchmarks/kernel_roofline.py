@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": a.quick,
         "ceiling_gbps": p.ceiling_gbps,
         "peak_gflops": p.peak_gflops,
+        "peak_dtype": p.extra.get("peak_dtype"),
         "n": p.n,
         "beta_gbps": {k: v["beta_gbps"] for k, v in ek.items()},
         "r": p.r,

@@ -199,6 +199,29 @@ def test_llc_from_sysfs_counts_each_instance_once(tmp_path):
     assert machine._parse_size("1G") == 1 << 30 and machine._parse_size("x") is None
 
 
+@pytest.mark.parametrize(
+    "dtype,rates,want",
+    [
+        (torch.bfloat16, {torch.bfloat16: 0.9e9, torch.float32: 60e9}, (60e9, "float32")),
+        (torch.bfloat16, {torch.bfloat16: 120e9, torch.float32: 60e9}, (120e9, "bfloat16")),
+        (torch.float16, {torch.float16: 2e9, torch.float32: 50e9}, (50e9, "float32")),
+        (torch.float32, {torch.float32: 60e9}, (60e9, "float32")),
+    ],
+)
+def test_roofline_peak_is_the_faster_arithmetic_on_the_cpu(monkeypatch, dtype, rates, want):
+    """The CPU kernels widen reduced-precision weights to float32: a slow reduced-precision
+    torch.mm must not become the roofline's peak."""
+    seen = []
+
+    def fake(device, dt, **kw):
+        seen.append(dt)
+        return rates[dt]
+
+    monkeypatch.setattr(machine, "measure_peak_flops", fake)
+    assert machine.roofline_peak_flops("cpu", dtype) == want
+    assert seen[0] == dtype and len(seen) == (1 if dtype == torch.float32 else 2)
+
+
 def test_ceiling_and_peak_are_measured():
     c = machine.measure_ceiling("cpu", reps=2, buffer_bytes=16 << 20, threads=[1])
     assert c.gbps > 0 and np.isfinite(c.gbps) and c.threads == 1

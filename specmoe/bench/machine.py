@@ -241,6 +241,26 @@ def measure_peak_flops(
     return 2.0 * size**3 / statistics.median(times)
 
 
+def roofline_peak_flops(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, *, clock: str = "wall"
+) -> tuple[float, str]:
+    """The flop rate of a roofline's compute term at ``dtype``, and the dtype it was measured at.
+
+    On the CPU the expert kernels widen bfloat16 and float16 weights to float32 in registers
+    and sum with float32 FMAs (or, with AVX-512 BF16, ``vdpbf16ps``), so their arithmetic peak
+    is the faster of the two matrix-multiply rates: ``torch.mm`` at a reduced dtype can run a
+    slow path (0.9 GFLOP/s in bfloat16 on an AVX2 core, against tens in float32), which as
+    the peak would make the compute term dominate every roofline. On CUDA: the rate at ``dtype``.
+    """
+    peak = measure_peak_flops(device, dtype, clock=clock)
+    if device != "cpu" or dtype == torch.float32:
+        return peak, str(dtype).removeprefix("torch.")
+    fp32 = measure_peak_flops(device, torch.float32, clock=clock)
+    if fp32 > peak:
+        return fp32, "float32"
+    return peak, str(dtype).removeprefix("torch.")
+
+
 class CeilingProbe:
     """A short read of another buffer, timed among the kernels (``benchmark(ceiling_beside=
     True)``): the read ceiling measured beside each kernel timing rather than once before.

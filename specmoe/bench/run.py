@@ -49,7 +49,7 @@ from specmoe.bench.machine import (
     device_name,
     last_level_cache_bytes,
     measure_ceiling,
-    measure_peak_flops,
+    roofline_peak_flops,
 )
 from specmoe.bench.passes import chosen_pass, distinct, pool_size, recorded_windows, u_grid
 from specmoe.bench.timing import CLOCKS, Timed, make_pool, time_pass
@@ -315,9 +315,10 @@ def benchmark(
         f"{'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}; {ceiling.method})"
     )
     with _threads(device, threads):
-        peak = measure_peak_flops(device, tdtype, clock=clock)
+        peak, peak_dtype = roofline_peak_flops(device, tdtype, clock=clock)
         prog.say(
-            f"[bold]matmul peak[/bold] {peak / 1e9:.1f} GFLOP/s ({dtype}, {device_name(device)})"
+            f"[bold]matmul peak[/bold] {peak / 1e9:.1f} GFLOP/s ({peak_dtype}, "
+            f"{device_name(device)})"
         )
         fns = [(k, get_kernel(k, device)) for k in kernels]
         probe = None
@@ -449,6 +450,7 @@ def benchmark(
         implementations=ran,
     )
     prof.extra["failed_kernels"] = failed
+    prof.extra["peak_dtype"] = peak_dtype
     if probe is not None:
         prof.extra["ceiling_beside"] = ceiling_beside_summary(
             records, tspec, kernels, n_values, probe.bytes, peak

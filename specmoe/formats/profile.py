@@ -12,7 +12,7 @@ Fields (paper 002 Section 2, Appendix E):
 ``model``           the ModelSpec (``ModelSpec.to_dict()``) whose shapes were timed
 ``device``          "cpu" or "cuda"; ``device_name`` the processor or GPU name; ``dtype``
 ``ceiling_gbps``    measured read bandwidth of a buffer much larger than the last-level cache
-``peak_gflops``     measured matrix-multiply peak at the timed dtype (roofline), or None
+``peak_gflops``     the roofline's arithmetic peak (``bench.machine.roofline_peak_flops``), or None
 ``n``               [n_max] pass sizes
 ``beta_slot``       [n_max] per-slot effective bandwidth on requested bytes n·m·b (GB/s), over
                     recorded windows (times summed over layers and windows, like Table 1)
