@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specmoe.errors import InputError
 from specmoe.kernels import KERNELS, get_kernel, kernel_kind, kernel_names, reference
@@ -351,6 +353,31 @@ def test_c_kernels_odd_widths(h, inter):
     ref = reference.expert_op(x, wgu, wd, ids, w)
     for f in (cpu.per_slot, cpu.dedup):
         assert rel_err(f(x, wgu, wd, ids, w), ref) < 1e-5
+
+
+@given(
+    n=st.integers(1, 12),
+    m=st.integers(1, 3),
+    pattern=st.sampled_from(["same_set", "duplicates", "random"]),
+    h=st.integers(1, 70),
+    inter=st.integers(1, 40),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None)
+def test_c_kernels_every_row_and_token_block(n, m, pattern, h, inter, dtype, seed):
+    """Row counts that leave any remainder after the far-apart row blocks (4, 3 or 2 rows q
+    apart) and 1..12 tokens per expert (every token block, the split into blocks of at most
+    six): each output row is its own row's product, checked against the float64 reference."""
+    from specmoe.kernels import cpu
+
+    if not cpu.c_available():
+        pytest.skip("no C compiler")
+    num = max(m, 2)
+    x, wgu, wd, ids, w, _ = make_case(n, m, num, pattern, dtype, h=h, inter=inter, seed=seed)
+    ref = reference.expert_op(x, wgu, wd, ids, w)
+    for f in (cpu.per_slot, cpu.dedup):
+        assert rel_err(f(x, wgu, wd, ids, w), ref) < TOL[dtype]
 
 
 def _bf16_rounded_activation_reference(x, wgu, wd, ids, w):

@@ -125,11 +125,12 @@ static inline float sm_hsum(__m256 v) {
     lo = _mm_add_ss(lo, _mm_shuffle_ps(lo, lo, 1));
     return _mm_cvtss_f32(lo);
 }
-/* A register block: RB weight rows (row stride ldw elements) times TB activation rows xp[t]:
-   out[t * ldo + r] = sum_c W[r, c] * xp[t][c]. Each weight vector is loaded once and applied
-   to all TB rows; the weights stream from memory once per block of rows. While a block is
-   computed, the next block's rows are prefetched, so the memory stream overlaps the FMAs (a
-   single core otherwise serialises the two once TB >= 3). */
+/* A register block: RB weight rows rs rows apart (row stride ldw elements) times TB
+   activation rows xp[t]: out[t * ldo + r * rs] = sum_c W[r * rs, c] * xp[t][c]. Each weight
+   vector is loaded once and applied to all TB rows; the weights stream from memory once per
+   block of rows. While a block is computed, the next block's rows are prefetched (rs > 1: the
+   row after each of the block's rows; rs = 1: the RB rows after the block), so the memory
+   stream overlaps the FMAs (a single core otherwise serialises the two once TB >= 3). */
 #ifndef SM_PF_HINT
 #define SM_PF_HINT _MM_HINT_T0
 #endif
@@ -144,11 +145,11 @@ static inline float sm_hsum(__m256 v) {
     }
 #define SM_BLOCK(RB, TB)                                                                    \
 static inline __attribute__((always_inline)) void sm_block_##RB##x##TB(                     \
-        const void *w, int wt, size_t ldw, const float *const *xp, int cols, float *out,    \
-        size_t ldo) {                                                                       \
+        const void *w, int wt, size_t ldw0, const float *const *xp, int cols, float *out,   \
+        size_t ldo, size_t rs) {                                                            \
     __m256 acc[RB][TB];                                                                     \
-    size_t es = (wt == WT_F32) ? 4 : 2;                                                     \
-    const char *pf = (const char *)w + (size_t)RB * ldw * es;                               \
+    size_t es = (wt == WT_F32) ? 4 : 2, ldw = ldw0 * rs;                                    \
+    const char *pf = (const char *)w + (rs > 1 ? 1 : (size_t)RB) * ldw0 * es;               \
     int c8 = cols & ~7;                                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
     for (int c = 0; c < c8; c += 8) {                                                       \
@@ -158,7 +159,7 @@ static inline __attribute__((always_inline)) void sm_block_##RB##x##TB(         
         SM_STEP(RB, TB, c)                                                                  \
     }                                                                                       \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r] = sm_hsum(acc[r][t])                                       \
+        out[(size_t)t * ldo + r * rs] = sm_hsum(acc[r][t])                                  \
             + sm_dot1((const char *)w + (size_t)r * ldw * es, wt, xp[t], c8, cols);         \
 }
 SM_BLOCK(4, 1)
@@ -549,53 +550,73 @@ static void sm_rows_q8(const uint8_t *w, size_t ldw, int r0, int r1, const float
    Register blocks (rows x tokens), chosen by measurement on an AVX2 core streaming from
    memory: 4x1, 4x2, 4x3 and 3x4 for one to four tokens, else 2x3..2x6 (token blocks of at most
    six, as even as possible); leftover rows one at a time;
-   always inlined into one copy per weight type, so the type test leaves the inner loops. */
+   always inlined into one copy per weight type, so the type test leaves the inner loops.
+   A block's RB rows are far apart: with q = (r1 - r0) / RB blocks, block i holds the rows
+   r0 + i + j q (j < RB), so each of its rows continues the row before it in memory and the
+   range is read as RB sequential streams. Blocks of adjacent rows make every block jump RB
+   rows ahead in each stream; on an AMD EPYC core (AVX2) the far rows were 8-15% faster in
+   fp32 and 20-37% in bf16, paired call by call (benchmarks/kernel_ab.py,
+   results/cpu/kernels/far-rows/); 2, 6 or 8 far rows for one token were slower than 4. */
 static inline __attribute__((always_inline)) void
 sm_rows_impl(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp, int k,
              int cols, float *out, size_t ldo) {
     size_t es = (wt == WT_F32) ? 4 : 2;
 #define WROW(r) ((const char *)w + (size_t)(r) * ldw * es)
 #define OUT(t, r) (out + (size_t)(t) * ldo + (r))
+/* the blocks of RB far-apart rows of [r, r1): the statement after RB, with the block's first
+   row rr and row spacing q; r moves past the rows they cover */
+#define SM_FAR(RB, ...)                                                                     \
+    {                                                                                       \
+        size_t q = (size_t)(r1 - r) / (RB);                                                 \
+        for (size_t i = 0; i < q; i++) {                                                    \
+            int rr = r + (int)i;                                                            \
+            __VA_ARGS__;                                                                    \
+        }                                                                                   \
+        r += (int)q * (RB);                                                                 \
+    }
 #if SM_AVX2
     int r = r0;
     if (k <= 2) {
-        for (; r + 4 <= r1; r += 4) {
-            if (k == 1) sm_block_4x1(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
-            else sm_block_4x2(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
-        }
+        if (k == 1) SM_FAR(4, sm_block_4x1(WROW(rr), wt, ldw, xp, cols, OUT(0, rr), ldo, q))
+        else SM_FAR(4, sm_block_4x2(WROW(rr), wt, ldw, xp, cols, OUT(0, rr), ldo, q))
         for (; r < r1; r++)
-            for (int t = 0; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
+            for (int t = 0; t < k; t++)
+                sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo, 1);
         return;
     }
     if (k == 3) {
-        for (; r + 4 <= r1; r += 4) sm_block_4x3(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
+        SM_FAR(4, sm_block_4x3(WROW(rr), wt, ldw, xp, cols, OUT(0, rr), ldo, q))
     } else if (k == 4) {
-        for (; r + 3 <= r1; r += 3) sm_block_3x4(WROW(r), wt, ldw, xp, cols, OUT(0, r), ldo);
+        SM_FAR(3, sm_block_3x4(WROW(rr), wt, ldw, xp, cols, OUT(0, rr), ldo, q))
     }
     int nb = (k + 5) / 6;  /* token blocks of at most 6, sizes as even as possible */
-    for (; k > 4 && r + 2 <= r1; r += 2) {
+    if (k > 4) SM_FAR(2, {
         for (int b = 0, t = 0; b < nb; b++) {
             int tb = k / nb + (b < k % nb);
+            const float *const *xt = xp + t;
+            float *o = OUT(t, rr);
+            const void *wr = WROW(rr);
             switch (tb) {
-            case 6: sm_block_2x6(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
-            case 5: sm_block_2x5(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
-            case 4: sm_block_2x4(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
-            case 3: sm_block_2x3(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
-            case 2: sm_block_2x2(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
-            default: sm_block_2x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo); break;
+            case 6: sm_block_2x6(wr, wt, ldw, xt, cols, o, ldo, q); break;
+            case 5: sm_block_2x5(wr, wt, ldw, xt, cols, o, ldo, q); break;
+            case 4: sm_block_2x4(wr, wt, ldw, xt, cols, o, ldo, q); break;
+            case 3: sm_block_2x3(wr, wt, ldw, xt, cols, o, ldo, q); break;
+            case 2: sm_block_2x2(wr, wt, ldw, xt, cols, o, ldo, q); break;
+            default: sm_block_2x1(wr, wt, ldw, xt, cols, o, ldo, q); break;
             }
             t += tb;
         }
-    }
+    })
     for (; r < r1; r++) {
         int t = 0;
-        for (; t + 4 <= k; t += 4) sm_block_1x4(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
-        for (; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo);
+        for (; t + 4 <= k; t += 4) sm_block_1x4(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo, 1);
+        for (; t < k; t++) sm_block_1x1(WROW(r), wt, ldw, xp + t, cols, OUT(t, r), ldo, 1);
     }
 #else
     for (int r = r0; r < r1; r++)
         for (int t = 0; t < k; t++) *OUT(t, r) = sm_dot1(WROW(r), wt, xp[t], 0, cols);
 #endif
+#undef SM_FAR
 #undef WROW
 #undef OUT
 }
