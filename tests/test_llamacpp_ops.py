@@ -124,6 +124,131 @@ def engine(gguf):
         yield e
 
 
+# ------------------------------------------------------------------------------------------
+# pure: the fit forms (refit) on a whole_pass made from known functions
+
+
+def _stored(times, terms=("t0", "flops"), shape=None, ns=range(1, 10), ds=(256, 512, 1024, 2048)):
+    """A whole_pass whose one op 'qkv' has median_ms = times(n, d), and an engine_overhead."""
+    ns, ds = list(ns), list(ds)
+    med = [[float(times(n, d)) for n in ns] for d in ds]
+    op = {
+        "per": "layer",
+        "count": 1,
+        "in_sum": True,
+        "terms": list(terms),
+        "shape": shape or {"flops_n": 1e6},
+        "fit": {},
+        "eps": 0.0,
+        "median_ms": med,
+        "p10_ms": med,
+        "p90_ms": med,
+    }
+    ovh = {**op, "terms": ["t0", "tokens"], "shape": {}, "median_ms": [[0.0] * len(ns)] * len(ds)}
+    ovh.update(eps_of="pass", p10_ms=ovh["median_ms"], p90_ms=ovh["median_ms"])
+    return {
+        "ops": {"qkv": op, "engine_overhead": ovh},
+        "n": ns,
+        "d": ds,
+        "layer_ms": med,
+        "pass_ms": med,
+        "layers": 1,
+    }
+
+
+def test_step1_recovers_a_one_row_step_exactly_and_linear_cannot():
+    """A kernel whose n = 1 path costs 1 ms and whose n >= 2 path costs 1.5 + 0.2 n ms (the
+    shape of llama.cpp's MUL_MAT step): the step1 form reproduces every cell, the linear one
+    misses n = 2 by more than 10%."""
+    from specmoe.cost.ops_fit import op_time
+
+    def t(n, d):
+        return 1.0 if n == 1 else 1.5 + 0.2 * n  # flops_n = 1e6 per n: 0.2 ms = 5 GFLOP/s
+
+    wp = _stored(t)
+    s1 = LO.refit(wp, "step1")
+    op = s1["ops"]["qkv"]
+    assert s1["fit_form"] == "step1" and op["fit_n"] == [2, 4, 5, 7, 8]
+    assert op["held_n"] == [3, 6, 9] and op["terms_n1"] == ["t0"]
+    for n in range(1, 10):
+        for d in wp["d"]:
+            assert op_time(op, n, d) == pytest.approx(t(n, d), rel=1e-9)
+    assert op["eps"] == pytest.approx(0.0, abs=1e-9) and op["eps_n1"] == pytest.approx(0.0)
+    lin = LO.refit(wp, "linear")["ops"]["qkv"]
+    assert "fit_n1" not in lin and lin["fit_n"] == [1, 3, 4, 6, 7]
+    assert abs(op_time(lin, 2, 512) - t(2, 512)) / t(2, 512) > 0.10
+
+
+def test_step1_one_row_fit_follows_depth_and_is_scored_leaving_a_depth_out():
+    """At n = 1 attention reads d: the one-row fit takes the bytes term (it varies with d),
+    and its error is held out by depth (a line through three depths predicts the fourth)."""
+    from specmoe.cost.ops_fit import op_time
+
+    def t(n, d):  # 2 bytes per (d + n) at 1 GB/s = 2e-6 ms per token of depth
+        return (0.3 if n == 1 else 0.5) + 2e-6 * (d + n) * 1.0 + 0.05 * n
+
+    wp = _stored(t, terms=("t0", "bytes", "tokens"), shape={"bytes_nd": 2.0})
+    op = LO.refit(wp, "step1")["ops"]["qkv"]
+    assert op["terms_n1"] == ["t0", "bytes"]
+    assert op_time(op, 1, 4096) == pytest.approx(t(1, 4096), rel=1e-9)  # extrapolates in d
+    assert op["eps_n1"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_refit_linear_reproduces_summarize_and_bad_form_is_named():
+    wp = _stored(lambda n, d: 0.5 + 0.1 * n)
+    a = LO.refit(wp, "linear")
+    b = LO.refit(a, "linear")
+    assert a["ops"]["qkv"]["fit"] == b["ops"]["qkv"]["fit"]
+    s1 = LO.refit(wp, "step1")
+    assert "fit_n1" not in LO.refit(s1, "linear")["ops"]["qkv"]  # a refit drops the old form
+    with pytest.raises(InputError, match="step1"):
+        LO.refit(wp, "cubic")
+
+
+@pytest.mark.parametrize("config", ["llamacpp-bundled", "llamacpp-lifted"])
+def test_refit_linear_reproduces_the_benchmarks_own_fits(config):
+    """The committed predictions were fitted by summarize from every repetition; refit from
+    their stored medians gives the same fits and ε (the fits use only the medians)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = root / "results/cpu/llamacpp/whole-pass/predictions" / config / "profile.json"
+    wp = json.loads(path.read_text())["whole_pass"]
+    again = LO.refit(wp, "linear")
+    for name, op in wp["ops"].items():
+        got = again["ops"][name]
+        for key, v in op["fit"].items():
+            assert (v is None) == (got["fit"][key] is None)
+            if v is not None:
+                assert got["fit"][key] == pytest.approx(v, rel=1e-9, abs=1e-12)
+        assert got["eps"] == pytest.approx(op["eps"], abs=1e-12)
+
+
+def test_bench_fit_from_a_profile_without_a_llamacpp_whole_pass(tmp_path, capsys):
+    """specmoe's own whole-pass profile is not llama.cpp's: one line naming it, nothing written."""
+    from pathlib import Path
+
+    from specmoe.cli import main
+
+    root = Path(__file__).resolve().parents[1]
+    src = root / "results/cpu/whole-pass/predictions/bundled/profile.json"
+    out = tmp_path / "out"
+    rc = main(["bench", "--engine", "llama.cpp", "--whole-pass", "--model", "bundled",
+               "--from", str(src), "--fit", "step1", "--out", str(out)])  # fmt: skip
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(src) in err[0]
+    assert not (out / "profile.json").exists()
+
+
+def test_bench_fit_needs_the_llamacpp_whole_pass(capsys):
+    from specmoe.cli import main
+
+    assert main(["bench", "--model", "bundled", "--fit", "step1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--fit" in err[0]
+
+
 @needs_llamacpp
 def test_grouping_covers_every_node_once(engine, doc):
     from specmoe.engine.speculative import crop_cache, new_cache

@@ -9,6 +9,7 @@ it is. ``--out`` gets ``llamacpp_verify.json``; ``--json`` prints the same on st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -143,6 +144,44 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refit_whole_pass(args: argparse.Namespace, form: str) -> int:
+    """``--from PROFILE --fit FORM``: the saved llama.cpp whole-pass profile with its ops
+    refitted from their medians (:func:`specmoe.engines.llamacpp_ops.refit`); nothing is
+    measured, and the profile's source records the refit."""
+    from specmoe._io import dumps_json
+    from specmoe.engines.llamacpp_ops import refit
+    from specmoe.formats.profile import load_profile
+
+    prof = load_profile(args.from_profile)
+    wp = prof.whole_pass
+    if wp is None or wp.get("engine") != "llama.cpp":
+        raise InputError(
+            f"{args.from_profile}: --fit refits a llama.cpp whole-pass profile "
+            "(`specmoe bench --engine llama.cpp --whole-pass`); this one has none",
+            argument="--from",
+        )
+    before = wp.get("fit_form", "linear")
+    prof = dataclasses.replace(
+        prof,
+        whole_pass=refit(wp, form),
+        source={
+            **prof.source,
+            "refit": {"from": str(args.from_profile), "fit_form_before": before, "fit": form,
+                      "command": "specmoe " + " ".join(sys.argv[1:])},
+        },
+    )  # fmt: skip
+    files = [str(prof.save(Path(args.out) / "profile.json"))] if args.out else []
+    if args.json:
+        print(dumps_json({"whole_pass": prof.whole_pass, "files": files}))
+        return 0
+    from specmoe.commands.bench import _print_ops
+
+    _print_ops(prof.whole_pass)
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
 def run_whole_pass(args: argparse.Namespace) -> int:
     """``specmoe bench --engine llama.cpp --whole-pass``: every operation of llama.cpp's verify
     pass from per-node profiles of its own graph (:mod:`specmoe.engines.llamacpp_ops`), on a
@@ -158,6 +197,9 @@ def run_whole_pass(args: argparse.Namespace) -> int:
     from specmoe.engines.llamacpp_ops import benchmark_profile
 
     check_out_dir(args.out)
+    form = getattr(args, "fit", None) or "step1"
+    if getattr(args, "from_profile", None):
+        return _refit_whole_pass(args, form)
     depths = parse_depths(args.depths)
     n_max = 9 if args.n_max is None else args.n_max
     reps = 7 if args.reps is None else args.reps
@@ -185,7 +227,7 @@ def run_whole_pass(args: argparse.Namespace) -> int:
         gguf, _ = _gguf_of(args, outtype, tmp)
         prof = benchmark_profile(
             gguf, ids, n_values=list(range(1, n_max + 1)), depths=depths, reps=reps,
-            source={**source, "gguf": str(args.model)},
+            source={**source, "gguf": str(args.model)}, fit=form,
         )  # fmt: skip
     files = []
     if args.out:

@@ -97,6 +97,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "llama-bench, --model exported to GGUF at --dtype (needs make llama-cpp)",
     )
     parser.add_argument(
+        "--fit",
+        default=None,
+        choices=("step1", "linear"),
+        help="--engine llama.cpp --whole-pass: the form of each operation's fit in n; step1 "
+        "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
+        "products take another path for one row); linear: one fit over every n. With --from "
+        "PROFILE (a llama.cpp whole-pass profile): refit its medians, measure nothing",
+    )
+    parser.add_argument(
         "--draft-model",
         default=None,
         metavar="DIR_OR_GGUF",
@@ -265,6 +274,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--processes: only with --whole-pass")
     if getattr(args, "draft_model", None) is not None and args.engine != "llama.cpp":
         raise InputError("--draft-model: only with --engine llama.cpp")
+    if getattr(args, "fit", None) is not None and not (
+        args.engine == "llama.cpp" and getattr(args, "whole_pass", False)
+    ):
+        raise InputError("--fit: only with --engine llama.cpp --whole-pass")
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench

@@ -160,9 +160,16 @@ def op_features(op: Mapping[str, Any], n: float, d: float) -> dict[str, float]:
 
 
 def op_time(op: Mapping[str, Any], n: float, d: float) -> float:
-    """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied)."""
-    terms = tuple(op["terms"])
-    fit = OpFit(terms, coef_from_fit(op["fit"], terms))
+    """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied).
+    An op with a one-row fit (``fit_n1``, ``terms_n1``: an engine whose kernels take another
+    path for a single row, :func:`specmoe.engines.llamacpp_ops.refit`) uses it at n = 1 and
+    ``fit`` at n >= 2."""
+    if n == 1 and op.get("fit_n1") is not None:
+        terms = tuple(op["terms_n1"])
+        fit = OpFit(terms, coef_from_fit(op["fit_n1"], terms))
+    else:
+        terms = tuple(op["terms"])
+        fit = OpFit(terms, coef_from_fit(op["fit"], terms))
     return float(fit.predict(op_features(op, n, d)))
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -475,6 +475,80 @@ def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Seq
     }
 
 
+FIT_FORMS = ("linear", "step1")
+
+
+def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
+    """A stored ``whole_pass`` with every op refitted in ``form`` from its medians (the fits
+    use only the medians over repetitions, so this is the fit the benchmark itself makes).
+
+    ``linear``: one fit over every n (fitted on n = 1, 3, 4, 6, 7 for n = 1..9), as
+    :func:`summarize`. ``step1``: llama.cpp's matrix products take another path for one row
+    than for two or more (a step from n = 1 to n = 2 in every MUL_MAT of the pass, measured
+    in its per-node profile: results/cpu/llamacpp/whole-pass/README.md), which no term linear
+    in n follows; the op's fit is made on n >= 2 alone (held out: every third of them from
+    the second, and the largest, :func:`~specmoe.cost.ops_fit.held_out_split`), and n = 1 gets
+    a fit of its own over the depths (``fit_n1``, ``terms_n1``: ``t0`` and the terms that
+    vary with d at n = 1), scored leaving one depth out. ``eps`` is the median of both held-out
+    errors; ``eps_n1`` the one-row fit's alone."""
+    if form not in FIT_FORMS:
+        raise InputError(f"must be one of {', '.join(FIT_FORMS)}, got {form!r}", argument="fit")
+    ns, ds = [int(v) for v in whole_pass["n"]], [int(v) for v in whole_pass["d"]]
+    nn_, dd_ = np.meshgrid(np.asarray(ns, float), np.asarray(ds, float))
+    wholes = {
+        "layer": np.asarray(whole_pass["layer_ms"], float),
+        "pass": np.asarray(whole_pass["pass_ms"], float),
+    }
+    rows = [v for v in ns if v >= 2] if form == "step1" else ns
+    fit_n, held_n = OF.held_out_split(rows)
+    ops: dict[str, Any] = {}
+    for name, op in whole_pass["ops"].items():
+        m = np.asarray(op["median_ms"], float)
+        terms = tuple(op["terms"])
+        feats = OF.op_features({"shape": op["shape"]}, nn_, dd_)
+        feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
+        fsel = np.isin(nn_, fit_n)
+        hsel = np.isin(nn_, held_n) if held_n else fsel
+        signed = name in ("overhead", "engine_overhead") or bool(np.any(m[fsel] <= 0))
+        eps_of = op.get("eps_of", name)
+
+        def errors(fit, sel, m=m, feats=feats, signed=signed, eps_of=eps_of):
+            pred = fit.predict({k: v[sel] for k, v in feats.items()})
+            absd = np.abs(pred - m[sel])
+            return (absd / wholes[eps_of][sel], absd) if signed else (absd / m[sel], absd)
+
+        fit = OF.fit_op(terms, {k: v[fsel] for k, v in feats.items()}, m[fsel], signed=signed)
+        errs, absd = errors(fit, hsel)
+        entry = {**op, "fit": fit.fit, "fit_n": list(fit_n), "held_n": list(held_n)}
+        for k in ("fit_n1", "terms_n1", "eps_n1"):
+            entry.pop(k, None)
+        if form == "step1" and 1 in ns:
+            one = nn_ == 1
+            t1 = ["t0"] + [
+                t for t in terms if t in ("bytes", "flops") and np.ptp(feats[t][one]) > 0
+            ]
+            t1 = t1[: max(1, int(one.sum()) - 1)]
+            fit1 = OF.fit_op(t1, {k: v[one] for k, v in feats.items()}, m[one], signed=signed)
+            e1, a1 = [], []
+            for j in np.flatnonzero(one.ravel()):  # leave one depth out
+                keep = one.copy().ravel()
+                keep[j] = False
+                keep = keep.reshape(one.shape)
+                f = OF.fit_op(t1, {k: v[keep] for k, v in feats.items()}, m[keep], signed=signed)
+                sel = np.zeros(one.size, bool)
+                sel[j] = True
+                e, a = errors(f, sel.reshape(one.shape))
+                e1.append(float(e[0]))
+                a1.append(float(a[0]))
+            errs, absd = np.concatenate([errs, e1]), np.concatenate([absd, a1])
+            entry.update(fit_n1=fit1.fit, terms_n1=list(t1), eps_n1=float(np.median(e1)))
+        entry["eps"] = float(min(np.median(errs), 0.999))
+        entry["eps_max"] = float(np.max(errs))
+        entry["err_ms"] = float(np.median(absd)) if signed else None
+        ops[name] = entry
+    return {**whole_pass, "ops": ops, "fit_form": form}
+
+
 def expert_fit(rec: _Records, dims: Dims, *, n_values: Sequence[int]) -> dict[str, Any]:
     """The profile's expert-kernel fields from the experts' time of every layer of every
     profiled pass and its union U (module docstring): Eq. (E.1) (dedup) and Eq. (4)
@@ -538,6 +612,7 @@ def benchmark_profile(
     ceiling: bool = True,
     source: dict[str, Any] | None = None,
     progress: bool = True,
+    fit: str = "step1",
 ) -> Any:
     """The whole benchmark of one GGUF: a :class:`~specmoe.formats.profile.BandwidthProfile`
     whose kernel fields are llama.cpp's MUL_MAT_ID fit and whose ``whole_pass`` is every other
@@ -560,7 +635,7 @@ def benchmark_profile(
         rec, dims = time_llamacpp_operations(
             engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress
         )
-    wp = summarize(rec, dims, n_values=ns, depths=ds)
+    wp = refit(summarize(rec, dims, n_values=ns, depths=ds), fit)
     exp = expert_fit(rec, dims, n_values=ns)
     llc = last_level_cache_bytes("cpu")
     weight_bytes = int(__import__("os").path.getsize(gguf))

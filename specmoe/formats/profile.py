@@ -201,6 +201,13 @@ def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
             raise InputError(f"{path}: {where}.fit and .shape must be objects")
         _finite_list(f"{where}.fit", path, [v for v in fit.values() if v is not None])
         _finite_list(f"{where}.shape", path, list(shape.values()))
+        if op.get("fit_n1") is not None:  # a one-row fit (llama.cpp's step1 form)
+            t1, f1 = op.get("terms_n1"), op["fit_n1"]
+            if not isinstance(t1, list) or not t1 or any(t not in WHOLE_PASS_TERMS for t in t1):
+                raise InputError(f"{path}: {where}.terms_n1 must list terms of {WHOLE_PASS_TERMS}")
+            if not isinstance(f1, dict):
+                raise InputError(f"{path}: {where}.fit_n1 must be an object")
+            _finite_list(f"{where}.fit_n1", path, [v for v in f1.values() if v is not None])
         (eps,) = _finite_list(f"{where}.eps", path, [op.get("eps")])
         if eps < 0:
             raise InputError(f"{path}: {where}.eps must be >= 0, got {eps}")
