@@ -303,6 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the lift's checkpoint folder (its config.json's rms_norm_eps is checked against "
         "the GGUF's)",
     )
+    ap.add_argument(
+        "--also-predictions",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a further version's <config>/plan.json and profile.json, committed before the "
+        "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
@@ -346,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick:  # every named configuration's prediction, before any of its units
         for c in names:
             err = check_prediction(record, c, args.predictions)
+            for extra in args.also_predictions:
+                err = err or check_prediction(record, c, extra, also=True)
             if err:
                 print(f"llamacpp_campaign: error: {err}", file=sys.stderr)
                 return 2

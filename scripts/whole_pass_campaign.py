@@ -143,9 +143,13 @@ def _committed(path: Path) -> bool:
     return tracked.returncode == 0 and not dirty.stdout.strip()
 
 
-def check_prediction(record: dict[str, Any], cfg: str, folder: Path) -> str | None:
+def check_prediction(
+    record: dict[str, Any], cfg: str, folder: Path, *, also: bool = False
+) -> str | None:
     """Record the configuration's prediction SHA-256s (first time) or check them; an error
-    line when the prediction is missing, not committed or changed."""
+    line when the prediction is missing, not committed or changed. ``also``: a further
+    version committed before the same runs and scored beside the first (``--also-predictions``),
+    kept in the entry's ``also`` list."""
     files = {"plan": folder / cfg / "plan.json", "profile": folder / cfg / "profile.json"}
     for key, path in files.items():
         if not path.is_file():
@@ -154,13 +158,25 @@ def check_prediction(record: dict[str, Any], cfg: str, folder: Path) -> str | No
             return f"{path}: not committed (the protocol commits the prediction before its runs)"
     now = {key: sha256(path) for key, path in files.items()}
     preds = record.setdefault("predictions", {})
-    old = preds.get(cfg)
+    entry = {
+        **{k: str(p.relative_to(ROOT)) for k, p in files.items()},
+        **{f"{k}_sha256": v for k, v in now.items()},
+        "recorded": time.time(),
+    }
+    if also:
+        if cfg not in preds:
+            return f"{cfg}: --also-predictions needs the configuration's first prediction"
+        slot = preds[cfg].setdefault("also", [])
+        old = next((e for e in slot if e.get("plan") == entry["plan"]), None)
+        if old is None:
+            if any(u.startswith(f"{cfg}/") for u in record.get("units", {})):
+                return f"{files['plan']}: the runs of {cfg!r} have started; a version added now was not committed before them"
+            slot.append(entry)
+            return None
+    else:
+        old = preds.get(cfg)
     if old is None:
-        preds[cfg] = {
-            **{k: str(p.relative_to(ROOT)) for k, p in files.items()},
-            **{f"{k}_sha256": v for k, v in now.items()},
-            "recorded": time.time(),
-        }
+        preds[cfg] = entry
         return None
     for key, value in now.items():
         if old.get(f"{key}_sha256") != value:

@@ -499,6 +499,36 @@ def test_a_matching_prediction_is_scored_with_a_note(tmp_path):
     assert any(n.startswith("prediction checked") for n in c.notes)
 
 
+def test_a_further_version_recorded_before_the_runs_is_scored_and_an_unrecorded_one_is_not(
+    tmp_path,
+):
+    """A second version (``also``) recorded beside the first is accepted with its own note;
+    the first still is; a version recorded nowhere is refused."""
+    def sha(p):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    plan, runs = _world_with_samples(tmp_path)
+    prof = tmp_path / "profile.json"
+    rec = _record(runs, plan, prof, plan_sha="1" * 64, profile_sha="2" * 64)
+    d = json.loads(rec.read_text())
+    d["predictions"][runs.name]["also"] = [
+        {"plan": "v2/plan.json", "plan_sha256": sha(plan), "profile_sha256": sha(prof)}
+    ]
+    rec.write_text(json.dumps(d))
+    got = recorded_prediction(runs)
+    assert got.also == ((sha(plan), sha(prof)),)
+    (c,) = validate(plan, runs, rules_path=str(RULES_WP)).configurations
+    assert any("further version 1" in n for n in c.notes)
+    d["predictions"][runs.name]["also"][0]["plan_sha256"] = "3" * 64
+    rec.write_text(json.dumps(d))
+    with pytest.raises(InputError, match="recorded"):
+        validate(plan, runs, rules_path=str(RULES_WP))
+    d["predictions"][runs.name]["also"] = "v2"
+    rec.write_text(json.dumps(d))
+    with pytest.raises(InputError, match="also must be a list"):
+        recorded_prediction(runs)
+
+
 @pytest.mark.parametrize("which", ["plan", "profile"])
 def test_a_prediction_that_is_not_the_recorded_one_exits_2_naming_the_file(tmp_path, capsys, which):
     plan, runs = _world_with_samples(tmp_path)

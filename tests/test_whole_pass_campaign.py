@@ -57,6 +57,27 @@ def test_the_committed_prediction_is_recorded_then_held(wc):
     assert "changed" in wc.check_prediction(record, "bundled", folder)
 
 
+def test_a_further_version_is_recorded_beside_the_first_only_before_the_runs(wc):
+    folder = ROOT / "results" / "cpu" / "whole-pass" / "predictions"
+    if not (folder / "bundled" / "plan.json").is_file() or not wc._committed(
+        folder / "bundled" / "plan.json"
+    ):
+        pytest.skip("the bundled prediction is not committed here")
+    record = {}
+    assert "first prediction" in wc.check_prediction(record, "bundled", folder, also=True)
+    assert wc.check_prediction(record, "bundled", folder) is None
+    assert wc.check_prediction(record, "bundled", folder, also=True) is None
+    (also,) = record["predictions"]["bundled"]["also"]
+    assert also["plan_sha256"] == wc.sha256(folder / "bundled" / "plan.json")
+    assert wc.check_prediction(record, "bundled", folder, also=True) is None  # held, not added
+    assert len(record["predictions"]["bundled"]["also"]) == 1
+    also["profile_sha256"] = "0" * 64
+    assert "changed" in wc.check_prediction(record, "bundled", folder, also=True)
+    late = {"predictions": {"bundled": dict(record["predictions"]["bundled"], also=[])},
+            "units": {"bundled/verify-d512-p00": {"status": "done"}}}  # fmt: skip
+    assert "have started" in wc.check_prediction(late, "bundled", folder, also=True)
+
+
 def _fake_units(wc, folder, cfg, rng):
     (folder / "units").mkdir(parents=True)
     d = cfg.depths[0]

@@ -423,6 +423,9 @@ class RecordedPrediction:
     plan_sha256: str | None
     profile: str | None
     profile_sha256: str | None
+    also: tuple[
+        tuple[str | None, str | None], ...
+    ] = ()  # further versions' (plan, profile) SHA-256
 
 
 def _sha(record: Path, folder: str, entry: dict, key: str) -> str | None:
@@ -465,6 +468,9 @@ def recorded_prediction(folder: str | Path) -> RecordedPrediction | None:
             if v is not None and not isinstance(v, str):
                 raise InputError(f"{record}: predictions.{name}.{key} must be a path")
             paths[key] = v
+        also = entry.get("also", [])
+        if not isinstance(also, list) or not all(isinstance(e, dict) for e in also):
+            raise InputError(f"{record}: predictions.{name}.also must be a list of objects")
         return RecordedPrediction(
             record=str(record),
             folder=name,
@@ -472,5 +478,9 @@ def recorded_prediction(folder: str | Path) -> RecordedPrediction | None:
             plan_sha256=_sha(record, name, entry, "plan_sha256"),
             profile=paths["profile"],
             profile_sha256=_sha(record, name, entry, "profile_sha256"),
+            also=tuple(
+                (_sha(record, name, e, "plan_sha256"), _sha(record, name, e, "profile_sha256"))
+                for e in also
+            ),
         )
     return None

@@ -329,6 +329,17 @@ def check_recorded_prediction(
         if rec is None:
             continue
         checked = []
+        got_plan, got_prof = _sha256(plan_file), _sha256(Path(profile_path))
+        for i, (plan_sha, prof_sha) in enumerate(rec.also):  # a further recorded version
+            if plan_sha == got_plan and prof_sha in (None, got_prof):
+                notes[str(folder)] = (
+                    f"prediction checked: the plan{' and profile' if prof_sha else ''} scored "
+                    f"have the sha256 that {_shown(rec.record)} recorded before the runs "
+                    f"(further version {i + 1})"
+                )
+                break
+        if str(folder) in notes:
+            continue
         for what, file, want, recorded_as in (
             ("plan", plan_file, rec.plan_sha256, rec.plan),
             ("profile", Path(profile_path), rec.profile_sha256, rec.profile),
