@@ -504,6 +504,7 @@ def test_a_further_version_recorded_before_the_runs_is_scored_and_an_unrecorded_
 ):
     """A second version (``also``) recorded beside the first is accepted with its own note;
     the first still is; a version recorded nowhere is refused."""
+
     def sha(p):
         return hashlib.sha256(p.read_bytes()).hexdigest()
 
