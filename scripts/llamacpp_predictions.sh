@@ -8,10 +8,17 @@
 # Committed before any campaign unit runs.
 #
 # Usage: bash scripts/llamacpp_predictions.sh [llamacpp-bundled|llamacpp-lifted]...
+#
+# REFIT=step1 (or linear): a further version, nothing measured: the committed profile's
+# medians refitted in that form (`specmoe bench --from ... --fit`), then the plan, written to
+# results/cpu/llamacpp/whole-pass/predictions-<form>/<config>/ (docs/runs-protocol-llamacpp.md,
+# round 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPECMOE=${SPECMOE:-.venv/bin/specmoe}
-P=results/cpu/llamacpp/whole-pass/predictions
+P0=results/cpu/llamacpp/whole-pass/predictions
+REFIT=${REFIT:-}
+P=$P0${REFIT:+-$REFIT}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
 DEPTHS=256,512,1024,2048
@@ -22,8 +29,13 @@ predict() {  # name, GGUF, reps, plan --model
   mkdir -p "$out/bench" "$out/plan"
   echo "== $name: per-node profile of every operation" >&2
   local t0=$SECONDS
-  nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
-    --reps "$reps" --out "$out/bench"
+  if [ -n "$REFIT" ]; then
+    $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --from "$P0/$name/profile.json" \
+      --fit "$REFIT" --out "$out/bench"
+  else
+    nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
+      --reps "$reps" --out "$out/bench"
+  fi
   echo "== $name: benchmark wall $((SECONDS - t0)) s" >&2
   cp "$out/bench/profile.json" "$out/profile.json"
   echo "== $name: plan" >&2
