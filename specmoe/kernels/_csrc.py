@@ -183,6 +183,13 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
     return (uint16_t)(u >> 16);
 }
 
+/* one case of a switch over a token block's size: PFX_<RB>x<T>(args) */
+#define SM_TB_CASE(PFX, RB, T, ...) case T: PFX##_##RB##x##T(__VA_ARGS__); break;
+#define SM_TB_1TO5(PFX, RB, ...)                                                            \
+    SM_TB_CASE(PFX, RB, 1, __VA_ARGS__) SM_TB_CASE(PFX, RB, 2, __VA_ARGS__)                 \
+    SM_TB_CASE(PFX, RB, 3, __VA_ARGS__) SM_TB_CASE(PFX, RB, 4, __VA_ARGS__)                 \
+    SM_TB_CASE(PFX, RB, 5, __VA_ARGS__)
+
 #if SM_BF16DP
 /* A register block for bf16 weights: RB rows by TB tokens, 16-lane fp32 accumulators fed by
    vdpbf16ps on one 64-byte line of each row per step. Activation rows xp[t] are bf16,
@@ -252,14 +259,9 @@ static inline int sm_dp_rb(int tb) {
 }
 #define SM_DP_CALL(RB, tb, ...)                                                             \
     switch (tb) {                                                                           \
-    case 1: sm_dpblock_##RB##x1(__VA_ARGS__); break;                                        \
-    case 2: sm_dpblock_##RB##x2(__VA_ARGS__); break;                                        \
-    case 3: sm_dpblock_##RB##x3(__VA_ARGS__); break;                                        \
-    case 4: sm_dpblock_##RB##x4(__VA_ARGS__); break;                                        \
-    case 5: sm_dpblock_##RB##x5(__VA_ARGS__); break;                                        \
-    case 6: sm_dpblock_##RB##x6(__VA_ARGS__); break;                                        \
-    case 7: sm_dpblock_##RB##x7(__VA_ARGS__); break;                                        \
-    case 8: sm_dpblock_##RB##x8(__VA_ARGS__); break;                                        \
+    SM_TB_1TO5(sm_dpblock, RB, __VA_ARGS__)                                                 \
+    SM_TB_CASE(sm_dpblock, RB, 6, __VA_ARGS__) SM_TB_CASE(sm_dpblock, RB, 7, __VA_ARGS__)   \
+    SM_TB_CASE(sm_dpblock, RB, 8, __VA_ARGS__)                                              \
     default: sm_dpblock_##RB##x9(__VA_ARGS__); break;                                       \
     }
 
@@ -397,11 +399,7 @@ SM_Q8BLOCK(1, 5, 0)
 SM_Q8BLOCK(1, 6, 0)
 #define SM_Q8_CALL(RB, tb, ...)                                                             \
     switch (tb) {                                                                           \
-    case 1: sm_q8block_##RB##x1(__VA_ARGS__); break;                                        \
-    case 2: sm_q8block_##RB##x2(__VA_ARGS__); break;                                        \
-    case 3: sm_q8block_##RB##x3(__VA_ARGS__); break;                                        \
-    case 4: sm_q8block_##RB##x4(__VA_ARGS__); break;                                        \
-    case 5: sm_q8block_##RB##x5(__VA_ARGS__); break;                                        \
+    SM_TB_1TO5(sm_q8block, RB, __VA_ARGS__)                                                 \
     default: sm_q8block_##RB##x6(__VA_ARGS__); break;                                       \
     }
 #endif
