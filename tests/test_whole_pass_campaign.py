@@ -42,12 +42,18 @@ def test_a_prediction_outside_git_is_refused(wc, tmp_path):
     assert "predictions" not in record
 
 
-def test_the_committed_prediction_is_recorded_then_held(wc):
+@pytest.fixture
+def folder(wc):
+    """The committed predictions folder, or a skip where its bundled plan is not committed."""
     folder = ROOT / "results" / "cpu" / "whole-pass" / "predictions"
     if not (folder / "bundled" / "plan.json").is_file() or not wc._committed(
         folder / "bundled" / "plan.json"
     ):
         pytest.skip("the bundled prediction is not committed here")
+    return folder
+
+
+def test_the_committed_prediction_is_recorded_then_held(wc, folder):
     record = {}
     assert wc.check_prediction(record, "bundled", folder) is None
     entry = record["predictions"]["bundled"]
@@ -57,12 +63,7 @@ def test_the_committed_prediction_is_recorded_then_held(wc):
     assert "changed" in wc.check_prediction(record, "bundled", folder)
 
 
-def test_a_further_version_is_recorded_beside_the_first_only_before_the_runs(wc):
-    folder = ROOT / "results" / "cpu" / "whole-pass" / "predictions"
-    if not (folder / "bundled" / "plan.json").is_file() or not wc._committed(
-        folder / "bundled" / "plan.json"
-    ):
-        pytest.skip("the bundled prediction is not committed here")
+def test_a_further_version_is_recorded_beside_the_first_only_before_the_runs(wc, folder):
     record = {}
     assert "first prediction" in wc.check_prediction(record, "bundled", folder, also=True)
     assert wc.check_prediction(record, "bundled", folder) is None
