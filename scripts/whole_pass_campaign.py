@@ -150,6 +150,7 @@ def check_prediction(
     line when the prediction is missing, not committed or changed. ``also``: a further
     version committed before the same runs and scored beside the first (``--also-predictions``),
     kept in the entry's ``also`` list."""
+    folder = Path(folder).resolve()  # a relative --predictions is taken from the working dir
     files = {"plan": folder / cfg / "plan.json", "profile": folder / cfg / "profile.json"}
     for key, path in files.items():
         if not path.is_file():

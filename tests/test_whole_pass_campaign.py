@@ -4,6 +4,7 @@ the runs files it aggregates (checked against brute-force statistics and the run
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,8 @@ def test_a_further_version_is_recorded_beside_the_first_only_before_the_runs(wc,
     (also,) = record["predictions"]["bundled"]["also"]
     assert also["plan_sha256"] == wc.sha256(folder / "bundled" / "plan.json")
     assert wc.check_prediction(record, "bundled", folder, also=True) is None  # held, not added
+    rel = Path(os.path.relpath(folder))  # as given on the command line
+    assert wc.check_prediction(record, "bundled", rel, also=True) is None
     assert len(record["predictions"]["bundled"]["also"]) == 1
     also["profile_sha256"] = "0" * 64
     assert "changed" in wc.check_prediction(record, "bundled", folder, also=True)
