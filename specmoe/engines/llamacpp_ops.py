@@ -484,9 +484,11 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
 
     ``linear``: one fit over every n (fitted on n = 1, 3, 4, 6, 7 for n = 1..9), as
     :func:`summarize`. ``step1``: llama.cpp's matrix products take another path for one row
-    than for two or more (a step from n = 1 to n = 2 in every MUL_MAT of the pass, measured
-    in its per-node profile: results/cpu/llamacpp/whole-pass/README.md), which no term linear
-    in n follows; the op's fit is made on n >= 2 alone (held out: every third of them from
+    than for two or more: ``llamafile_sgemm`` (``ggml-cpu/llamafile/sgemm.cpp``) returns
+    false for n < 2 ("only enable sgemm for prompt processing"), so one row goes through
+    ggml's ``vec_dot`` loop and two or more through tinyBLAS. That is a step from n = 1 to
+    n = 2 in every MUL_MAT of the pass (measured in its per-node profile:
+    results/cpu/llamacpp/whole-pass/README.md), which no term linear in n follows; the op's fit is made on n >= 2 alone (held out: every third of them from
     the second, and the largest, :func:`~specmoe.cost.ops_fit.held_out_split`), and n = 1 gets
     a fit of its own over the depths (``fit_n1``, ``terms_n1``: ``t0`` and the terms that
     vary with d at n = 1), scored leaving one depth out. ``eps`` is the median of both held-out
