@@ -12,7 +12,7 @@ speeds: they are compared only with themselves). Printed per variant: the median
 time / (bytes / ceiling), the median β and ceiling, and the median of β / β of the first
 variant over the paired calls (``vs``), the figure to decide by.
 
-    python benchmarks/kernel_ab.py --variants "dp=,rb8=-DSM_DP_RB1=8" [--dtype bfloat16]
+    python benchmarks/kernel_ab.py --variants "dp=,rb8=-DSM_DP_RB1=8" [--dtype bfloat16|float32|q8_0]
         [--n 1,3,5,9] [--modes per_slot,dedup] [--reps 6] [--threads 1] [--json OUT]
 """
 
@@ -38,7 +38,8 @@ from specmoe.kernels._contract import torch_dtype
 H, INTER, M, NUM = 2048, 1024, 8, 64  # OLMoE-1B-7B's expert shapes, 64 experts, top-8
 MODES = {"per_slot": 0, "dedup": 1}
 PROG = "kernel_ab"
-WT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+WT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, "q8_0": 3}
+Q8_BYTES = 34 / 32  # q8_0: one fp16 scale and 32 int8 per 32 weights
 
 
 def _source(spec: str) -> tuple[str, tuple[str, ...]]:
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     try:
-        dtype = torch_dtype(a.dtype)
+        dtype = "q8_0" if a.dtype == "q8_0" else torch_dtype(a.dtype)
         ns = _ints(a.n, "--n")
         bad = [x for x in a.modes.split(",") if x not in MODES]
         if bad:
@@ -165,14 +166,22 @@ def _ints(text: str, flag: str) -> list[int]:
 def _run(a, libs, dtype, ns, modes) -> int:
     th = a.threads
     clk = time.thread_time if th == 1 else time.perf_counter
-    eb = 3 * H * INTER * torch.empty(0, dtype=dtype).element_size()
+    q8 = dtype == "q8_0"
+    eb = 3 * H * INTER * (Q8_BYTES if q8 else torch.empty(0, dtype=dtype).element_size())
     llc = last_level_cache_bytes() or (256 << 20)
     pool = max(NUM, int(3 * llc // eb) + 1)
-    wgu = torch.empty(pool, 2 * INTER, H, dtype=dtype)
-    wd = torch.empty(pool, H, INTER, dtype=dtype)
-    for e in range(pool):
-        wgu[e] = torch.randn(2 * INTER, H) * 0.02
-        wd[e] = torch.randn(H, INTER) * 0.02
+    if q8:  # llama.cpp's q8_0 blocks, quantised expert by expert
+        from specmoe.kernels.q8 import quantize_q8_0
+
+        wgu = torch.cat([quantize_q8_0(torch.randn(1, 2 * INTER, H) * 0.02).blocks
+                         for _ in range(pool)])  # fmt: skip
+        wd = torch.cat([quantize_q8_0(torch.randn(1, H, INTER) * 0.02).blocks for _ in range(pool)])
+    else:
+        wgu = torch.empty(pool, 2 * INTER, H, dtype=dtype)
+        wd = torch.empty(pool, H, INTER, dtype=dtype)
+        for e in range(pool):
+            wgu[e] = torch.randn(2 * INTER, H) * 0.02
+            wd[e] = torch.randn(H, INTER) * 0.02
     probe = torch.empty(64 << 20, dtype=torch.float32).uniform_(-1, 1)
     chunk, nchunks = 8 << 20, 8
     g = torch.Generator().manual_seed(1)
@@ -182,7 +191,8 @@ def _run(a, libs, dtype, ns, modes) -> int:
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     for n in ns:
         cases = [_ids(n, g) for _ in range(3)]
-        x = torch.randn(n, H).to(dtype).float().contiguous()
+        x = torch.randn(n, H)
+        x = (x if q8 else x.to(dtype).float()).contiguous()
         w = torch.rand(n, M).contiguous()
         y = torch.zeros(n, H)
         for mode in modes:
@@ -213,7 +223,7 @@ def _run(a, libs, dtype, ns, modes) -> int:
                         beta = nbytes / (t2 - t1) / 1e9
                         cell[name].append((ceil / beta, beta, ceil))
     out = {
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "q8_0" if q8 else str(dtype).removeprefix("torch."),
         "threads": th,
         "clock": "thread" if th == 1 else "wall",
         "pool_experts": pool,
