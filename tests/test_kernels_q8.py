@@ -202,12 +202,16 @@ def test_threads_bitwise_equal_and_portable_close():
     m=st.integers(1, 6),
     num=st.integers(1, 9),
     seed=st.integers(0, 2**16),
+    h=st.sampled_from([32, 64, 96, 160]),
+    inter=st.sampled_from([32, 48 * 2, 80 * 2]),
 )
-def test_dedup_equals_per_slot_for_random_ids(n, m, num, seed):
+def test_dedup_equals_per_slot_for_random_ids(n, m, num, seed, h, inter):
+    """Random ids, and row counts (2·inter gate/up rows, h down rows) that leave every
+    remainder after the far-apart blocks of 4, 3 and 2 rows."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 32, generator=g)
-    qgu = quantize_q8_0(torch.randn(num, 64, 32, generator=g))
-    qd = quantize_q8_0(torch.randn(num, 32, 32, generator=g))
+    x = torch.randn(n, h, generator=g)
+    qgu = quantize_q8_0(torch.randn(num, 2 * inter, h, generator=g))
+    qd = quantize_q8_0(torch.randn(num, h, inter, generator=g))
     ids = torch.randint(num, (n, m), generator=g)  # repeats within and across tokens
     w = torch.rand(n, m, generator=g)
     ys, yd = cpu.per_slot(x, qgu, qd, ids, w), cpu.dedup(x, qgu, qd, ids, w)

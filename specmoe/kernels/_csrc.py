@@ -183,6 +183,18 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
     return (uint16_t)(u >> 16);
 }
 
+/* the blocks of RB far-apart rows of [r, r1) (sm_rows_impl says why): the statement after
+   RB, with the block's first row rr and row spacing q; r moves past the rows they cover */
+#define SM_FAR(RB, ...)                                                                     \
+    {                                                                                       \
+        size_t q = (size_t)(r1 - r) / (RB);                                                 \
+        for (size_t i = 0; i < q; i++) {                                                    \
+            int rr = r + (int)i;                                                            \
+            __VA_ARGS__;                                                                    \
+        }                                                                                   \
+        r += (int)q * (RB);                                                                 \
+    }
+
 /* one case of a switch over a token block's size: PFX_<RB>x<T>(args) */
 #define SM_TB_CASE(PFX, RB, T, ...) case T: PFX##_##RB##x##T(__VA_ARGS__); break;
 #define SM_TB_1TO5(PFX, RB, ...)                                                            \
@@ -335,19 +347,22 @@ static void sm_rows_q8_portable(const uint8_t *w, size_t ldw, int r0, int r1,
 
 #if SM_AVX2
 #ifndef SM_Q8_PF
-#define SM_Q8_PF 2   /* prefetch the rows 2 row blocks ahead, one line per row per 32 weights
+#define SM_Q8_PF 2   /* prefetch 2 rows ahead in each of a block's far-apart row streams
+                        (adjacent rows: 2 row blocks ahead), one line per row per 32 weights
                         (without it about 1.5x slower; 1-6 blocks ahead within the noise of
                         a loaded machine: results/cpu/kernels/q8_0.md) */
 #endif
-/* A register block: RB q8_0 rows by TB tokens, 8-lane fp32 accumulators; per 32-weight block
-   each row's scale is broadcast and its 4 vectors of 8 weights dequantised once for all TB
-   tokens. */
+/* A register block: RB q8_0 rows rs rows apart by TB tokens, 8-lane fp32 accumulators; per
+   32-weight block each row's scale is broadcast and its 4 vectors of 8 weights dequantised
+   once for all TB tokens. sm_rows_q8 takes the rows far apart, as sm_rows_impl does: 1.17-1.47x
+   the adjacent rows' speed (results/cpu/kernels/far-rows/). */
 #define SM_Q8BLOCK(RB, TB, FOLD)                                                            \
 static inline __attribute__((always_inline)) void sm_q8block_##RB##x##TB(                   \
-        const uint8_t *w, size_t ldw, const float *const *xp, int cols, float *out,         \
-        size_t ldo) {                                                                       \
+        const uint8_t *w, size_t ldw0, const float *const *xp, int cols, float *out,        \
+        size_t ldo, size_t rs) {                                                            \
     __m256 acc[RB][TB];                                                                     \
-    const uint8_t *pf = w + (size_t)SM_Q8_PF * RB * ldw;                                    \
+    size_t ldw = ldw0 * rs;                                                                 \
+    const uint8_t *pf = w + (size_t)SM_Q8_PF * (rs > 1 ? 1 : RB) * ldw0;                    \
     int nb = cols / 32;                                                                     \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm256_setzero_ps(); \
     for (int b = 0; b < nb; b++) {                                                          \
@@ -379,7 +394,7 @@ static inline __attribute__((always_inline)) void sm_q8block_##RB##x##TB(       
                 acc[r][t] = _mm256_fmadd_ps(sb[r][t], dv[r], acc[r][t]);                    \
     }                                                                                       \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r] = sm_hsum(acc[r][t]);                                      \
+        out[(size_t)t * ldo + r * rs] = sm_hsum(acc[r][t]);                                 \
 }
 #ifndef SM_Q8_FOLD
 #define SM_Q8_FOLD 1  /* 1-2 tokens: a block's products summed, then scaled by d (one FMA) */
@@ -519,22 +534,22 @@ static void sm_rows_q8(const uint8_t *w, size_t ldw, int r0, int r1, const float
 #define SM_Q8W(r) (w + (size_t)(r) * ldw)
 #define SM_Q8O(r) (out + (size_t)t * ldo + (r))
         if (tb == 2 && SM_Q8_FOLD) {
-            for (; r + 3 <= r1; r += 3) sm_q8block_3x2(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+            SM_FAR(3, sm_q8block_3x2(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q))
         } else if (tb <= 3) {
-            for (; r + 4 <= r1; r += 4) {
-                if (tb == 1) sm_q8block_4x1(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
-                else if (tb == 2) sm_q8block_4x2(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
-                else sm_q8block_4x3(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
-            }
+            SM_FAR(4, {
+                if (tb == 1) sm_q8block_4x1(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q);
+                else if (tb == 2) sm_q8block_4x2(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q);
+                else sm_q8block_4x3(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q);
+            })
         } else if (tb == 4) {
-            for (; r + 3 <= r1; r += 3) sm_q8block_3x4(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
+            SM_FAR(3, sm_q8block_3x4(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q))
         } else {
-            for (; r + 2 <= r1; r += 2) {
-                if (tb == 5) sm_q8block_2x5(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
-                else sm_q8block_2x6(SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo);
-            }
+            SM_FAR(2, {
+                if (tb == 5) sm_q8block_2x5(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q);
+                else sm_q8block_2x6(SM_Q8W(rr), ldw, xt, cols, SM_Q8O(rr), ldo, q);
+            })
         }
-        for (; r < r1; r++) { SM_Q8_CALL(1, tb, SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo) }
+        for (; r < r1; r++) { SM_Q8_CALL(1, tb, SM_Q8W(r), ldw, xt, cols, SM_Q8O(r), ldo, 1) }
 #undef SM_Q8W
 #undef SM_Q8O
         t += tb;
@@ -561,17 +576,6 @@ sm_rows_impl(const void *w, int wt, size_t ldw, int r0, int r1, const float *con
     size_t es = (wt == WT_F32) ? 4 : 2;
 #define WROW(r) ((const char *)w + (size_t)(r) * ldw * es)
 #define OUT(t, r) (out + (size_t)(t) * ldo + (r))
-/* the blocks of RB far-apart rows of [r, r1): the statement after RB, with the block's first
-   row rr and row spacing q; r moves past the rows they cover */
-#define SM_FAR(RB, ...)                                                                     \
-    {                                                                                       \
-        size_t q = (size_t)(r1 - r) / (RB);                                                 \
-        for (size_t i = 0; i < q; i++) {                                                    \
-            int rr = r + (int)i;                                                            \
-            __VA_ARGS__;                                                                    \
-        }                                                                                   \
-        r += (int)q * (RB);                                                                 \
-    }
 #if SM_AVX2
     int r = r0;
     if (k <= 2) {
@@ -614,7 +618,6 @@ sm_rows_impl(const void *w, int wt, size_t ldw, int r0, int r1, const float *con
     for (int r = r0; r < r1; r++)
         for (int t = 0; t < k; t++) *OUT(t, r) = sm_dot1(WROW(r), wt, xp[t], 0, cols);
 #endif
-#undef SM_FAR
 #undef WROW
 #undef OUT
 }
