@@ -290,7 +290,7 @@ def modelled(monkeypatch):
             method="modelled",
         ),
     )
-    monkeypatch.setattr(run, "measure_peak_flops", lambda *a, **k: 1e11)
+    monkeypatch.setattr(run, "roofline_peak_flops", lambda *a, **k: (1e11, "float32"))
     return calls
 
 
