@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -182,6 +183,40 @@ def check_prediction(
     for key, value in now.items():
         if old.get(f"{key}_sha256") != value:
             return f"{files[key]}: changed since its SHA-256 was recorded (never recomputed)"
+    return None
+
+
+def check_machine(cfg: str, folder: Path) -> str | None:
+    """An error line when this machine or these kernels are not the ones the configuration's
+    prediction was measured on (the protocol's amendment 8): its profile's processor
+    (``device_name``) and, where the profile records it, the C kernels' source SHA-256. A
+    configuration's units run only where its prediction holds; a campaign spread over
+    several sessions resumes only on the same processor with the same kernels."""
+    from specmoe.bench.machine import device_name
+    from specmoe.kernels._cbuild import source_sha256
+
+    path = Path(folder).resolve() / cfg / "profile.json"
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path}: unreadable prediction profile ({exc})"
+    want, have = prof.get("device_name", ""), device_name("cpu")
+    if want and want != have:
+        return (
+            f"{path}: {cfg}'s prediction was measured on {want!r}; this machine is {have!r} "
+            "(its units run only on the prediction's processor)"
+        )
+    impl = prof.get("implementations") or {}
+    kernels = {
+        (v.get("compiler") or {}).get("source_sha256")
+        for v in impl.values()
+        if isinstance(v, dict) and v.get("ran") == "c"
+    } - {None}
+    if kernels and kernels != {source_sha256()}:
+        return (
+            f"{path}: {cfg}'s prediction timed the C kernels of source {sorted(kernels)[0]}; "
+            f"these are {source_sha256()} (its units run only with the prediction's kernels)"
+        )
     return None
 
 
@@ -625,8 +660,10 @@ def main(argv: list[str] | None = None) -> int:
             done = folder / "units" / f"{unit.name}.json"
             if skip_unit(status, key, done, start, args.budget):
                 continue
-            if not args.quick and c == "qwen3-dummy-4L":
-                err = check_prediction(record, c, args.predictions)
+            if not args.quick:
+                err = check_machine(c, args.predictions)
+                if not err and c == "qwen3-dummy-4L":
+                    err = check_prediction(record, c, args.predictions)
                 if err:
                     print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
                     atomic_write_json(record_path, record)

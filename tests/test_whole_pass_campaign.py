@@ -145,3 +145,33 @@ def test_an_incomplete_depth_writes_tables_only(wc, tmp_path):
     tables = json.loads((tmp_path / "tables.json").read_text())
     assert tables["depths"]["64"]["complete"] is False
     assert not (tmp_path / "verify.json").exists() and not (tmp_path / "throughput.json").exists()
+
+
+def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path):
+    import hashlib
+
+    from specmoe.bench.machine import device_name
+    from specmoe.kernels._cbuild import SOURCE, source_sha256
+
+    assert source_sha256() == hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    (tmp_path / "c").mkdir()
+    prof = tmp_path / "c" / "profile.json"
+    assert "unreadable" in wc.check_machine("c", tmp_path)
+    here = {"ran": "c", "compiler": {"source_sha256": source_sha256()}}
+    prof.write_text(
+        json.dumps({"device_name": device_name("cpu"), "implementations": {"dedup": here}})
+    )
+    assert wc.check_machine("c", tmp_path) is None
+    # a profile from before the field (no kernel hash) is checked by its processor alone
+    prof.write_text(json.dumps({"device_name": device_name("cpu"), "implementations": {}}))
+    assert wc.check_machine("c", tmp_path) is None
+    prof.write_text(json.dumps({"device_name": "Other CPU", "implementations": {"dedup": here}}))
+    assert "measured on 'Other CPU'" in wc.check_machine("c", tmp_path)
+    old = {"ran": "c", "compiler": {"source_sha256": "0" * 16}}
+    torch_ran = {"ran": "torch", "compiler": {"source_sha256": "1" * 16}}  # not the C kernels
+    prof.write_text(
+        json.dumps(
+            {"device_name": device_name("cpu"), "implementations": {"dedup": old, "x": torch_ran}}
+        )
+    )
+    assert "0000000000000000" in wc.check_machine("c", tmp_path)

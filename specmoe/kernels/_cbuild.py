@@ -164,8 +164,15 @@ class Build:
             "openmp": None if lib is None else lib.openmp,
             "avx2": None if lib is None else lib.avx2,
             "avx512_bf16": None if lib is None else lib.bf16dp,
+            "source_sha256": source_sha256(),
             "error": self.error,
         }
+
+
+def source_sha256() -> str:
+    """The first 16 hex digits of the kernels' C source's SHA-256: which kernels a profile
+    measured, so that runs scored against it can be checked to use the same ones."""
+    return hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
 
 
 def build_key(cc: str, version: str, flags: tuple[str, ...]) -> str:
