@@ -25,8 +25,11 @@ repetitions (``--statistic``, default min: the least disturbed).
 
 Before the checked cells, a calibration measures the server's time beyond llama-bench's passes
 (CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1 and k = 4 with
-acceptance 0.3, not a checked value: a line o_round + k o_token); a second plan adds it
-(``--llamacpp-overhead``) and is scored beside the first.
+acceptance 0.3 and 1.0, neither a checked value). Two more plans add it
+(``--llamacpp-overhead``) and are scored beside the first: ``with_overhead``, the line
+o_round + k o_token through the two cells at 0.3 (the first version), and ``with_emit``, the
+second version, which adds a time per emitted token (the target's sampler runs over the whole
+vocabulary at every position it checks) fitted to all four cells.
 
 Beside each speedup it records what decomposes a miss: the server's tokens per round (against
 G_a(k)) and its time per round (CPU and wall, against the plan's V(k)), and the plain server's
@@ -164,44 +167,69 @@ def _warm(plain: Server, spec: Server, text: str) -> None:
     spec.complete(text, 1)
 
 
-CALIBRATION_ACCEPTANCE = 0.3  # not one of the checked acceptances
+CALIBRATION_ACCEPTANCE = (0.3, 1.0)  # neither one of the checked acceptances
 CALIBRATION_K = (1, 4)
 
 
 def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     """The server's time beyond llama-bench's passes, measured before and apart from the
-    checked cells: plain CPU ms per token minus V(0), and CPU ms per round of servers at
-    k = 1 and k = 4 with synthetic acceptance 0.3 minus V(k) (the plan without overhead),
-    the line o(k) = o_round + k o_token through those two points."""
+    checked cells: plain CPU ms per token minus V(0), and CPU ms per round minus V(k) of
+    servers at k = 1 and k = 4 with synthetic acceptance 0.3 and 1.0 (neither a checked value).
+
+    Two overhead models from the same cells: ``line`` (the first version, from the cells at
+    0.3 alone) o(k) = o_round + k o_token through its two points; ``emit`` (the second) adds a
+    time per emitted token, o(k) = o_round + k o_token + g o_emit with g the measured tokens
+    per round, a non-negative least-squares fit to the four cells (the server samples the
+    target's whole vocabulary at each emitted token's position, a piece of work that grows
+    with the acceptance, not with k)."""
+    from scipy.optimize import nnls
+
     V = s["step_ms"]
-    runs_p, per_k = [], {}
-    for k in CALIBRATION_K:
-        flags = server_flags(k=k, target=str(target), draft=str(draft), threads=s["threads"])
-        spec = Server(_synthetic(flags, CALIBRATION_ACCEPTANCE, k), ctx=ctx)
-        runs_s = []
-        try:
-            for _, text in prompts:
-                _warm(plain, spec, text)
-                runs_p.append(plain.complete(text, args.tokens))
-                runs_s.append(spec.complete(text, args.tokens))
-        finally:
-            spec.close()
-        rounds = sum(r["draft_n"] for r in runs_s) / k
-        cpu_round = sum(r["cpu_ms"] for r in runs_s) / rounds
-        per_k[k] = {"cpu_ms_per_round": cpu_round, "V_ms": V[k], "excess_ms": cpu_round - V[k],
-                    "runs": runs_s}  # fmt: skip
+    runs_p, cells = [], []
+    for a in CALIBRATION_ACCEPTANCE:
+        for k in CALIBRATION_K:
+            flags = server_flags(k=k, target=str(target), draft=str(draft), threads=s["threads"])
+            spec = Server(_synthetic(flags, a, k), ctx=ctx)
+            runs_s = []
+            try:
+                for _, text in prompts:
+                    _warm(plain, spec, text)
+                    for _rep in range(args.repeats):
+                        runs_p.append(plain.complete(text, args.tokens))
+                        runs_s.append(spec.complete(text, args.tokens))
+            finally:
+                spec.close()
+            rounds = sum(r["draft_n"] for r in runs_s) / k
+            cpu_round = sum(r["cpu_ms"] for r in runs_s) / rounds
+            cells.append({"acceptance": a, "k": k, "cpu_ms_per_round": cpu_round, "V_ms": V[k],
+                          "excess_ms": cpu_round - V[k],
+                          "tokens_per_round": sum(r["predicted_n"] for r in runs_s) / rounds,
+                          "runs": runs_s})  # fmt: skip
     plain_ms = sum(r["cpu_ms"] for r in runs_p) / sum(r["predicted_n"] for r in runs_p)
-    (k1, e1), (k2, e2) = ((k, per_k[k]["excess_ms"]) for k in CALIBRATION_K)
+    o_plain = max(0.0, plain_ms - V[0])
+    first = [c for c in cells if c["acceptance"] == CALIBRATION_ACCEPTANCE[0]]
+    (k1, e1), (k2, e2) = ((c["k"], c["excess_ms"]) for c in first)
     o_token = max(0.0, (e2 - e1) / (k2 - k1))
     o_round = max(0.0, e1 - k1 * o_token)
+    A = np.array([[1.0, c["k"], c["tokens_per_round"]] for c in cells])
+    b = np.array([c["excess_ms"] for c in cells])
+    (r2, t2, e2_), resid = nnls(A, b)
+    e2_ = min(e2_, o_plain)  # a plain token holds its own emission
     return {
-        "acceptance": CALIBRATION_ACCEPTANCE,
+        "acceptance": list(CALIBRATION_ACCEPTANCE),
+        "k": list(CALIBRATION_K),
         "plain_cpu_ms_per_token": plain_ms,
         "V0_ms": V[0],
-        "by_k": {str(k): v for k, v in per_k.items()},
-        "overhead_plain_ms": max(0.0, plain_ms - V[0]),
+        "cells": cells,
+        "overhead_plain_ms": o_plain,
         "overhead_round_ms": o_round,
         "overhead_token_ms": o_token,
+        "emit": {
+            "overhead_round_ms": float(r2),
+            "overhead_token_ms": float(t2),
+            "overhead_emit_ms": float(e2_),
+            "residual_ms": float(resid),
+        },
         "plain_runs": runs_p,
     }
 
@@ -273,10 +301,17 @@ def main(argv: list[str] | None = None) -> int:
             calibration = _calibrate(plain, s, target, draft, prompts, args, ctx)
             over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
             argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
+            argv_e = [*argv_o, "--llamacpp-overhead"]
             argv_o += ["--llamacpp-overhead", ",".join(f"{x:.6f}" for x in over)]
             assert specmoe([*argv_o, "--out", str(Path(tmp) / "overhead")]) == 0
             plan_o = json.loads((Path(tmp) / "overhead" / "plan.json").read_text())
             s_o = plan_o["engine"]["settings"]["llama.cpp"]
+            em = calibration["emit"]
+            over_e = [over[0], em["overhead_round_ms"], em["overhead_token_ms"]]
+            argv_e.append(",".join(f"{x:.6f}" for x in [*over_e, em["overhead_emit_ms"]]))
+            assert specmoe([*argv_e, "--out", str(Path(tmp) / "emit")]) == 0
+            plan_e = json.loads((Path(tmp) / "emit" / "plan.json").read_text())
+            s_e = plan_e["engine"]["settings"]["llama.cpp"]
             for p in s["plans"]:
                 a, k_best = p["acceptance"], p["draft_length"]
                 ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
@@ -339,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                         "relative_error_with_overhead": po["speedup_by_k"][k] / measured - 1,
                         "within_10pct_with_overhead": abs(po["speedup_by_k"][k] / measured - 1)
                         <= TOLERANCE,
+                        "predicted_speedup_with_emit": (
+                            pe := next(x for x in s_e["plans"] if x["acceptance"] == a)
+                        )["speedup_by_k"][k],
+                        "plan_k_with_emit": pe["draft_length"],
+                        "relative_error_with_emit": pe["speedup_by_k"][k] / measured - 1,
+                        "within_10pct_with_emit": abs(pe["speedup_by_k"][k] / measured - 1)
+                        <= TOLERANCE,
                         "relative_error": predicted / measured - 1,
                         "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
                         "server_flags": flags,
@@ -356,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(row)
                     print(
                         f"a={a:g} k={k}{'*' if k == k_best else ' '} predicted "
-                        f"{predicted:.3f} (with overhead {row['predicted_speedup_with_overhead']:.3f}) "
+                        f"{predicted:.3f} (with overhead {row['predicted_speedup_with_overhead']:.3f}, "
+                        f"with emit {row['predicted_speedup_with_emit']:.3f}) "
                         f"measured {measured:.3f} (wall paired median {paired:.3f}) "
                         f"({row['relative_error']:+.1%}); round {row['ms_per_round_measured']:.3f}"
                         f" ms (cpu {row['cpu_ms_per_round']:.3f}) vs V {V[k]:.3f}; plain cpu "
@@ -393,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
                 "plan_other_statistic": json.loads(json.dumps(other).replace(tmp, "<tmp>")),
                 "plan_with_overhead": json.loads(json.dumps(plan_o).replace(tmp, "<tmp>")),
                 "plan_with_overhead_command": "specmoe " + " ".join(argv_o).replace(tmp, "<tmp>"),
+                "plan_with_emit": json.loads(json.dumps(plan_e).replace(tmp, "<tmp>")),
+                "plan_with_emit_command": "specmoe " + " ".join(argv_e).replace(tmp, "<tmp>"),
             },
             "calibration": calibration,
             "plain_runs": plain_runs,

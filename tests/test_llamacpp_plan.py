@@ -319,7 +319,42 @@ def test_overhead_adds_to_plain_and_rounds(tmp_path, capsys):
     capsys.readouterr()
     s3 = json.loads((out3 / "plan.json").read_text())["engine"]["settings"]["llama.cpp"]
     assert s3["step_ms"][2] == pytest.approx(V[2] + 2 * 0.5)
-    for bad in ("1", "a,b", "1,-2", "1,2,3,4", "nan,1"):
+    for bad in ("1", "a,b", "1,-2", "1,2,3,4,5", "nan,1", "0.25,1,0,0.5"):
         rc = main([*argv, "--llamacpp-overhead", bad])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and "--llamacpp-overhead" in err[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    o=st.tuples(*(st.floats(0, 3) for _ in range(3))),
+    share=st.floats(0, 1),
+    a=st.floats(0, 0.999),
+)
+def test_a_per_emitted_token_time_scores_every_k_as_brute_force(tmp_path_factory, o, share, a):
+    """With o_emit ms per emitted token, a round of k drafts costs V(k) + o_emit G_a(k) and a
+    plain token V(0) (o_emit inside o_plain): the plan's speedups and k* equal a brute force
+    over k of tokens per ms, computed here from the pass times alone."""
+    from fractions import Fraction as F
+
+    path = _profile(tmp_path_factory.mktemp("p") / "v.json")
+    o_plain, o_round, o_tok = o
+    o_emit = o_plain * share
+    prof = load_llamacpp_profile(str(path))
+    s = llamacpp_plan(prof, [a], depth=512, k_max=8, target_model="T", draft_model="D",
+                      overhead=(o_plain, o_round, o_tok, o_emit))  # fmt: skip
+    p = s["plans"][0]
+
+    def rate(k):  # tokens per ms of one round, exactly
+        g = sum(F(a) ** j for j in range(k + 1))
+        if k == 0:
+            return 1 / (F(TARGET_MS[0]) + F(o_plain))
+        step = F(TARGET_MS[k]) + F(DRAFT_MS[k]) + k * F(DRAFT_MS[0]) + F(o_round) + k * F(o_tok)
+        return g / (step + F(o_emit) * g)
+
+    rates = [rate(k) for k in range(9)]
+    best = max(rates)
+    assert p["draft_length"] == rates.index(best)
+    for k in range(9):
+        assert p["speedup_by_k"][k] == pytest.approx(float(rates[k] / rates[0]), rel=1e-9)
+    assert s["overhead_ms"]["emitted_token"] == o_emit

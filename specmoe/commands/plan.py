@@ -170,10 +170,11 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--llamacpp-overhead",
         default=None,
-        metavar="PLAIN_MS,ROUND_MS[,TOKEN_MS]",
+        metavar="PLAIN_MS,ROUND_MS[,TOKEN_MS[,EMIT_MS]]",
         help="with --llamacpp-profile: the server's measured time beyond llama-bench's passes, "
-        "ms per plain token, per speculative round and (optional) per drafted token, added to "
-        "V(0) and to V(k >= 1) as ROUND + k TOKEN (default none: llama-bench's passes alone)",
+        "ms per plain token, per speculative round, (optional) per drafted token and "
+        "(optional) per emitted token: V(0) + PLAIN, V(k >= 1) + ROUND + k TOKEN + G_a(k) EMIT "
+        "(default none: llama-bench's passes alone)",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
@@ -617,12 +618,12 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
         parts = str(args.llamacpp_overhead).split(",")
         try:
             overhead = tuple(float(x) for x in parts)
-            if len(parts) not in (2, 3) or not all(np.isfinite(x) and x >= 0 for x in overhead):
+            if len(parts) not in (2, 3, 4) or not all(np.isfinite(x) and x >= 0 for x in overhead):
                 raise ValueError
         except (ValueError, IndexError):
             raise InputError(
-                f"--llamacpp-overhead: {args.llamacpp_overhead!r} is not two or three non-negative "
-                "ms 'PLAIN_MS,ROUND_MS[,TOKEN_MS]'"
+                f"--llamacpp-overhead: {args.llamacpp_overhead!r} is not two to four non-negative "
+                "ms 'PLAIN_MS,ROUND_MS[,TOKEN_MS[,EMIT_MS]]'"
             ) from None
     notes = []
     top = min(len(prof.target.get(args.context, [0])), len(prof.draft.get(args.context, [0])))
@@ -652,7 +653,9 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
             overhead=overhead,
         )
     except InputError as exc:
-        flag = {"depth": "--context", "k_max": "--k-max"}.get(exc.argument or "")
+        flag = {"depth": "--context", "k_max": "--k-max", "overhead": "--llamacpp-overhead"}.get(
+            exc.argument or ""
+        )
         raise (exc.as_flag(flag) if flag else exc.as_flag("--llamacpp-profile")) from None
     return {
         "kind": "llama.cpp",
@@ -682,6 +685,11 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
             else []
         ),
         _row("step V(k) ms", s["step_ms"]),
+        *(
+            [f"  + {emit:.3f} ms per emitted token: V(k) + {emit:.3f} G_a(k) at acceptance a"]
+            if (emit := s.get("overhead_ms", {}).get("emitted_token", 0.0))
+            else []
+        ),
         _row("step points a_j", [None, *s["step_points"]], "{:8.4f}"),
         "",
     ]

@@ -20,6 +20,17 @@ to V(0) and o_round + k o_token per speculative round to V(k >= 1). The speedup 
 
 (:func:`specmoe.cost.theory.speedup`) and k*(a) its smallest maximiser over k = 0..k_max
 (:func:`specmoe.cost.theory.best_draft_length`); S(a, 0) = 1.
+
+A fourth overhead, o_emit ms per emitted token, is work the server does once per token it
+emits (the target's sampler over the whole vocabulary at each of the a + 1 positions it checks,
+the piece and stop-string bookkeeping): a round emitting G_a(k) tokens on average costs
+V(k) + o_emit G_a(k), so the step time depends on a. A plain token pays it too (it is inside
+o_plain), so with V'(0) = V(0) - o_emit and V'(k) = V(k) for k >= 1,
+
+    T_a(k) = G_a(k) / (V'(k) + o_emit G_a(k)),   1 / T_a(k) = V'(k) / G_a(k) + o_emit,
+
+and k*(a), the staircase and the step points are those of V' (the added constant does not
+move an argmin), while S(a, k) = T_a(k) / T_a(0) = G_a(k) V(0) / (V'(k) + o_emit G_a(k)).
 """
 
 from __future__ import annotations
@@ -155,13 +166,20 @@ def step_times(
     without ``reevaluate``) and ``overhead``: the server's time beyond llama-bench's passes,
     ``overhead[0]`` ms per plain token (k = 0), ``overhead[1]`` ms per speculative round
     (k >= 1) and ``overhead[2]`` (optional) ms per drafted token, as measured on the server
-    (default none): o(k) = overhead[1] + k overhead[2]."""
+    (default none): o(k) = overhead[1] + k overhead[2]. ``overhead[3]`` (optional, ms per
+    emitted token) is not in V: it depends on the acceptance (:func:`llamacpp_plan`)."""
     vals = [float(x) for x in overhead]
-    if len(vals) not in (2, 3) or not all(math.isfinite(x) and x >= 0 for x in vals):
+    if len(vals) not in (2, 3, 4) or not all(math.isfinite(x) and x >= 0 for x in vals):
         raise InputError(
-            f"must be two or three non-negative ms, got {overhead!r}", argument="overhead"
+            f"must be two to four non-negative ms, got {overhead!r}", argument="overhead"
         )
     o_plain, o_round, o_token = (*vals, 0.0)[:3]
+    if len(vals) == 4 and vals[3] > o_plain:
+        raise InputError(
+            f"the per-emitted-token ms {vals[3]} exceeds the per-plain-token ms {o_plain} that "
+            "holds it",
+            argument="overhead",
+        )
     if depth not in profile.target:
         have = ", ".join(map(str, profile.depths()))
         raise InputError(f"{profile.path} has no passes at depth {depth} (it has {have})",
@@ -218,11 +236,17 @@ def llamacpp_plan(
     (:func:`specmoe.cost.theory.staircase`), and per acceptance a: S(a, k) at every k, k*(a),
     its speedup and llama-server's command line at k*(a)."""
     V, parts = step_times(profile, depth, k_max, overhead=overhead)
-    stairs = theory.staircase(V)
+    o_emit = float(overhead[3]) if len(overhead) > 3 else 0.0
+    Vp = [V[0] - o_emit, *V[1:]]  # V'(k) of the module docstring: k* and the staircase
+    stairs = theory.staircase(Vp)
     rows = []
     for a in acceptance:
-        k_best = theory.best_draft_length(V, a)
-        sp = [float(theory.speedup(V, a, k)) for k in range(k_max + 1)]
+        k_best = theory.best_draft_length(Vp, a)
+        sp = [
+            float(theory.expected_tokens(float(a), k)) * V[0]
+            / (Vp[k] + o_emit * float(theory.expected_tokens(float(a), k)))
+            for k in range(k_max + 1)
+        ]  # fmt: skip
         argv = server_flags(
             k=k_best, target=target_model, draft=draft_model, threads=profile.threads
         )
@@ -255,11 +279,13 @@ def llamacpp_plan(
         "step_points": stairs.step_points,
         "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
         "model": "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1) + o_round + k o_token, V(0) = "
-        "tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / V(k) (paper 002 Eq. (9))",
+        "tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / (V'(k) + o_emit G_a(k)), V'(0) = V(0) - "
+        "o_emit, V'(k) = V(k) (paper 002 Eq. (9) with a per-emitted-token time)",
         "overhead_ms": {
             "plain_token": float(overhead[0]),
             "round": float(overhead[1]),
             "drafted_token": float(overhead[2]) if len(overhead) > 2 else 0.0,
+            "emitted_token": o_emit,
         },
         "plans": rows,
     }
