@@ -234,6 +234,18 @@ def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     }
 
 
+def _scored(version: str, settings: dict[str, Any], a: float, k: int, measured: float) -> dict:
+    """One plan version's speedup at (a, k), its k*(a) and its error against ``measured``."""
+    plan = next(x for x in settings["plans"] if x["acceptance"] == a)
+    predicted = float(plan["speedup_by_k"][k])
+    return {
+        f"predicted_speedup_{version}": predicted,
+        f"plan_k_{version}": plan["draft_length"],
+        f"relative_error_{version}": predicted / measured - 1,
+        f"within_10pct_{version}": abs(predicted / measured - 1) <= TOLERANCE,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "results" / "cpu" / "llamacpp"))
@@ -367,20 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_speedups": speedups,
                         "predicted_speedup_other_statistic": float(p_other["speedup_by_k"][k]),
                         "plan_k_other_statistic": p_other["draft_length"],
-                        "predicted_speedup_with_overhead": (
-                            po := next(x for x in s_o["plans"] if x["acceptance"] == a)
-                        )["speedup_by_k"][k],
-                        "plan_k_with_overhead": po["draft_length"],
-                        "relative_error_with_overhead": po["speedup_by_k"][k] / measured - 1,
-                        "within_10pct_with_overhead": abs(po["speedup_by_k"][k] / measured - 1)
-                        <= TOLERANCE,
-                        "predicted_speedup_with_emit": (
-                            pe := next(x for x in s_e["plans"] if x["acceptance"] == a)
-                        )["speedup_by_k"][k],
-                        "plan_k_with_emit": pe["draft_length"],
-                        "relative_error_with_emit": pe["speedup_by_k"][k] / measured - 1,
-                        "within_10pct_with_emit": abs(pe["speedup_by_k"][k] / measured - 1)
-                        <= TOLERANCE,
+                        **_scored("with_overhead", s_o, a, k, measured),
+                        **_scored("with_emit", s_e, a, k, measured),
                         "relative_error": predicted / measured - 1,
                         "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
                         "server_flags": flags,
