@@ -70,12 +70,7 @@ def build_variants(text: str, tmp: Path) -> dict[str, _Lib]:
         src, extra = _source(spec)
         flags = ("-O3", "-march=native", "-fopenmp", *extra)
         target = tmp / f"{name}.so"
-        orig = _cbuild.SOURCE
-        try:
-            _cbuild.SOURCE = src
-            err = _cbuild._compile(cc, flags, target)
-        finally:
-            _cbuild.SOURCE = orig
+        err = _cbuild._compile(cc, flags, target, src)
         if err:
             raise InputError(f"{name}: did not compile: {err.splitlines()[0]}", argument="variants")
         libs[name] = _Lib(ctypes.CDLL(str(target)), flags)

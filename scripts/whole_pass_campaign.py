@@ -193,7 +193,7 @@ def check_machine(cfg: str, folder: Path) -> str | None:
     configuration's units run only where its prediction holds; a campaign spread over
     several sessions resumes only on the same processor with the same kernels."""
     from specmoe.bench.machine import device_name
-    from specmoe.kernels._cbuild import source_sha256
+    from specmoe.kernels._cbuild import build, source_sha256
 
     path = Path(folder).resolve() / cfg / "profile.json"
     try:
@@ -212,11 +212,34 @@ def check_machine(cfg: str, folder: Path) -> str | None:
         for v in impl.values()
         if isinstance(v, dict) and v.get("ran") == "c"
     } - {None}
+    if kernels and build().lib is None:
+        return f"{path}: {cfg}'s prediction timed the C kernels; here they do not build ({build().error})"
     if kernels and kernels != {source_sha256()}:
         return (
             f"{path}: {cfg}'s prediction timed the C kernels of source {sorted(kernels)[0]}; "
             f"these are {source_sha256()} (its units run only with the prediction's kernels)"
         )
+    return None
+
+
+def pin_kernels(names: list[str], folder: Path) -> str | None:
+    """Build the C kernels the configurations' predictions timed: where a prediction folder
+    holds ``kernels.c`` (the source its benchmark compiled, committed with it), point
+    ``$SPECMOE_KERNEL_SOURCE`` at it before any kernel is built, so that later changes of the
+    package's kernels do not change what a campaign under way runs (amendment 8). An error
+    line when two configurations of one invocation pinned different sources."""
+    from specmoe.kernels._cbuild import SOURCE_ENV
+
+    pinned = {}
+    for c in names:
+        path = Path(folder).resolve() / c / "kernels.c"
+        if path.is_file():
+            pinned.setdefault(path.read_bytes(), []).append((c, path))
+    if len(pinned) > 1:
+        (a, _), (b, _) = [v[0] for v in pinned.values()][:2]
+        return f"{a} and {b} pin different kernel sources: run them in separate invocations"
+    if pinned:
+        os.environ[SOURCE_ENV] = str(next(iter(pinned.values()))[0][1])
     return None
 
 
@@ -623,6 +646,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or ROOT / ("out/whole-pass-quick" if args.quick else "results/cpu/whole-pass")
     torch.set_num_threads(1)
+    if not args.quick and (err := pin_kernels(names, args.predictions)):
+        print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
+        return 2
     from specmoe.kernels import cpu
 
     cpu.set_num_threads(int(os.environ["SPECMOE_NUM_THREADS"]))

@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPECMOE=${SPECMOE:-.venv/bin/specmoe}
+PY=${PY:-.venv/bin/python}
 P=results/cpu/whole-pass/predictions
 export SPECMOE_NUM_THREADS=1 OMP_NUM_THREADS=1
 VAL=specmoe/data/traces/validation.npz
@@ -21,6 +22,11 @@ predict() {  # name, expert-bench args, whole-pass model, plan args, trace
   echo "== $name: expert benchmark" >&2
   # shellcheck disable=SC2086
   $SPECMOE bench $bench_args --trace "$trace" --clock cpu --threads 1 --out "$out/bench"
+  # the kernels' source this benchmark compiled, committed with it: the campaign builds these
+  # for the configuration's runs (amendment 8), whatever the package's kernels become
+  $PY -c \
+    'import sys; from specmoe.kernels._cbuild import source; sys.stdout.write(source())' \
+    > "$out/kernels.c"
   echo "== $name: every other operation of the pass" >&2
   # shellcheck disable=SC2086
   # amendment 7: five processes, the median one kept (bundled's committed prediction used one)

@@ -726,3 +726,34 @@ def test_kernel_ab_bad_input_is_one_line_exit_2(argv, flag, capsys):
     err = cap.err.strip().splitlines()
     assert rc == 2 and cap.out == "" and len(err) == 1
     assert err[0].startswith(f"kernel_ab: error: {flag}: ")
+
+
+def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
+    """$SPECMOE_KERNEL_SOURCE builds the named file instead of the package's source (its hash is
+    the one a profile records); an unreadable file is a one-line input error."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    from specmoe.kernels import _cbuild
+    from specmoe.kernels._csrc import SOURCE
+
+    if _cbuild.build().lib is None:
+        pytest.skip("no C compiler here")
+    pinned = tmp_path / "kernels.c"
+    pinned.write_text(SOURCE + "\n/* an earlier version */\n")
+    code = (
+        "from specmoe.kernels import _cbuild; b = _cbuild.build(); "
+        "print(b.lib is not None, b.status()['source_sha256'])"
+    )
+    env = {**os.environ, "SPECMOE_KERNEL_SOURCE": str(pinned),
+           "SPECMOE_CACHE_DIR": str(tmp_path / "cache")}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    want = hashlib.sha256(pinned.read_text().encode()).hexdigest()[:16]
+    assert out.stdout.split() == ["True", want]
+    assert want != _cbuild.source_sha256()  # the package's own source, in this process
+    env["SPECMOE_KERNEL_SOURCE"] = str(tmp_path / "missing.c")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0 and "missing.c: $SPECMOE_KERNEL_SOURCE" in out.stderr

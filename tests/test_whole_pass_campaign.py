@@ -175,3 +175,20 @@ def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path):
         )
     )
     assert "0000000000000000" in wc.check_machine("c", tmp_path)
+
+
+def test_a_predictions_kernel_source_is_pinned_for_its_runs(wc, tmp_path, monkeypatch):
+    from specmoe.kernels._cbuild import SOURCE_ENV
+
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    for c in ("a", "b", "c"):
+        (tmp_path / c).mkdir()
+    assert wc.pin_kernels(["a", "b"], tmp_path) is None and SOURCE_ENV not in os.environ
+    (tmp_path / "a" / "kernels.c").write_text("int x;")
+    (tmp_path / "b" / "kernels.c").write_text("int x;")
+    assert wc.pin_kernels(["a", "b", "c"], tmp_path) is None
+    assert os.environ[SOURCE_ENV] == str((tmp_path / "a" / "kernels.c").resolve())
+    (tmp_path / "b" / "kernels.c").write_text("int y;")
+    monkeypatch.delenv(SOURCE_ENV)
+    err = wc.pin_kernels(["a", "b"], tmp_path)
+    assert "a and b pin different kernel sources" in err and SOURCE_ENV not in os.environ

@@ -7,6 +7,11 @@ so it compiles in about a second with the system C compiler (``$CC``, else ``cc`
 the compiler, its flags and the processor, so a changed source or machine gets a fresh build.
 The file is written under a temporary name and renamed, so concurrent first uses are safe.
 
+``$SPECMOE_KERNEL_SOURCE`` names a C file built instead of the package's source: an earlier
+version of the kernels, kept so that runs scored against a committed benchmark use the kernels
+that benchmark timed (``scripts/whole_pass_campaign.py`` sets it from a prediction's
+``kernels.c``). An unreadable file is an input error, never a silent fallback.
+
 Flags are tried from the fastest down: ``-O3 -march=native -fopenmp``, then without OpenMP,
 then without ``-march=native``. If nothing compiles, :func:`load` returns ``None``,
 :func:`build` says why, and the kernels fall back to their pure-torch path with a
@@ -28,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from specmoe.errors import InputError
 from specmoe.kernels._csrc import SOURCE
 
 _FLAG_SETS: tuple[tuple[str, ...], ...] = (
@@ -91,12 +97,31 @@ def _compiler_version(cc: str) -> str:
         return ""
 
 
-def _compile(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Compile SOURCE into ``target`` (atomically); return None or the compiler's error."""
+SOURCE_ENV = "SPECMOE_KERNEL_SOURCE"
+
+
+@cache
+def source() -> str:
+    """The C source that is built: the package's, or the file ``$SPECMOE_KERNEL_SOURCE`` names."""
+    path = os.environ.get(SOURCE_ENV)
+    if not path:
+        return SOURCE
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise InputError(
+            f"{path}: ${SOURCE_ENV} names an unreadable kernel source ({why})"
+        ) from None
+
+
+def _compile(cc: str, flags: tuple[str, ...], target: Path, text: str | None = None) -> str | None:
+    """Compile ``text`` (default :func:`source`) into ``target`` (atomically); return None or
+    the compiler's error."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="specmoe-cc-") as tmp:
         src = Path(tmp) / "expert_op.c"
-        src.write_text(SOURCE)
+        src.write_text(source() if text is None else text)
         out = Path(tmp) / "expert_op.so"
         cmd = [*cc.split(), *flags, "-shared", "-fPIC", "-std=c99", str(src), "-o", str(out), "-lm"]
         try:
@@ -172,13 +197,13 @@ class Build:
 def source_sha256() -> str:
     """The first 16 hex digits of the kernels' C source's SHA-256: which kernels a profile
     measured, so that runs scored against it can be checked to use the same ones."""
-    return hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    return hashlib.sha256(source().encode()).hexdigest()[:16]
 
 
 def build_key(cc: str, version: str, flags: tuple[str, ...]) -> str:
     """The cache key of a build: the source, the compiler, its flags and the processor (its
     name and instruction-set flags, :func:`_cpu_signature`)."""
-    parts = [SOURCE, cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
+    parts = [source(), cc, version, " ".join(flags), platform.machine(), _cpu_signature()]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
