@@ -749,3 +749,55 @@ def test_the_read_loop_reads_every_element_once(count, threads):
     buf = torch.arange(1, count + 1, dtype=torch.float32) % 7  # small integers: sums are exact
     got = lib.lib.specmoe_read(buf.data_ptr(), count, threads)
     assert got == float(buf.double().sum())
+
+
+def test_q8_0_pool_is_the_float_pool_quantised():
+    """make_pool(dtype="q8_0") quantises, a few slots at a time, the very draws of the float32
+    pool of the same seed (ggml's quantize_row_q8_0_ref, :func:`quantize_q8_0`)."""
+    from specmoe.bench.timing import make_pool
+    from specmoe.kernels.q8 import quantize_q8_0
+
+    f = make_pool(5, 64, 32, dtype=torch.float32, device="cpu", seed=4)
+    q = make_pool(5, 64, 32, dtype="q8_0", device="cpu", seed=4)
+    for a, b in ((f.w_gate_up, q.w_gate_up), (f.w_down, q.w_down)):
+        assert torch.equal(quantize_q8_0(a).blocks, b.blocks) and b.shape == tuple(a.shape)
+
+
+def test_q8_0_bench_times_the_c_kernels_at_q8_0_bytes(monkeypatch, tmp_path, capsys):
+    """--dtype q8_0: the C kernels on q8_0 weights, bytes counted at 34/32 per weight, peers
+    without a q8_0 path left out and said; q8_0 elsewhere is a one-line error."""
+    from specmoe.cli import main
+    from specmoe.kernels import cpu
+
+    if not cpu.c_available():
+        pytest.skip("no C kernels here")
+    monkeypatch.setattr(
+        run,
+        "measure_ceiling",
+        lambda device, **k: machine.measure_ceiling(
+            device, reps=2, buffer_bytes=16 << 20, threads=[1]
+        ),
+    )
+    res = run.benchmark(
+        SPEC,
+        trace=_sticky_trace(),
+        dtype="q8_0",
+        progress=False,
+        settings=_settings(n_max=3, reps=2, windows=2, u_points=3),
+        kernels=["per_slot", "dedup", "dedup_torch"],
+    )
+    p = res.profile
+    assert p.dtype == "q8_0" and p.extra["expert_bytes"] == 3 * 64 * 32 * 34 / 32
+    assert set(p.extra["failed_kernels"]) == {"dedup_torch"}
+    for k in ("per_slot", "dedup"):
+        assert p.implementations[k]["ran"] == "c" and p.implementations[k]["fallback"] is None
+    for v in (*p.beta_slot, *p.beta_dedup):
+        assert v > 0 and np.isfinite(v)
+    for argv in (
+        ["bench", "--whole-pass", "--model", "bundled", "--dtype", "q8_0"],
+        ["bench", "--model", "bundled", "--dtype", "q9_0", "--out", str(tmp_path / "x")],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--dtype" in err[0]
+    assert not (tmp_path / "x").exists()

@@ -279,14 +279,24 @@ def benchmark(
     each n and each kernel's roofline ratio against it (``ceiling_beside``)."""
     t_start = time.perf_counter()
     check_device(device)
-    tdtype = torch_dtype(dtype)
+    q8 = str(dtype).lower() == "q8_0"
+    if q8 and device != "cpu":
+        raise InputError("q8_0 weights run on the cpu device only (the C kernels)",
+                         argument="dtype")  # fmt: skip
+    tdtype = torch.float32 if q8 else torch_dtype(dtype)  # q8_0: float32 activations
     if clock not in CLOCKS:
         raise InputError(f"unknown {clock!r} (choose from {', '.join(CLOCKS)})", argument="clock")
     kernels = list(kernels or ["per_slot", "dedup"])
     slot_k, dedup_k = _check_kernels(kernels, device)
     cfg = settings or Settings.for_run(quick=quick, device=device)
     tr, trace_label = resolve_trace(trace, spec)
-    dtype = str(tdtype).removeprefix("torch.")
+    dtype = "q8_0" if q8 else str(tdtype).removeprefix("torch.")
+    if q8 and (spec.hidden_size % 32 or spec.expert_intermediate % 32):
+        raise InputError(
+            f"q8_0 needs hidden and expert widths that are multiples of 32, got "
+            f"{spec.hidden_size} and {spec.expert_intermediate}",
+            argument="dtype",
+        )
     tspec = spec.with_dtype(dtype)
     b = tspec.expert_bytes
     m, num, h, inter = spec.top_k, spec.num_experts, spec.hidden_size, spec.expert_intermediate
@@ -336,7 +346,7 @@ def benchmark(
             slots,
             h,
             inter,
-            dtype=tdtype,
+            dtype="q8_0" if q8 else tdtype,
             device=device,
             activation=spec.activation,
             bias=spec.expert_bias,
@@ -370,12 +380,16 @@ def benchmark(
                 argument="trace",
             )
 
-        impls = {k: implementation(k, device, dtype=tdtype) for k in kernels}
+        impls = {k: implementation(k, device, dtype=dtype if q8 else tdtype) for k in kernels}
         with watch_fallbacks() as fell:  # what really ran, when it is not what a name asks for
             # 4. Warm-up (compilation, thread pools, caches of the allocator), then time. A kernel
             #    that fails here (a peer on an unsupported dtype or device) is left out and said.
             failed: dict[str, str] = {}
-            for name, fn in list(fns):
+            for name in kernels if q8 else []:  # q8_0 weights: the C kernels' path only
+                if impls[name].ran != "c":
+                    failed[name] = "no q8_0 path (q8_0 weights are the C kernels' only)"
+                    prog.say(f"[bold]left out[/bold] {name}: {failed[name]}")
+            for name, fn in [(k, f) for k, f in fns if k not in failed]:
                 try:
                     for rec in [records[0], records[len(records) // 2], records[-1]]:
                         time_pass(

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,8 +36,8 @@ CLOCKS = ("wall", "cpu")
 class WeightPool:
     """Dummy weights of one MoE layer, P slots of the layer's shapes, in the timed dtype."""
 
-    w_gate_up: torch.Tensor  # [P, 2I, h]
-    w_down: torch.Tensor  # [P, h, I]
+    w_gate_up: Any  # [P, 2I, h]: a tensor, or Q8Weights (q8_0)
+    w_down: Any  # [P, h, I]
     b_gate_up: torch.Tensor | None  # [P, 2I]
     b_down: torch.Tensor | None  # [P, h]
     activation: str
@@ -55,21 +56,37 @@ def make_pool(
     hidden: int,
     inter: int,
     *,
-    dtype: torch.dtype,
+    dtype: torch.dtype | str,
     device: str,
     activation: str = "swiglu",
     bias: bool = False,
     seed: int = 0,
 ) -> WeightPool:
-    """Uniform dummy weights scaled like an initialised layer (no denormals, no overflow)."""
+    """Uniform dummy weights scaled like an initialised layer (no denormals, no overflow).
+    ``dtype="q8_0"``: the same draws quantised to llama.cpp's q8_0 layout
+    (:class:`specmoe.kernels.q8.Q8Weights`), a few slots at a time; biases stay float32."""
     g = torch.Generator(device=device).manual_seed(seed)
+    q8 = str(dtype).lower() == "q8_0"
+    fdt = torch.float32 if q8 else dtype
 
     def uni(*shape: int, scale: float) -> torch.Tensor:
-        t = torch.empty(*shape, dtype=dtype, device=device)
+        t = torch.empty(*shape, dtype=fdt, device=device)
         return t.uniform_(-scale, scale, generator=g)  # touches every page
 
-    wgu = uni(slots, 2 * inter, hidden, scale=hidden**-0.5)
-    wd = uni(slots, hidden, inter, scale=inter**-0.5)
+    def weights(rows: int, cols: int, scale: float):
+        if not q8:
+            return uni(slots, rows, cols, scale=scale)
+        from specmoe.kernels.q8 import Q8Weights, quantize_q8_0, row_bytes
+
+        out = torch.empty(slots, rows, row_bytes(cols), dtype=torch.uint8, device=device)
+        step = max(1, (64 << 20) // (rows * cols * 4))  # float32 draws of about 64 MiB at a time
+        for s0 in range(0, slots, step):
+            s1 = min(slots, s0 + step)
+            out[s0:s1] = quantize_q8_0(uni(s1 - s0, rows, cols, scale=scale)).blocks
+        return Q8Weights(out, cols)
+
+    wgu = weights(2 * inter, hidden, hidden**-0.5)
+    wd = weights(hidden, inter, inter**-0.5)
     bgu = uni(slots, 2 * inter, scale=0.1) if bias else None
     bd = uni(slots, hidden, scale=0.1) if bias else None
     return WeightPool(wgu, wd, bgu, bd, activation)
@@ -141,6 +158,8 @@ def time_pass(
     n, m = ids.shape
     h = pool.w_gate_up.shape[2]
     dtype = pool.w_gate_up.dtype
+    if dtype == "q8_0":  # q8_0 weights take float32 activations (specmoe.kernels.cpu)
+        dtype = torch.float32
     x = torch.from_numpy(rng.standard_normal((n, h), dtype=np.float32)).to(device, dtype)
     w = torch.from_numpy(rng.dirichlet(np.ones(m), size=n).astype(np.float32)).to(device, dtype)
     out = {name: Timed([]) for name, _ in kernels}

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype",
         default=None,
-        help="weight dtype: float32, bfloat16, float16 (default: float32 on cpu, bfloat16 on cuda)",
+        help="weight dtype: float32, bfloat16, float16, or q8_0 (llama.cpp's 8-bit blocks, "
+        "1.0625 bytes per weight; cpu, the C kernels) (default: float32 on cpu, bfloat16 on cuda)",
     )
     parser.add_argument(
         "--kernels",
@@ -246,9 +247,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.dtype is not None and not args.from_profile:
         from specmoe.kernels._contract import DTYPES
 
-        if str(args.dtype).lower() not in DTYPES:
+        q8 = str(args.dtype).lower() == "q8_0"
+        if str(args.dtype).lower() not in DTYPES and not q8:
             raise InputError(
-                f"--dtype: unknown {args.dtype!r} (choose from float32, bfloat16, float16)"
+                f"--dtype: unknown {args.dtype!r} (choose from float32, bfloat16, float16, q8_0)"
             )
     check_out_dir(args.out)
 
@@ -272,6 +274,13 @@ def run(args: argparse.Namespace) -> int:
     """Hold --out against a second writer for the whole command (out_folder)."""
     if getattr(args, "processes", 1) != 1 and not getattr(args, "whole_pass", False):
         raise InputError("--processes: only with --whole-pass")
+    if str(getattr(args, "dtype", None) or "").lower() == "q8_0" and (
+        getattr(args, "whole_pass", False) or getattr(args, "engine", "specmoe") != "specmoe"
+    ):
+        raise InputError(
+            "--dtype: q8_0 is timed by specmoe's expert benchmark only (not --whole-pass, "
+            "not --engine llama.cpp, whose weights are the GGUF's)"
+        )
     if getattr(args, "draft_model", None) is not None and args.engine != "llama.cpp":
         raise InputError("--draft-model: only with --engine llama.cpp")
     if getattr(args, "fit", None) is not None and not (

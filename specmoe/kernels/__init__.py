@@ -174,6 +174,7 @@ def implementation(
     module, attr = info.impl[device].split(":")
     mod = importlib.import_module(module)
     if attr in FALLBACK and hasattr(mod, "implementation_of"):  # a C or Triton kernel
-        return mod.implementation_of(attr, device=device, dtype=torch_dtype(dtype), strided=strided)
+        dt = dtype if str(dtype).lower() == "q8_0" else torch_dtype(dtype)
+        return mod.implementation_of(attr, device=device, dtype=dt, strided=strided)
     code = "transformers" if info.peer else "torch"
     return KernelImpl(name, device, requested=code, ran=code, kernel=name)
