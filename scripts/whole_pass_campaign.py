@@ -568,9 +568,10 @@ def open_record(
             "clock": CLOCK,
             "seed": args.seed,
             "machine": _machine(),
-            "design": design,
         }
     )
+    # an invocation naming some configurations keeps the design of the others it ran before
+    record["design"] = {**record.get("design", {}), **design}
     record.setdefault("commands", []).append(command)
     # each invocation's machine, so that units of one configuration run on two machines show
     record.setdefault("invocations", []).append(

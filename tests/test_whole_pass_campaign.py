@@ -192,3 +192,19 @@ def test_a_predictions_kernel_source_is_pinned_for_its_runs(wc, tmp_path, monkey
     monkeypatch.delenv(SOURCE_ENV)
     err = wc.pin_kernels(["a", "b"], tmp_path)
     assert "a and b pin different kernel sources" in err and SOURCE_ENV not in os.environ
+
+
+def test_an_invocation_of_some_configurations_keeps_the_others_design(wc, tmp_path):
+    import argparse
+
+    path = tmp_path / "runs_campaign.json"
+    args = argparse.Namespace(quick=False, seed=0)
+    rec = wc.open_record(
+        path, args, protocol="p", design={"a": {"x": 1}}, command="c1", names=["a"]
+    )
+    path.write_text(json.dumps(rec))
+    rec = wc.open_record(
+        path, args, protocol="p", design={"b": {"y": 2}}, command="c2", names=["b"]
+    )
+    assert rec["design"] == {"a": {"x": 1}, "b": {"y": 2}}
+    assert rec["commands"] == ["c1", "c2"] and len(rec["invocations"]) == 2
