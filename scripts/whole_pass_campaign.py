@@ -687,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
             done = folder / "units" / f"{unit.name}.json"
             if skip_unit(status, key, done, start, args.budget):
                 continue
-            if not args.quick:
+            if too_few_prompts(status, key, unit, have):
+                continue
+            if not args.quick:  # only where a unit will run: a finished configuration needs neither
                 err = check_machine(c, args.predictions)
                 if not err and c == "qwen3-dummy-4L":
                     err = check_prediction(record, c, args.predictions)
@@ -695,8 +697,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
                     atomic_write_json(record_path, record)
                     return 2
-            if too_few_prompts(status, key, unit, have):
-                continue
             info, t0 = start_unit(record, record_path, key)
             result = run_unit(unit, cfg, models, folder, seed=args.seed)
             finish_unit(result, unit, t0, done, info)
