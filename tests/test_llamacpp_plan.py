@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from specmoe.cli import main
 from specmoe.cost.llamacpp_plan import llamacpp_plan, load_llamacpp_profile, server_flags
 from specmoe.engines import llamacpp
+from specmoe.errors import InputError
 
 REQUIRED = bool(os.environ.get("SPECMOE_REQUIRE_LLAMACPP"))
 needs_llamacpp = pytest.mark.skipif(
@@ -358,3 +359,54 @@ def test_a_per_emitted_token_time_scores_every_k_as_brute_force(tmp_path_factory
     for k in range(9):
         assert p["speedup_by_k"][k] == pytest.approx(float(rates[k] / rates[0]), rel=1e-9)
     assert s["overhead_ms"]["emitted_token"] == o_emit
+
+
+@settings(max_examples=40, deadline=None)
+@given(target=times, draft=times, extra=times, a=st.floats(0.0, 0.999))
+def test_the_drafts_two_graph_builds_a_round_come_from_the_rebuilt_passes(
+    tmp_path_factory, target, draft, extra, a
+):
+    """With ``draft.verify_rebuilt`` (tau_D^b), a round of k drafts costs tau_T(k+1) +
+    tau_D^b(k+1) + tau_D^b(1) + (k-1) tau_D(1) (the re-evaluation and the first one-token
+    draft build their graphs; the other drafts reuse), checked against that sum by hand."""
+    rebuilt = [d + e for d, e in zip(draft, extra, strict=True)]
+    path = tmp_path_factory.mktemp("p") / "v.json"
+    _profile(path, target, draft)
+    data = json.loads(path.read_text())
+    data["draft"]["verify_rebuilt"] = {"512": _rows(rebuilt)}
+    path.write_text(json.dumps(data))
+    s = llamacpp_plan(load_llamacpp_profile(path), [a], depth=512, k_max=8, target_model="T",
+                      draft_model="D")  # fmt: skip
+    V = [target[0]] + [
+        target[k] + rebuilt[k] + rebuilt[0] + (k - 1) * draft[0] for k in range(1, 9)
+    ]
+    assert s["step_ms"] == pytest.approx(V, rel=1e-12) and s["graph_builds"] is True
+    G = [(1 - a ** (k + 1)) / (1 - a) for k in range(9)]
+    kp = s["plans"][0]["draft_length"]
+    assert G[kp] / V[kp] == pytest.approx(max(G[k] / V[k] for k in range(9)), rel=1e-12)
+
+
+def test_rebuilt_passes_that_do_not_match_the_drafts_are_refused(tmp_path):
+    path = _profile(tmp_path / "v.json")
+    data = json.loads(path.read_text())
+    data["draft"]["verify_rebuilt"] = {"512": _rows(DRAFT_MS[:5])}
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"draft\.verify_rebuilt\[512\] has not the passes"):
+        load_llamacpp_profile(path)
+
+
+def test_bench_verify_turns_graph_reuse_off_only_when_asked(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_run(cmd, *, what, timeout=0, env=None):
+        seen.append(env)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(llamacpp, "_run", fake_run)
+    monkeypatch.setattr(llamacpp, "tool", lambda name: tmp_path / name)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x")
+    for reuse in (True, False):
+        with pytest.raises(RuntimeError):
+            llamacpp.bench_verify(model, depth=8, graph_reuse=reuse)
+    assert seen == [None, {"LLAMA_GRAPH_REUSE_DISABLE": "1"}]

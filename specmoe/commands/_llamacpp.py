@@ -57,14 +57,29 @@ def _gguf_of(
     ), outtype
 
 
-def _verify_rows(gguf: Path, depths: list[int], n_max: int, reps: int, threads: int, what: str):
+def _verify_rows(
+    gguf: Path,
+    depths: list[int],
+    n_max: int,
+    reps: int,
+    threads: int,
+    what: str,
+    *,
+    graph_reuse: bool = True,
+):
     from specmoe.engines import llamacpp
 
     verify: dict[str, list[dict[str, Any]]] = {}
     for d in depths:
-        print(f"bench: llama-bench {what} n=1..{n_max} at depth {d}", file=sys.stderr)
+        how = "" if graph_reuse else ", every graph rebuilt"
+        print(f"bench: llama-bench {what} n=1..{n_max} at depth {d}{how}", file=sys.stderr)
         times = llamacpp.bench_verify(
-            gguf, n_values=tuple(range(1, n_max + 1)), depth=d, repeats=reps, threads=threads
+            gguf,
+            n_values=tuple(range(1, n_max + 1)),
+            depth=d,
+            repeats=reps,
+            threads=threads,
+            graph_reuse=graph_reuse,
         )
         verify[str(d)] = [
             {
@@ -113,6 +128,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 "model": str(draft_name),
                 "dtype": draft_dtype,
                 "verify": _verify_rows(draft_gguf, depths, n_max, reps, threads, "draft"),
+                # the draft context alternates 1 and k + 1 tokens: two graph builds a round
+                "verify_rebuilt": _verify_rows(
+                    draft_gguf, depths, n_max, reps, threads, "draft", graph_reuse=False
+                ),
             }
     result = {
         "engine": "llama.cpp",

@@ -677,7 +677,7 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
         "",
         _row("draft length k", range(K + 1), "{:8d}"),
         _row("target tau_T(k+1) ms", s["step_parts_ms"]["target"]),
-        _row("draft k tau_D(1) ms", s["step_parts_ms"]["draft_tokens"]),
+        _row("draft's k drafts ms", s["step_parts_ms"]["draft_tokens"]),
         _row("draft tau_D(k+1) ms", s["step_parts_ms"]["draft_reeval"]),
         *(
             [_row("server overhead ms", s["step_parts_ms"]["overhead"])]

@@ -12,6 +12,17 @@ the draft model drafting its k tokens one at a time (``draft`` of ``draft-simple
 ``common/speculative.cpp``: a one-token pass on the last token, then one per draft but the last)
 and the draft model re-evaluating the target's batch (``common_speculative_process`` after every
 target decode in ``tools/server/server-context.cpp``, "always re-evaluate for simplicity").
+
+Graph builds. llama.cpp reuses a decode's graph when the decode before it on the same context
+had the same token and output counts (``llama_context::process_ubatch``, ``can_reuse``), and
+llama-bench, which repeats each n, times passes that reuse. In the server the target always
+decodes k + 1 tokens and a plain server 1, so those reuse too; the draft context alternates its
+one-token drafts with the k + 1 tokens of the re-evaluation, so it builds two graphs a round:
+its first one-token pass and the re-evaluation. Where the profile holds the draft's passes
+with every graph built anew (``draft.verify_rebuilt``, llama-bench under
+``LLAMA_GRAPH_REUSE_DISABLE=1``, tau_D^b), those two passes are taken from it:
+
+    V(k) = tau_T(k + 1) + tau_D^b(k + 1) + tau_D^b(1) + (k - 1) tau_D(1).
 No other per-round time (sampling, the server's bookkeeping) is in V(k) unless given: llama-bench
 does not time it; ``overhead`` adds what was measured on the server, o_plain per plain token
 to V(0) and o_round + k o_token per speculative round to V(k >= 1). The speedup at acceptance a is Eq. (9) of paper 002,
@@ -35,6 +46,7 @@ move an argmin), while S(a, k) = T_a(k) / T_a(0) = G_a(k) V(0) / (V'(k) + o_emit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -70,6 +82,9 @@ class LlamaCppProfile:
     draft: dict[int, list[float]]
     threads: int
     meta: dict[str, Any]
+    # tau_D(n) with the graph built anew for the pass (``draft.verify_rebuilt``; empty in
+    # profiles written before it)
+    draft_rebuilt: dict[int, list[float]] = dataclasses.field(default_factory=dict)
 
     def depths(self) -> list[int]:
         return sorted(self.target)
@@ -138,11 +153,18 @@ def load_llamacpp_profile(
                    "`specmoe bench --engine llama.cpp`)")  # fmt: skip
     target = _times(data.get("verify"), name, "verify", statistic)
     draft: dict[int, list[float]] = {}
+    rebuilt: dict[int, list[float]] = {}
     if data.get("draft") is not None:
         dsec = data["draft"]
         if not isinstance(dsec, dict):
             raise _bad(name, "draft is not an object")
         draft = _times(dsec.get("verify"), name, "draft.verify", statistic)
+        if dsec.get("verify_rebuilt") is not None:
+            rebuilt = _times(dsec["verify_rebuilt"], name, "draft.verify_rebuilt", statistic)
+            bad = [d for d in rebuilt if d not in draft or len(rebuilt[d]) != len(draft[d])]
+            if bad:
+                raise _bad(name, f"draft.verify_rebuilt[{bad[0]}] has not the passes of "
+                           "draft.verify")  # fmt: skip
     threads = data.get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise _bad(name, f"threads {threads!r} is not a positive integer")
@@ -150,7 +172,7 @@ def load_llamacpp_profile(
     if isinstance(data.get("draft"), dict):
         meta["draft_model"] = data["draft"].get("model")
         meta["draft_dtype"] = data["draft"].get("dtype")
-    return LlamaCppProfile(name, statistic, target, draft, threads, meta)
+    return LlamaCppProfile(name, statistic, target, draft, threads, meta, rebuilt)
 
 
 def step_times(
@@ -160,10 +182,13 @@ def step_times(
     *,
     reevaluate: bool = True,
     overhead: tuple[float, ...] = (0.0, 0.0),
+    rebuilt: bool = True,
 ) -> tuple[list[float], dict[str, list[float]]]:
     """V(0..k_max) in ms at ``depth`` (module docstring) and its parts: ``target`` tau_T(k+1),
     ``draft_tokens`` k tau_D(1), ``draft_reeval`` tau_D(k+1) (0 at k = 0, and everywhere
-    without ``reevaluate``) and ``overhead``: the server's time beyond llama-bench's passes,
+    without ``reevaluate``), with tau_D^b for the round's two graph builds where the profile
+    has them and ``rebuilt`` (``draft_tokens`` tau_D^b(1) + (k-1) tau_D(1), ``draft_reeval``
+    tau_D^b(k+1)), and ``overhead``: the server's time beyond llama-bench's passes,
     ``overhead[0]`` ms per plain token (k = 0), ``overhead[1]`` ms per speculative round
     (k >= 1) and ``overhead[2]`` (optional) ms per drafted token, as measured on the server
     (default none): o(k) = overhead[1] + k overhead[2]. ``overhead[3]`` (optional, ms per
@@ -198,10 +223,13 @@ def step_times(
         top = min(len(tt), len(td)) - 1
         raise InputError(f"must lie in 0..{top} (passes of up to {top + 1} tokens timed), "
                          f"got {k_max}", argument="k_max")  # fmt: skip
+    # the draft context's two graph builds a round (module docstring): its first one-token
+    # pass after the re-evaluation, and the re-evaluation of k + 1 tokens after one-token ones
+    tb = profile.draft_rebuilt.get(depth, td) if rebuilt else td
     parts = {
         "target": [tt[k] for k in range(k_max + 1)],
-        "draft_tokens": [k * td[0] for k in range(k_max + 1)],
-        "draft_reeval": [td[k] if (k and reevaluate) else 0.0 for k in range(k_max + 1)],
+        "draft_tokens": [tb[0] + (k - 1) * td[0] if k else 0.0 for k in range(k_max + 1)],
+        "draft_reeval": [tb[k] if (k and reevaluate) else 0.0 for k in range(k_max + 1)],
         "overhead": [o_round + k * o_token if k else o_plain for k in range(k_max + 1)],
     }
     V = [sum(p[k] for p in parts.values()) for k in range(k_max + 1)]
@@ -278,9 +306,16 @@ def llamacpp_plan(
         "tau_draft_ms": profile.draft[depth],
         "step_points": stairs.step_points,
         "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
-        "model": "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1) + o_round + k o_token, V(0) = "
-        "tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / (V'(k) + o_emit G_a(k)), V'(0) = V(0) - "
-        "o_emit, V'(k) = V(k) (paper 002 Eq. (9) with a per-emitted-token time)",
+        "graph_builds": bool(profile.draft_rebuilt.get(depth)),
+        "model": (
+            "V(k) = tau_T(k+1) + tau_D^b(k+1) + tau_D^b(1) + (k-1) tau_D(1) (tau_D^b: the draft's "
+            "passes with the graph built anew)"
+            if profile.draft_rebuilt.get(depth)
+            else "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1)"
+        )
+        + " + o_round + k o_token, V(0) = tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / (V'(k) + "
+        "o_emit G_a(k)), V'(0) = V(0) - o_emit, V'(k) = V(k) (paper 002 Eq. (9) with a "
+        "per-emitted-token time)",
         "overhead_ms": {
             "plain_token": float(overhead[0]),
             "round": float(overhead[1]),

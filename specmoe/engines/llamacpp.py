@@ -115,8 +115,17 @@ def tool(name: str) -> Path:
     return require_built() / "build" / "bin" / name
 
 
-def _run(cmd: list[str], *, what: str, timeout: float = _TIMEOUT_S) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, errors="replace")
+def _run(
+    cmd: list[str], *, what: str, timeout: float = _TIMEOUT_S, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        errors="replace",
+        env=None if env is None else {**os.environ, **env},
+    )
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
         raise RuntimeError(f"{what} exited with status {proc.returncode}: {tail}")
@@ -156,10 +165,17 @@ def export_gguf(
 # timing
 
 
-def _bench(model: Path, args: list[str], *, threads: int, repeats: int) -> list[PassTime]:
+# llama-context.cpp reads it once per context: every decode builds and allocates its graph
+GRAPH_REUSE_OFF = {"LLAMA_GRAPH_REUSE_DISABLE": "1"}
+
+
+def _bench(
+    model: Path, args: list[str], *, threads: int, repeats: int, graph_reuse: bool = True
+) -> list[PassTime]:
     cmd = [str(tool("llama-bench")), "-m", str(model), "-t", str(threads), "-r", str(repeats)]
     cmd += ["-fa", "off", "-o", "json", *args]
-    return parse_bench_json(_run(cmd, what="llama-bench").stdout)
+    env = None if graph_reuse else GRAPH_REUSE_OFF
+    return parse_bench_json(_run(cmd, what="llama-bench", env=env).stdout)
 
 
 def bench_verify(
@@ -169,17 +185,25 @@ def bench_verify(
     depth: int = 0,
     repeats: int = 50,
     threads: int = 1,
+    graph_reuse: bool = True,
 ) -> list[PassTime]:
     """The time of one pass of n tokens on a KV cache of ``depth`` tokens, for each n of
     ``n_values`` (``llama-bench -p n,... -n 0 -d depth -fa off``; flash attention, llama.cpp's
-    default, is several times slower on a CPU)."""
+    default, is several times slower on a CPU).
+
+    llama-bench repeats each n, so from its second repetition on a pass reuses the graph the
+    one before it built (``llama_context::process_ubatch``: same token and output counts, same
+    KV width). A decode whose size differs from the one before it builds and allocates its
+    graph anew; ``graph_reuse=False`` (``LLAMA_GRAPH_REUSE_DISABLE=1``) times such passes."""
     if not n_values or min(n_values) < 1:
         raise InputError(f"need pass sizes >= 1, got {list(n_values)}", argument="n_values")
     if depth < 0:
         raise InputError(f"must be >= 0, got {depth}", argument="depth")
     p = ",".join(str(int(n)) for n in n_values)
     args = ["-p", p, "-n", "0", "-d", str(int(depth))]
-    return _bench(_model_file(model), args, threads=threads, repeats=repeats)
+    return _bench(
+        _model_file(model), args, threads=threads, repeats=repeats, graph_reuse=graph_reuse
+    )
 
 
 def bench_decode(
