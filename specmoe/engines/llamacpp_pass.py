@@ -47,7 +47,14 @@ took 1.5-2x what ``llama-bench -p n -n 0 -d 512 -t 1 -fa off`` reports in the sa
 (median of 20: n = 1 2.10 ms against 0.98-1.12, n = 9 5.29 against 2.73-3.73). Not from the eval
 callback (a shim without it timed the same), a threadpool attached as llama-bench does, the
 context size (528-4096), random against real tokens, torch loaded in the process, or the logits
-of every row (the last row's only: 1.54 ms at n = 1): not explained yet.
+of every row (the last row's only: 1.54 ms at n = 1). The cause is graph reuse: llama-bench
+repeats each n, and a decode of the same token and output counts as the one before it reuses
+that graph (``llama_context::process_ubatch``); this engine's passes change n (and a sweep crops
+between them), so every pass builds and allocates its graph. llama-bench itself, run with
+``LLAMA_GRAPH_REUSE_DISABLE=1`` (bundled bf16 GGUF, depth 512, 30 repetitions, two alternating
+runs beside a one-thread job on the other core), takes a median 1.73-1.79 ms at n = 1 against
+0.93-1.22 with reuse, 2.85-2.96 against 2.44-2.49 at n = 5, 4.03-4.06 against 3.74-3.97 at
+n = 9: a graph build costs about 0.3-0.8 ms on this model, most of the gap.
 
 **Caches.** There is one context: :func:`specmoe.engine.speculative.new_cache` on
 ``engine.model`` clears it and returns a handle (:class:`LlamaKV`) with ``get_seq_length()``
