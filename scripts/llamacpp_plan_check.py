@@ -23,9 +23,13 @@ the median over the alternating pairs of the server's own tokens/s (``predicted_
 Both are recorded, and the plan from llama-bench's medians beside the plan from its fastest
 repetitions (``--statistic``, default min: the least disturbed).
 
-Before the checked cells, a calibration measures the server's time beyond llama-bench's passes
-(CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1 and k = 4 with
-acceptance 0.3 and 1.0, neither a checked value). Two more plans add it
+Before the checked cells, and again after them, a calibration measures the server's time beyond
+llama-bench's passes (CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1
+and k = 4 with acceptance 0.3 and 1.0, neither a checked value); the plans take the mean of the
+two, which cancels a drift of the machine that is linear over the run (the plain server's cost
+per token moved 12-35% between one calibration and the cells in plan-check-2). V(k) takes the
+draft's two graph builds a round from its passes timed with every graph rebuilt
+(:mod:`specmoe.cost.llamacpp_plan`). Two more plans add the calibration
 (``--llamacpp-overhead``) and are scored beside the first: ``with_overhead``, the line
 o_round + k o_token through the two cells at 0.3 (the first version), and ``with_emit``, the
 second version, which adds a time per emitted token (the target's sampler runs over the whole
@@ -234,6 +238,24 @@ def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     }
 
 
+def _bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The calibration of the plans: every overhead the mean of the one measured before the
+    checked cells and the one measured after them; both kept whole."""
+    keys = ("overhead_plain_ms", "overhead_round_ms", "overhead_token_ms")
+    emit = {k: (before["emit"][k] + after["emit"][k]) / 2 for k in before["emit"]}
+    emit["overhead_emit_ms"] = min(emit["overhead_emit_ms"], (before[keys[0]] + after[keys[0]]) / 2)
+    return {
+        **{k: (before[k] + after[k]) / 2 for k in keys},
+        "plain_cpu_ms_per_token": (
+            before["plain_cpu_ms_per_token"] + after["plain_cpu_ms_per_token"]
+        )
+        / 2,
+        "emit": emit,
+        "before": before,
+        "after": after,
+    }
+
+
 def _scored(version: str, settings: dict[str, Any], a: float, k: int, measured: float) -> dict:
     """One plan version's speedup at (a, k), its k*(a) and its error against ``measured``."""
     plan = next(x for x in settings["plans"] if x["acceptance"] == a)
@@ -310,20 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         plain = Server(plain_argv, ctx=ctx)
         results, plain_runs = [], []
         try:
-            calibration = _calibrate(plain, s, target, draft, prompts, args, ctx)
-            over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
-            argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
-            argv_e = [*argv_o, "--llamacpp-overhead"]
-            argv_o += ["--llamacpp-overhead", ",".join(f"{x:.6f}" for x in over)]
-            assert specmoe([*argv_o, "--out", str(Path(tmp) / "overhead")]) == 0
-            plan_o = json.loads((Path(tmp) / "overhead" / "plan.json").read_text())
-            s_o = plan_o["engine"]["settings"]["llama.cpp"]
-            em = calibration["emit"]
-            over_e = [over[0], em["overhead_round_ms"], em["overhead_token_ms"]]
-            argv_e.append(",".join(f"{x:.6f}" for x in [*over_e, em["overhead_emit_ms"]]))
-            assert specmoe([*argv_e, "--out", str(Path(tmp) / "emit")]) == 0
-            plan_e = json.loads((Path(tmp) / "emit" / "plan.json").read_text())
-            s_e = plan_e["engine"]["settings"]["llama.cpp"]
+            cal_before = _calibrate(plain, s, target, draft, prompts, args, ctx)
             for p in s["plans"]:
                 a, k_best = p["acceptance"], p["draft_length"]
                 ks = sorted({k for k in (k_best - 1, k_best, k_best + 1) if 1 <= k <= k_max})
@@ -379,8 +388,6 @@ def main(argv: list[str] | None = None) -> int:
                         "measured_speedups": speedups,
                         "predicted_speedup_other_statistic": float(p_other["speedup_by_k"][k]),
                         "plan_k_other_statistic": p_other["draft_length"],
-                        **_scored("with_overhead", s_o, a, k, measured),
-                        **_scored("with_emit", s_e, a, k, measured),
                         "relative_error": predicted / measured - 1,
                         "within_10pct": abs(predicted / measured - 1) <= TOLERANCE,
                         "server_flags": flags,
@@ -396,17 +403,39 @@ def main(argv: list[str] | None = None) -> int:
                         "pairs": pairs,
                     }
                     results.append(row)
-                    print(
-                        f"a={a:g} k={k}{'*' if k == k_best else ' '} predicted "
-                        f"{predicted:.3f} (with overhead {row['predicted_speedup_with_overhead']:.3f}, "
-                        f"with emit {row['predicted_speedup_with_emit']:.3f}) "
-                        f"measured {measured:.3f} (wall paired median {paired:.3f}) "
-                        f"({row['relative_error']:+.1%}); round {row['ms_per_round_measured']:.3f}"
-                        f" ms (cpu {row['cpu_ms_per_round']:.3f}) vs V {V[k]:.3f}; plain cpu "
-                        f"{row['plain_cpu_ms_per_token']:.3f} vs V0 {V[0]:.3f}; tokens/round {row['tokens_per_round_measured']:.2f}"
-                        f" vs G {row['tokens_per_round_G']:.2f}",
-                        file=sys.stderr,
-                    )
+            # the calibration again after the cells: its mean with the first cancels a drift
+            # of the machine that is linear over the run
+            cal_after = _calibrate(plain, s, target, draft, prompts, args, ctx)
+            calibration = _bracket(cal_before, cal_after)
+            over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
+            argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
+            argv_e = [*argv_o, "--llamacpp-overhead"]
+            argv_o += ["--llamacpp-overhead", ",".join(f"{x:.6f}" for x in over)]
+            assert specmoe([*argv_o, "--out", str(Path(tmp) / "overhead")]) == 0
+            plan_o = json.loads((Path(tmp) / "overhead" / "plan.json").read_text())
+            s_o = plan_o["engine"]["settings"]["llama.cpp"]
+            em = calibration["emit"]
+            over_e = [over[0], em["overhead_round_ms"], em["overhead_token_ms"]]
+            argv_e.append(",".join(f"{x:.6f}" for x in [*over_e, em["overhead_emit_ms"]]))
+            assert specmoe([*argv_e, "--out", str(Path(tmp) / "emit")]) == 0
+            plan_e = json.loads((Path(tmp) / "emit" / "plan.json").read_text())
+            s_e = plan_e["engine"]["settings"]["llama.cpp"]
+            for row in results:
+                a, k, measured = row["acceptance"], row["k"], row["measured_speedup"]
+                row.update(_scored("with_overhead", s_o, a, k, measured))
+                row.update(_scored("with_emit", s_e, a, k, measured))
+                print(
+                    f"a={a:g} k={k}{'*' if row['is_plan_k'] else ' '} predicted "
+                    f"{row['predicted_speedup']:.3f} (with overhead "
+                    f"{row['predicted_speedup_with_overhead']:.3f}, with emit "
+                    f"{row['predicted_speedup_with_emit']:.3f}) measured {measured:.3f} (wall "
+                    f"paired median {row['measured_speedup_wall_paired_median']:.3f}) "
+                    f"({row['relative_error']:+.1%}); round {row['ms_per_round_measured']:.3f}"
+                    f" ms (cpu {row['cpu_ms_per_round']:.3f}) vs V {V[k]:.3f}; plain cpu "
+                    f"{row['plain_cpu_ms_per_token']:.3f} vs V0 {V[0]:.3f}; tokens/round "
+                    f"{row['tokens_per_round_measured']:.2f} vs G {row['tokens_per_round_G']:.2f}",
+                    file=sys.stderr,
+                )
         finally:
             plain.close()
         profile = json.loads(profile_path.read_text())
