@@ -218,7 +218,9 @@ def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     A = np.array([[1.0, c["k"], c["tokens_per_round"]] for c in cells])
     b = np.array([c["excess_ms"] for c in cells])
     (r2, t2, e2_), resid = nnls(A, b)
-    e2_ = min(e2_, o_plain)  # a plain token holds its own emission
+    if e2_ > o_plain:  # a plain token holds its own emission: clamp, refit the other two
+        e2_ = o_plain
+        (r2, t2), resid = nnls(A[:, :2], b - A[:, 2] * e2_)
     return {
         "acceptance": list(CALIBRATION_ACCEPTANCE),
         "k": list(CALIBRATION_K),
@@ -324,10 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         so = other["engine"]["settings"]["llama.cpp"]
         s = plan["engine"]["settings"]["llama.cpp"]
         V = s["step_ms"]
-        tau_t, tau_d = s["tau_target_ms"], s["tau_draft_ms"]
+        tau_t = s["tau_target_ms"]
         k_max = s["k_max"]
         # V(k) without the draft's re-evaluation of the target's batch, for comparison
-        V_noreeval = [tau_t[0]] + [tau_t[k] + k * tau_d[0] for k in range(1, k_max + 1)]
+        parts = s["step_parts_ms"]
+        V_noreeval = [tau_t[0]] + [tau_t[k] + parts["draft_tokens"][k] for k in range(1, k_max + 1)]
         plain_argv = server_flags(k=0, target=str(target), draft=None, threads=s["threads"])
         plain = Server(plain_argv, ctx=ctx)
         results, plain_runs = [], []
@@ -405,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(row)
             # the calibration again after the cells: its mean with the first cancels a drift
             # of the machine that is linear over the run
+            # the cells so far, kept should the second calibration fail
+            atomic_write_json(
+                out / "plan_check.cells.json", json.loads(json.dumps(results).replace(tmp, "<tmp>"))
+            )
             cal_after = _calibrate(plain, s, target, draft, prompts, args, ctx)
             calibration = _bracket(cal_before, cal_after)
             over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
@@ -476,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": time.time() - t0,
         },
     )
+    (out / "plan_check.cells.json").unlink(missing_ok=True)
     print(f"wrote {out / 'plan_check.json'}", file=sys.stderr)
     return 0
 

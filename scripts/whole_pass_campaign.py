@@ -193,9 +193,16 @@ def check_machine(cfg: str, folder: Path) -> str | None:
     configuration's units run only where its prediction holds; a campaign spread over
     several sessions resumes only on the same processor with the same kernels."""
     from specmoe.bench.machine import device_name
-    from specmoe.kernels._cbuild import build, source_sha256
+    from specmoe.errors import InputError
+    from specmoe.kernels._cbuild import SOURCE_ENV, build, source_sha256
 
     path = Path(folder).resolve() / cfg / "profile.json"
+    pinned = Path(folder).resolve() / cfg / "kernels.c"
+    if os.environ.get(SOURCE_ENV) and Path(os.environ[SOURCE_ENV]).resolve() != pinned:
+        return (
+            f"{path}: ${SOURCE_ENV} is {os.environ[SOURCE_ENV]}, not {cfg}'s kernels.c (run "
+            "configurations with different kernels in separate invocations)"
+        )
     try:
         prof = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -212,13 +219,28 @@ def check_machine(cfg: str, folder: Path) -> str | None:
         for v in impl.values()
         if isinstance(v, dict) and v.get("ran") == "c"
     } - {None}
-    if kernels and build().lib is None:
-        return f"{path}: {cfg}'s prediction timed the C kernels; here they do not build ({build().error})"
+    try:
+        here = build()
+    except InputError as exc:  # a pinned source that does not build
+        return str(exc)
+    if kernels and here.lib is None:
+        return (
+            f"{path}: {cfg}'s prediction timed the C kernels; here they do not build ({here.error})"
+        )
     if kernels and kernels != {source_sha256()}:
         return (
             f"{path}: {cfg}'s prediction timed the C kernels of source {sorted(kernels)[0]}; "
             f"these are {source_sha256()} (its units run only with the prediction's kernels)"
         )
+    now = here.status()
+    for v in impl.values():  # the same compiler, flags and instruction sets as the prediction's
+        was = (v.get("compiler") or {}) if isinstance(v, dict) and v.get("ran") == "c" else {}
+        for key in ("version", "flags", "avx2", "avx512_bf16"):
+            if key in was and was[key] != now.get(key):
+                return (
+                    f"{path}: {cfg}'s prediction built the C kernels with {key} "
+                    f"{was[key]!r}; here it is {now.get(key)!r}"
+                )
     return None
 
 
@@ -234,7 +256,10 @@ def pin_kernels(names: list[str], folder: Path) -> str | None:
     for c in names:
         path = Path(folder).resolve() / c / "kernels.c"
         if path.is_file():
-            pinned.setdefault(path.read_bytes(), []).append((c, path))
+            try:
+                pinned.setdefault(path.read_bytes(), []).append((c, path))
+            except OSError as exc:
+                return f"{path}: unreadable kernel source ({exc.strerror})"
     if len(pinned) > 1:
         (a, _), (b, _) = [v[0] for v in pinned.values()][:2]
         return f"{a} and {b} pin different kernel sources: run them in separate invocations"

@@ -26,7 +26,8 @@ predict() {  # name, expert-bench args, whole-pass model, plan args, trace
   # for the configuration's runs (amendment 8), whatever the package's kernels become
   $PY -c \
     'import sys; from specmoe.kernels._cbuild import source; sys.stdout.write(source())' \
-    > "$out/kernels.c"
+    > "$out/kernels.c.part"
+  mv "$out/kernels.c.part" "$out/kernels.c"
   echo "== $name: every other operation of the pass" >&2
   # shellcheck disable=SC2086
   # amendment 7: five processes, the median one kept (bundled's committed prediction used one)

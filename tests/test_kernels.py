@@ -728,6 +728,16 @@ def test_kernel_ab_bad_input_is_one_line_exit_2(argv, flag, capsys):
     assert err[0].startswith(f"kernel_ab: error: {flag}: ")
 
 
+def _run_err(code, env, path):
+    import subprocess
+    import sys
+
+    env = {**env, "SPECMOE_KERNEL_SOURCE": str(path)}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    ).stderr
+
+
 def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
     """$SPECMOE_KERNEL_SOURCE builds the named file instead of the package's source (its hash is
     the one a profile records); an unreadable file is a one-line input error."""
@@ -757,3 +767,19 @@ def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
     env["SPECMOE_KERNEL_SOURCE"] = str(tmp_path / "missing.c")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode != 0 and "missing.c: $SPECMOE_KERNEL_SOURCE" in out.stderr
+    # a source of another calling convention, or one that does not compile, is an error
+    # naming the file, never a silent fallback to the torch path
+    for name, text in [
+        (
+            "abi2.c",
+            SOURCE.replace(
+                "int specmoe_abi(void) { return 1; }", "int specmoe_abi(void) { return 2; }"
+            ),
+        ),
+        ("broken.c", SOURCE + "\nthis is not C;\n"),
+    ]:
+        (tmp_path / name).write_text(text)
+        env["SPECMOE_KERNEL_SOURCE"] = str(tmp_path / name)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert out.returncode != 0 and f"{name}: $SPECMOE_KERNEL_SOURCE" in out.stderr, name
+    assert "calling convention is version 2" in _run_err(code, env, tmp_path / "abi2.c")

@@ -147,11 +147,15 @@ def test_an_incomplete_depth_writes_tables_only(wc, tmp_path):
     assert not (tmp_path / "verify.json").exists() and not (tmp_path / "throughput.json").exists()
 
 
-def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path):
+def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path, monkeypatch):
     import hashlib
 
     from specmoe.bench.machine import device_name
-    from specmoe.kernels._cbuild import SOURCE, source_sha256
+    from specmoe.kernels._cbuild import SOURCE, SOURCE_ENV, build, source_sha256
+
+    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    if build().lib is None:
+        pytest.skip("no C kernels here")
 
     assert source_sha256() == hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
     (tmp_path / "c").mkdir()
@@ -175,12 +179,23 @@ def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path):
         )
     )
     assert "0000000000000000" in wc.check_machine("c", tmp_path)
+    # another compiler than the prediction's
+    other = {"ran": "c", "compiler": {"source_sha256": source_sha256(), "version": "cc 0.1"}}
+    prof.write_text(
+        json.dumps({"device_name": device_name("cpu"), "implementations": {"d": other}})
+    )
+    assert "version 'cc 0.1'" in wc.check_machine("c", tmp_path)
+    # a kernel source pinned for another configuration
+    prof.write_text(json.dumps({"device_name": device_name("cpu"), "implementations": {}}))
+    monkeypatch.setenv(SOURCE_ENV, str(tmp_path / "x" / "kernels.c"))
+    assert "separate invocations" in wc.check_machine("c", tmp_path)
 
 
 def test_a_predictions_kernel_source_is_pinned_for_its_runs(wc, tmp_path, monkeypatch):
     from specmoe.kernels._cbuild import SOURCE_ENV
 
-    monkeypatch.delenv(SOURCE_ENV, raising=False)
+    monkeypatch.setenv(SOURCE_ENV, "")  # recorded, so that teardown removes what pin_kernels sets
+    monkeypatch.delenv(SOURCE_ENV)
     for c in ("a", "b", "c"):
         (tmp_path / c).mkdir()
     assert wc.pin_kernels(["a", "b"], tmp_path) is None and SOURCE_ENV not in os.environ

@@ -297,6 +297,17 @@ def benchmark(
             f"{spec.hidden_size} and {spec.expert_intermediate}",
             argument="dtype",
         )
+    if q8:  # only the C kernels take q8_0 weights: say so before any measurement
+        from specmoe.kernels import cpu as _ccpu
+
+        reason = _ccpu.c_reason(device="cpu", dtype="q8_0", strided=False)
+        c_kernels = [k for k in kernels if k in ("per_slot", "dedup")]
+        if reason is not None or len(c_kernels) < 2:
+            raise InputError(
+                "q8_0 weights need specmoe's C per_slot and dedup kernels"
+                + (f" ({reason})" if reason else f", got --kernels {','.join(kernels)}"),
+                argument="dtype",
+            )
     tspec = spec.with_dtype(dtype)
     b = tspec.expert_bytes
     m, num, h, inter = spec.top_k, spec.num_experts, spec.hidden_size, spec.expert_intermediate

@@ -678,7 +678,7 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
         _row("draft length k", range(K + 1), "{:8d}"),
         _row("target tau_T(k+1) ms", s["step_parts_ms"]["target"]),
         _row("draft's k drafts ms", s["step_parts_ms"]["draft_tokens"]),
-        _row("draft tau_D(k+1) ms", s["step_parts_ms"]["draft_reeval"]),
+        _row("draft re-eval ms", s["step_parts_ms"]["draft_reeval"]),
         *(
             [_row("server overhead ms", s["step_parts_ms"]["overhead"])]
             if any(s["step_parts_ms"].get("overhead", []))
@@ -686,7 +686,10 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
         ),
         _row("step V(k) ms", s["step_ms"]),
         *(
-            [f"  + {emit:.3f} ms per emitted token: V(k) + {emit:.3f} G_a(k) at acceptance a"]
+            [
+                f"  + {emit:.3f} ms per emitted token: a round costs V'(k) + {emit:.3f} G_a(k) at "
+                f"acceptance a (V'(k) = V(k), V'(0) = V(0) - {emit:.3f}; the step points are V''s)"
+            ]
             if (emit := s.get("overhead_ms", {}).get("emitted_token", 0.0))
             else []
         ),

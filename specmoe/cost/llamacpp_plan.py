@@ -33,7 +33,8 @@ to V(0) and o_round + k o_token per speculative round to V(k >= 1). The speedup 
 (:func:`specmoe.cost.theory.best_draft_length`); S(a, 0) = 1.
 
 A fourth overhead, o_emit ms per emitted token, is work the server does once per token it
-emits (the target's sampler over the whole vocabulary at each of the a + 1 positions it checks,
+emits (the target's sampler over the whole vocabulary at each position it checks, one more
+than the drafts accepted,
 the piece and stop-string bookkeeping): a round emitting G_a(k) tokens on average costs
 V(k) + o_emit G_a(k), so the step time depends on a. A plain token pays it too (it is inside
 o_plain), so with V'(0) = V(0) - o_emit and V'(k) = V(k) for k >= 1,

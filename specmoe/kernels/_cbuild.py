@@ -98,6 +98,7 @@ def _compiler_version(cc: str) -> str:
 
 
 SOURCE_ENV = "SPECMOE_KERNEL_SOURCE"
+ABI = 1  # the calling convention CLib sets up (the C source's specmoe_abi)
 
 
 @cache
@@ -107,7 +108,7 @@ def source() -> str:
     if not path:
         return SOURCE
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or str(exc)
         raise InputError(
@@ -121,7 +122,7 @@ def _compile(cc: str, flags: tuple[str, ...], target: Path, text: str | None = N
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="specmoe-cc-") as tmp:
         src = Path(tmp) / "expert_op.c"
-        src.write_text(source() if text is None else text)
+        src.write_text(source() if text is None else text, encoding="utf-8")
         out = Path(tmp) / "expert_op.so"
         cmd = [*cc.split(), *flags, "-shared", "-fPIC", "-std=c99", str(src), "-o", str(out), "-lm"]
         try:
@@ -144,6 +145,9 @@ class CLib:
         self.lib = lib
         self.path = path
         self.flags = flags
+        abi = int(lib.specmoe_abi()) if hasattr(lib, "specmoe_abi") else 1
+        if abi != ABI:  # an older or newer source (a pinned one): its calls would not match
+            raise _LoadError(f"its calling convention is version {abi}, this loader's {ABI}")
         self.openmp = bool(lib.specmoe_has_openmp())
         self.avx2 = bool(lib.specmoe_has_avx2())
         self.bf16dp = bool(lib.specmoe_has_bf16dp())
@@ -162,11 +166,19 @@ class CLib:
         r.restype = ctypes.c_double
 
 
+class _LoadError(Exception):
+    """A built library this loader cannot call."""
+
+
 def _try_load(path: Path, flags: tuple[str, ...]) -> CLib | None:
     try:
         return CLib(ctypes.CDLL(str(path)), path, flags)
-    except OSError:
+    except (OSError, AttributeError, _LoadError) as exc:  # AttributeError: a missing symbol
+        _LOAD_ERRORS[str(path)] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None
+
+
+_LOAD_ERRORS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -232,8 +244,18 @@ def build() -> Build:
                 lib = _try_load(target, flags)
                 if lib is not None:
                     return Build(lib, cc, version)
-                err = "built but could not be loaded"
+                err = f"built but could not be loaded: {_LOAD_ERRORS.get(str(target), '')}"
+                if os.environ.get(SOURCE_ENV):  # a pinned source: say so, do not fall back
+                    raise InputError(
+                        f"{os.environ[SOURCE_ENV]}: ${SOURCE_ENV}: the kernels it builds "
+                        f"cannot be called here ({_LOAD_ERRORS.get(str(target), 'not loaded')})"
+                    )
             errors.append(f"{' '.join(flags)}: {err.splitlines()[0] if err else ''}")
+        if os.environ.get(SOURCE_ENV):  # a pinned source that does not build: no fallback
+            raise InputError(
+                f"{os.environ[SOURCE_ENV]}: ${SOURCE_ENV}: did not compile with {cc} "
+                f"({errors[0] if errors else 'no flags'})"
+            )
         return Build(
             None, cc, version, f"the C kernels did not compile with {cc} ({'; '.join(errors)})"
         )

@@ -884,9 +884,12 @@ int specmoe_has_bf16dp(void) { return SM_BF16DP; }
 /* Turn the bf16 dot-product path on (1) or off (0: bf16 weights take the widening path);
    returns the previous setting. Not thread-safe: set it between calls. */
 int specmoe_set_bf16dp(int on) { int prev = sm_bf16dp_on; sm_bf16dp_on = on ? 1 : 0; return prev; }
-/* Run q8_0 weights through the portable loop (1) or the vector blocks (0, the default);
-   returns the previous setting. Not thread-safe: set it between calls. */
 /* q8_0 activations: 0 fp32 (the default), 1 int16 blocks (AVX2 only); returns the previous. */
 int specmoe_set_q8_mode(int mode) { int prev = sm_q8_mode; sm_q8_mode = mode ? 1 : 0; return prev; }
+/* Run q8_0 weights through the portable loop (1) or the vector blocks (0, the default);
+   returns the previous setting. Not thread-safe: set it between calls. */
 int specmoe_set_q8_portable(int on) { int prev = sm_q8_portable_on; sm_q8_portable_on = on ? 1 : 0; return prev; }
+/* The calling convention of specmoe_expert_op, specmoe_read and the setters, as the loader
+   expects it (specmoe.kernels._cbuild.ABI); a source without this function is version 1. */
+int specmoe_abi(void) { return 1; }
 """
