@@ -188,8 +188,10 @@ def check_prediction(
 
 def check_machine(cfg: str, folder: Path) -> str | None:
     """An error line when this machine or these kernels are not the ones the configuration's
-    prediction was measured on (the protocol's amendment 8): its profile's processor
-    (``device_name``) and, where the profile records it, the C kernels' source SHA-256. A
+    prediction was measured on (the protocol's amendments 8 and 9): its profile's processor
+    (``device_name``), where the prediction records it (``machine.json``) the processor's
+    family, model, stepping, cache, cores and instruction sets, and, where the profile records
+    it, the C kernels' source SHA-256 and compiler. A
     configuration's units run only where its prediction holds; a campaign spread over
     several sessions resumes only on the same processor with the same kernels."""
     from specmoe.bench.machine import device_name
@@ -213,6 +215,22 @@ def check_machine(cfg: str, folder: Path) -> str | None:
             f"{path}: {cfg}'s prediction was measured on {want!r}; this machine is {have!r} "
             "(its units run only on the prediction's processor)"
         )
+    ident = Path(folder).resolve() / cfg / "machine.json"
+    if ident.exists():  # amendment 9: the processor's identity beyond its name
+        from specmoe.bench.machine import cpu_identity
+
+        try:
+            was = json.loads(ident.read_text())
+        except ValueError as exc:
+            return f"{ident}: unreadable ({exc})"
+        now = cpu_identity()
+        for key in ("vendor", "family", "model", "stepping", "llc_bytes", "cores", "isa"):
+            if key in was and was[key] != now.get(key):
+                return (
+                    f"{ident}: {cfg}'s prediction was measured on a processor with {key} "
+                    f"{was[key]!r}; here it is {now.get(key)!r} (its units run only on the "
+                    "prediction's processor)"
+                )
     impl = prof.get("implementations") or {}
     kernels = {
         (v.get("compiler") or {}).get("source_sha256")

@@ -28,6 +28,10 @@ predict() {  # name, expert-bench args, whole-pass model, plan args, trace
     'import sys; from specmoe.kernels._cbuild import source; sys.stdout.write(source())' \
     > "$out/kernels.c.part"
   mv "$out/kernels.c.part" "$out/kernels.c"
+  # and the processor beyond its name (amendment 9), checked before each of its units
+  $PY -c 'import json; from specmoe.bench.machine import cpu_identity
+print(json.dumps(cpu_identity(), indent=1))' > "$out/machine.json.part"
+  mv "$out/machine.json.part" "$out/machine.json"
   echo "== $name: every other operation of the pass" >&2
   # shellcheck disable=SC2086
   # amendment 7: five processes, the median one kept (bundled's committed prediction used one)

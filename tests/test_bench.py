@@ -199,6 +199,28 @@ def test_llc_from_sysfs_counts_each_instance_once(tmp_path):
     assert machine._parse_size("1G") == 1 << 30 and machine._parse_size("x") is None
 
 
+def test_cpu_identity_reads_the_first_processors_block(tmp_path, monkeypatch):
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+        "model name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu sse4_2 avx avx2 fma ht\n\n"
+        "processor\t: 1\nvendor_id\t: GenuineIntel\nflags\t\t: avx512f\n"
+    )
+    monkeypatch.setattr(machine, "cpu_last_level_cache_bytes", lambda: 32 << 20)
+    got = machine.cpu_identity(str(info))
+    assert {k: got[k] for k in ("vendor", "family", "model", "stepping", "isa", "llc_bytes")} == {
+        "vendor": "AuthenticAMD",
+        "family": "25",
+        "model": "1",
+        "stepping": "1",
+        "isa": ["avx", "avx2", "fma", "sse4_2"],
+        "llc_bytes": 32 << 20,
+    }
+    monkeypatch.setattr(machine, "cpu_last_level_cache_bytes", lambda: None)
+    got = machine.cpu_identity(str(tmp_path / "absent"))
+    assert "llc_bytes" not in got and "vendor" not in got and got["name"]
+
+
 @pytest.mark.parametrize(
     "dtype,rates,want",
     [

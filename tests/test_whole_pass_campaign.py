@@ -185,8 +185,21 @@ def test_units_run_only_on_the_predictions_processor_and_kernels(wc, tmp_path, m
         json.dumps({"device_name": device_name("cpu"), "implementations": {"d": other}})
     )
     assert "version 'cc 0.1'" in wc.check_machine("c", tmp_path)
-    # a kernel source pinned for another configuration
+    # amendment 9: the processor's identity beyond its name, where the prediction recorded it
+    from specmoe.bench.machine import cpu_identity
+
     prof.write_text(json.dumps({"device_name": device_name("cpu"), "implementations": {}}))
+    ident = tmp_path / "c" / "machine.json"
+    ident.write_text(json.dumps(cpu_identity()))
+    assert wc.check_machine("c", tmp_path) is None
+    ident.write_text(json.dumps({**cpu_identity(), "llc_bytes": 1}))
+    assert "llc_bytes 1" in wc.check_machine("c", tmp_path)
+    ident.write_text(json.dumps({**cpu_identity(), "isa": ["avx9"]}))
+    assert "isa ['avx9']" in wc.check_machine("c", tmp_path)
+    ident.write_text("{")
+    assert "unreadable" in wc.check_machine("c", tmp_path)
+    ident.unlink()
+    # a kernel source pinned for another configuration
     monkeypatch.setenv(SOURCE_ENV, str(tmp_path / "x" / "kernels.c"))
     assert "separate invocations" in wc.check_machine("c", tmp_path)
 

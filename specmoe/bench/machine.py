@@ -86,6 +86,35 @@ def device_name(device: str = "cpu") -> str:
     return platform.processor() or f"unknown {platform.machine()} CPU"
 
 
+def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict[str, object]:
+    """What tells one x86 processor from another beyond its name (a virtual machine's name is
+    often generic, "Intel(R) Xeon(R) Processor"): vendor, family, model and stepping, the
+    last-level cache bytes, the online cores and the vector instruction sets. Keys whose value
+    the system does not give are left out."""
+    out: dict[str, object] = {"name": device_name("cpu")}
+    keys = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping"}
+    flags: list[str] = []
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key in keys:
+                    out[keys[key]] = value
+                elif key == "flags":
+                    flags = value.split()
+    except OSError:
+        pass
+    vector = sorted(f for f in flags if f.startswith(("avx", "fma", "amx", "sse4")))
+    if vector:
+        out["isa"] = vector
+    if (llc := cpu_last_level_cache_bytes()) is not None:
+        out["llc_bytes"] = llc
+    out["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def check_device(device: str) -> str:
     if device not in ("cpu", "cuda"):
         raise InputError(f"unknown {device!r} (choose cpu or cuda)", argument="device")
