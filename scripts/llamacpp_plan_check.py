@@ -1,7 +1,9 @@
 """``specmoe plan --engine llama.cpp`` checked against llama-server's measured speedup.
 
-Needs ``make llama-cpp``. For the bundled target and the bundled draft model, both exported to
-GGUF at ``--outtype`` (bf16 by default):
+Needs ``make llama-cpp``. For the bundled target (or, with ``--target lifted``, the bundled
+model lifted to OLMoE-1B-7B's shapes and bytes in ``--lifted-layers`` layers: a target that is
+memory-bound here, beside which the bundled draft costs little, so that the plan's k* is large)
+and the bundled draft model, both exported to GGUF at ``--outtype`` (bf16 by default):
 
 1. ``specmoe bench --engine llama.cpp --model T --draft-model D --depths D --reps R``: llama-bench's
    pass times of both models at n = 1..9;
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -295,7 +298,20 @@ def main(argv: list[str] | None = None) -> int:
         help="the measured speedup scored: tokens per CPU second of each server (cpu) or the "
         "median over alternating pairs of the server's tokens/s (wall); both are recorded",
     )
+    ap.add_argument(
+        "--target",
+        default="bundled",
+        choices=("bundled", "lifted"),
+        help="the target: the bundled model, or the bundled model lifted to OLMoE-1B-7B's "
+        "shapes and bytes (specmoe lift, docs/lifted-model.md; memory-bound on a CPU, with "
+        "the bundled draft nearly free beside it)",
+    )
+    ap.add_argument(
+        "--lifted-layers", type=int, default=4, help="the lifted target's layers (>= 4)"
+    )
     args = ap.parse_args(argv)
+    if args.lifted_layers < 4:
+        ap.error(f"--lifted-layers: {args.lifted_layers} is fewer than the bundled model's 4")
     llamacpp.require_built()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -304,9 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     ctx = 2 * (args.depth + args.tokens + args.k_max + 64)
     with tempfile.TemporaryDirectory(prefix="specmoe-plan-check-") as tmp:
         target, draft = Path(tmp) / f"target-{args.outtype}.gguf", Path(tmp) / "draft.gguf"
-        for model, path in [("bundled", target), ("bundled-draft", draft)]:
+        source = "bundled"
+        if args.target == "lifted":  # the bundled model at OLMoE-1B-7B's shapes, same function
+            source = str(Path(tmp) / "lifted")
+            lift = ["lift", "--layers", str(args.lifted_layers), "--out", source]
+            assert specmoe([*lift, "--dtype", "bf16" if args.outtype == "bf16" else "fp32"]) == 0
+        for model, path in [(source, target), ("bundled-draft", draft)]:
             cmd = ["export", "--format", "gguf", "--model", model, "--out", str(path)]
             assert specmoe([*cmd, "--outtype", args.outtype]) == 0
+        if args.target == "lifted":
+            shutil.rmtree(source)  # the GGUF holds it; its safetensors are not needed
         bench_argv = ["bench", "--engine", "llama.cpp", "--model", str(target)]
         bench_argv += ["--draft-model", str(draft), "--depths", str(args.depth)]
         bench_argv += ["--reps", str(args.reps), "--out", str(Path(tmp) / "bench")]
@@ -452,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "llama_cpp": llamacpp.VERSION,
             "command": "python scripts/llamacpp_plan_check.py " + " ".join(argv or sys.argv[1:]),
+            "target": args.target,
+            "lifted_layers": args.lifted_layers if args.target == "lifted" else None,
             "weights": args.outtype,
             "depth": args.depth,
             "tokens": args.tokens,

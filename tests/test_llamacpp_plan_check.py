@@ -50,3 +50,11 @@ def test_a_version_is_scored_at_its_own_speedup_and_k(pc):
     assert pc._scored("v", settings, 0.9, 2, 1.25)["within_10pct_v"] is True  # +5.6%
     assert pc._scored("v", settings, 0.9, 1, 1.05)["within_10pct_v"] is True
     assert pc._scored("v", settings, 0.9, 2, 1.0)["within_10pct_v"] is False
+
+
+def test_a_lifted_target_of_fewer_layers_than_the_bundled_model_is_refused(pc, capsys):
+    with pytest.raises(SystemExit) as exc:
+        pc.main(["--target", "lifted", "--lifted-layers", "3"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--lifted-layers" in err and "3" in err
