@@ -70,10 +70,12 @@ from llamacpp_runs import _prompts  # noqa: E402
 
 from specmoe._io import atomic_write_json  # noqa: E402
 from specmoe.cli import main as specmoe  # noqa: E402
+from specmoe.commands.plan import parse_acceptance  # noqa: E402
 from specmoe.cost import theory  # noqa: E402
 from specmoe.cost.llamacpp_plan import server_flags  # noqa: E402
 from specmoe.engines import llamacpp  # noqa: E402
 from specmoe.engines.llamacpp_server import synthetic_rates  # noqa: E402
+from specmoe.errors import InputError  # noqa: E402
 
 TOLERANCE = 0.10
 
@@ -275,15 +277,26 @@ def _scored(version: str, settings: dict[str, Any], a: float, k: int, measured: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "results" / "cpu" / "llamacpp"))
-    ap.add_argument("--outtype", default="bf16", choices=("bf16", "f32"))
-    ap.add_argument("--acceptance", default="0.5,0.7,0.9,0.98")
-    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument(
+        "--out",
+        default=str(ROOT / "results" / "cpu" / "llamacpp"),
+        help="folder for plan_check.json (default: results/cpu/llamacpp)",
+    )
+    ap.add_argument(
+        "--outtype", default="bf16", choices=("bf16", "f32"), help="the GGUFs' weight type"
+    )
+    ap.add_argument(
+        "--acceptance",
+        default="0.5,0.7,0.9,0.98",
+        help="acceptance rates to check, in [0, 1) (as specmoe plan --acceptance; the servers' "
+        "synthetic rate)",
+    )
+    ap.add_argument("--depth", type=int, default=512, help="the prompts' tokens (KV depth)")
     ap.add_argument("--reps", type=int, default=30, help="llama-bench repetitions")
-    ap.add_argument("--k-max", type=int, default=8)
-    ap.add_argument("--num-prompts", type=int, default=3)
+    ap.add_argument("--k-max", type=int, default=8, help="the largest draft length planned")
+    ap.add_argument("--num-prompts", type=int, default=3, help="validation prompts a cell")
     ap.add_argument("--repeats", type=int, default=3, help="completions per prompt and server")
-    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=256, help="tokens generated a completion")
     ap.add_argument(
         "--statistic",
         default="min",
@@ -312,6 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.lifted_layers < 4:
         ap.error(f"--lifted-layers: {args.lifted_layers} is fewer than the bundled model's 4")
+    for name in ("depth", "reps", "k_max", "num_prompts", "repeats", "tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
+    try:  # the plan's own parser, so a value it would refuse is refused before the build
+        parse_acceptance(args.acceptance)
+    except InputError as e:
+        ap.error(str(e))
     llamacpp.require_built()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -58,3 +58,25 @@ def test_a_lifted_target_of_fewer_layers_than_the_bundled_model_is_refused(pc, c
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--lifted-layers" in err and "3" in err
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--acceptance", "0.7,x"], ("--acceptance", "'x'")),
+        (["--acceptance", "0.7,1.0"], ("--acceptance",)),
+        (["--reps", "0"], ("--reps", "0")),
+        (["--k-max", "-1"], ("--k-max", "-1")),
+        (["--tokens", "0"], ("--tokens", "0")),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_built(pc, capsys, monkeypatch, argv, names):
+    def built():  # the check must refuse before it needs llama.cpp at all
+        raise AssertionError("reached llama.cpp")
+
+    monkeypatch.setattr(pc.llamacpp, "require_built", built)
+    with pytest.raises(SystemExit) as exc:
+        pc.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert all(n in err for n in names), err
