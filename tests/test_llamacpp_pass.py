@@ -195,3 +195,65 @@ def test_bad_inputs_are_one_line_errors(engine, gguf, tmp_path):
         engine.forward(new_cache(engine.model), [engine.vocab_size])
     for e in (e1, e2, e3, e4, e5, e6, e7):
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_time_pass_extends_the_cache_as_a_forward_does(engine, ids, all_rows):
+    """A timed pass (the last row's logits or every row's) writes the same cache as a forward:
+    the next forward after it gives the token a single forward of all of it gives last."""
+    from specmoe.engine.speculative import new_cache
+
+    prompt, tail = ids[:PROMPT], ids[300:306]
+    kv = new_cache(engine.model)
+    engine.prefill(kv, prompt[:-1])
+    t = engine.time_pass(kv, [prompt[-1], *tail[:-1]], all_rows=all_rows)
+    assert t > 0 and kv.get_seq_length() == PROMPT - 1 + len(tail)
+    after = engine.forward(kv, [tail[-1]])
+    ref_kv = new_cache(engine.model)
+    engine.prefill(ref_kv, prompt[:-1])
+    ref = engine.forward(ref_kv, [prompt[-1], *tail])
+    assert after.tokens[0] == ref.tokens[-1]
+    np.testing.assert_allclose(after.margin[0], ref.margin[-1], rtol=0, atol=1e-3)
+    with pytest.raises(ValueError, match="no tokens"):
+        engine.time_pass(ref_kv, [], all_rows=all_rows)
+
+
+def _output_rows():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp_output_rows.py"
+    spec = importlib.util.spec_from_file_location("llamacpp_output_rows", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path, capsys):
+    import json
+
+    mod = _output_rows()
+    # the summary against values worked by hand: differences 1, 2, 3 ms over 2 extra rows
+    (row,) = mod.summarize({3: {"last_row": [1.0, 1.0, 1.0], "all_rows": [2.0, 3.0, 4.0]}})
+    assert row["extra_ms"]["median"] == 2.0 and row["extra_ms_per_extra_row"] == 1.0
+    assert row["all_rows_ms"]["median"] == 3.0 and row["last_row_ms"]["count"] == 3
+    out = tmp_path / "rows.json"
+    argv = ["--gguf", str(gguf), "--depth", "32", "--n", "1,3", "--blocks", "2", "--block", "3"]
+    assert mod.main([*argv, "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert [r["n"] for r in rec["rows"]] == [1, 3]
+    for r in rec["rows"]:  # 2 blocks of 3 decodes, the first of each not counted
+        assert r["last_row_ms"]["count"] == r["all_rows_ms"]["count"] == 4
+        assert r["last_row_ms"]["median"] > 0 and r["all_rows_ms"]["median"] > 0
+    assert rec["rows"][0]["extra_ms_per_extra_row"] is None
+    capsys.readouterr()
+    for bad, name in [
+        (["--gguf", str(gguf), "--n", "0,2"], "--n"),
+        (["--gguf", str(gguf), "--n", "a"], "--n"),
+        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
+        (["--gguf", str(gguf), "--block", "1"], "--block"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            mod.main(bad)
+        assert exc.value.code == 2
+        assert name in capsys.readouterr().err.strip().splitlines()[-1]

@@ -249,6 +249,17 @@ class LlamaCppEngine(llamacpp_shim.Closing):
         t_ms = r["cpu_ms"] if self.clock == "cpu" else r["wall_ms"]
         return Verified(r["argmax"].tolist(), routing, t_ms, r["margin"], "dedup", r["wall_ms"])
 
+    def time_pass(self, kv: LlamaKV, tokens: Sequence[int], *, all_rows: bool = True) -> float:
+        """One pass of ``tokens`` after the cache, its time (ms) on the engine's clock alone:
+        with the logits of every row (``all_rows``, as :meth:`forward` and llama-server's
+        verification of drafts ask for them) or of the last row only (as ``llama-bench -p n``
+        asks). Like :meth:`forward`, it extends the cache."""
+        kv._check()
+        if not len(tokens):
+            raise ValueError("time_pass: no tokens")
+        r = self._decode(_TIMED, tokens, all_logits=bool(all_rows))
+        return r["cpu_ms"] if self.clock == "cpu" else r["wall_ms"]
+
     def profile(self, kv: LlamaKV, tokens: Sequence[int], *, max_nodes: int = 1 << 16) -> Profile:
         """One pass of ``tokens`` after the cache with every graph node timed alone (module
         docstring); like :meth:`forward`, it extends the cache."""
