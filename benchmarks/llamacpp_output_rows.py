@@ -1,4 +1,5 @@
-"""llama.cpp's verify pass with the logits of every row against the last row's only.
+"""llama.cpp's verify pass with the logits of every row against the last row's only
+(:mod:`specmoe.engines.llamacpp_rows`, which ``specmoe bench --engine llama.cpp`` runs too).
 
 ``llama-bench -p n -n 0`` decodes a batch of n tokens and asks for the logits of its last row
 (``llama_batch_get_one``), so its lm_head multiplies one row. llama-server's verification of
@@ -29,13 +30,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-import numpy as np  # noqa: E402
 from _record import emit  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 from specmoe.engines.llamacpp_pass import LlamaCppEngine  # noqa: E402
-
-VARIANTS = ("last_row", "all_rows")
+from specmoe.engines.llamacpp_rows import measure, summarize  # noqa: E402
 
 
 def _ints(text: str, low: int) -> list[int]:
@@ -47,58 +46,6 @@ def _ints(text: str, low: int) -> list[int]:
     if not vals or min(vals) < low:
         raise ValueError(f"every value must be an integer >= {low}, got {text!r}")
     return vals
-
-
-def measure(engine, depth: int, ns, blocks: int, block: int, seed: int = 0) -> dict:
-    """Per n: the counted times (ms) of each variant, in the order measured, and the pairs."""
-    rng = np.random.default_rng(seed)
-    vocab = engine.vocab_size
-    kv = engine.model.new_cache()
-    engine.prefill(kv, rng.integers(0, vocab, depth).tolist())
-    out = {}
-    for n in ns:
-        tokens = rng.integers(0, vocab, n).tolist()
-        times = {v: [] for v in VARIANTS}
-        for b in range(blocks):
-            order = VARIANTS if b % 2 == 0 else VARIANTS[::-1]
-            for v in order:
-                for j in range(block):
-                    t = engine.time_pass(kv, tokens, all_rows=v == "all_rows")
-                    kv.crop(-n)
-                    if j:  # the first of a block builds the graph
-                        times[v].append(t)
-        out[n] = times
-    return out
-
-
-def summarize(times: dict, *, seed: int = 0, boot: int = 2000) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for n, t in times.items():
-        a, b = np.asarray(t["last_row"]), np.asarray(t["all_rows"])
-        m = min(a.size, b.size)
-        d = b[:m] - a[:m]  # paired in measuring order (blocks alternate)
-        bs = np.median(rng.choice(d, (boot, m)), axis=1)
-        rows.append(
-            {
-                "n": int(n),
-                **{
-                    f"{v}_ms": {
-                        "median": float(np.median(x)),
-                        "p10": float(np.percentile(x, 10)),
-                        "p90": float(np.percentile(x, 90)),
-                        "count": int(x.size),
-                    }
-                    for v, x in (("last_row", a), ("all_rows", b))
-                },
-                "extra_ms": {
-                    "median": float(np.median(d)),
-                    "ci95": [float(np.percentile(bs, 2.5)), float(np.percentile(bs, 97.5))],
-                },
-                "extra_ms_per_extra_row": float(np.median(d)) / (n - 1) if n > 1 else None,
-            }
-        )
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,10 @@ the median over the alternating pairs of the server's own tokens/s (``predicted_
 Both are recorded, and the plan from llama-bench's medians beside the plan from its fastest
 repetitions (``--statistic``, default min: the least disturbed).
 
+The plan's V(k) holds the target's extra time for the logits of all k + 1 rows (llama-bench's
+pass asks for the last row's only; the bench times both in libllama, ``output_rows``), unless
+``--last-row-only``; the plan from llama-bench's passes alone is scored beside it (``last_row``).
+
 Before the checked cells, and again after them, a calibration measures the server's time beyond
 llama-bench's passes (CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1
 and k = 4 with acceptance 0.3 and 1.0, neither a checked value); the plans take the mean of the
@@ -322,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--lifted-layers", type=int, default=4, help="the lifted target's layers (>= 4)"
     )
+    ap.add_argument(
+        "--last-row-only",
+        action="store_true",
+        help="plan without the target's extra time for every row's logits (bench "
+        "--no-output-rows, plan --llamacpp-last-row-only), as the checks before the fifth did; "
+        "by default the plan holds it and the last-row plan is scored beside it",
+    )
     args = ap.parse_args(argv)
     if args.lifted_layers < 4:
         ap.error(f"--lifted-layers: {args.lifted_layers} is fewer than the bundled model's 4")
@@ -353,18 +364,27 @@ def main(argv: list[str] | None = None) -> int:
         bench_argv = ["bench", "--engine", "llama.cpp", "--model", str(target)]
         bench_argv += ["--draft-model", str(draft), "--depths", str(args.depth)]
         bench_argv += ["--reps", str(args.reps), "--out", str(Path(tmp) / "bench")]
+        if args.last_row_only:
+            bench_argv.append("--no-output-rows")
         assert specmoe(bench_argv) == 0
         profile_path = Path(tmp) / "bench" / "llamacpp_verify.json"
         plan_argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(profile_path)]
         plan_argv += ["--acceptance", args.acceptance, "--context", str(args.depth)]
         plan_argv += ["--k-max", str(args.k_max), "--target-model", str(target)]
         plan_argv += ["--draft-model", str(draft)]
+        if args.last_row_only:
+            plan_argv.append("--llamacpp-last-row-only")
         plans = {}
         for stat in ("min", "median"):
             argv_s = [*plan_argv, "--llamacpp-statistic", stat, "--out", str(Path(tmp) / stat)]
             assert specmoe(argv_s) == 0
             plans[stat] = json.loads((Path(tmp) / stat / "plan.json").read_text())
         plan = plans[args.statistic]
+        # the plan without the rows (llama-bench's passes alone), scored beside it
+        argv_l = [*plan_argv, "--llamacpp-statistic", args.statistic, "--llamacpp-last-row-only"]
+        assert specmoe([*argv_l, "--out", str(Path(tmp) / "last_row")]) == 0
+        plan_l = json.loads((Path(tmp) / "last_row" / "plan.json").read_text())
+        s_l = plan_l["engine"]["settings"]["llama.cpp"]
         other = plans["median" if args.statistic == "min" else "min"]
         so = other["engine"]["settings"]["llama.cpp"]
         s = plan["engine"]["settings"]["llama.cpp"]
@@ -474,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
                 a, k, measured = row["acceptance"], row["k"], row["measured_speedup"]
                 row.update(_scored("with_overhead", s_o, a, k, measured))
                 row.update(_scored("with_emit", s_e, a, k, measured))
+                row.update(_scored("last_row", s_l, a, k, measured))
                 print(
                     f"a={a:g} k={k}{'*' if row['is_plan_k'] else ' '} predicted "
-                    f"{row['predicted_speedup']:.3f} (with overhead "
+                    f"{row['predicted_speedup']:.3f} (last row only "
+                    f"{row['predicted_speedup_last_row']:.3f}, with overhead "
                     f"{row['predicted_speedup_with_overhead']:.3f}, with emit "
                     f"{row['predicted_speedup_with_emit']:.3f}) measured {measured:.3f} (wall "
                     f"paired median {row['measured_speedup_wall_paired_median']:.3f}) "
@@ -515,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                 + f" --llamacpp-statistic {args.statistic}",
                 "plan": shown_plan,
                 "plan_other_statistic": json.loads(json.dumps(other).replace(tmp, "<tmp>")),
+                "output_rows": bool(s.get("output_rows")),
+                "plan_last_row": json.loads(json.dumps(plan_l).replace(tmp, "<tmp>")),
                 "plan_with_overhead": json.loads(json.dumps(plan_o).replace(tmp, "<tmp>")),
                 "plan_with_overhead_command": "specmoe " + " ".join(argv_o).replace(tmp, "<tmp>"),
                 "plan_with_emit": json.loads(json.dumps(plan_e).replace(tmp, "<tmp>")),

@@ -204,6 +204,13 @@ def test_bench_draft_model_needs_llamacpp_engine(capsys):
     rc = main(["bench", "--model", "bundled", "--draft-model", "bundled-draft"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--draft-model" in err[0]
+    for argv in (
+        ["--model", "bundled"],
+        ["--model", "bundled", "--engine", "llama.cpp", "--whole-pass"],
+    ):
+        rc = main(["bench", *argv, "--no-output-rows"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "--no-output-rows" in err[0]
 
 
 # ------------------------------------------------------------------------------------------
@@ -231,6 +238,9 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
     assert main([*argv, "--out", str(prof)]) == 0
     data = json.loads((prof / "llamacpp_verify.json").read_text())
     assert [r["n"] for r in data["draft"]["verify"]["64"]] == [1, 2, 3, 4]
+    rows = data["output_rows"]["depths"]["64"]  # libllama's paired passes, 6 blocks of 3 counted
+    assert [r["n"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["all_rows_ms"]["count"] == r["last_row_ms"]["count"] == 18 for r in rows)
     out = tmp_path / "plan"
     argv = [
         "plan",
@@ -410,3 +420,86 @@ def test_bench_verify_turns_graph_reuse_off_only_when_asked(monkeypatch, tmp_pat
         with pytest.raises(RuntimeError):
             llamacpp.bench_verify(model, depth=8, graph_reuse=reuse)
     assert seen == [None, {"LLAMA_GRAPH_REUSE_DISABLE": "1"}]
+
+
+def _with_rows(path, extra, depth=512):
+    """The profile at ``path`` with an ``output_rows`` section whose paired medians are ``extra``."""
+    data = json.loads(path.read_text())
+    rows = [{"n": i + 1, "extra_ms": {"median": v, "ci95": [v, v]}} for i, v in enumerate(extra)]
+    data["output_rows"] = {"depths": {str(depth): rows}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    target=times,
+    draft=times,
+    extra=st.lists(st.floats(-0.5, 3.0), min_size=9, max_size=9),
+    a=st.floats(0.0, 0.999),
+)
+def test_output_rows_add_to_every_speculative_round_only(tmp_path_factory, target, draft, extra, a):
+    """With ``output_rows`` r(n), V(k >= 1) = tau_T(k+1) + r(k+1) + tau_D(k+1) + k tau_D(1),
+    r clamped at 0 and r(1) = 0 (a plain token is one row, as llama-bench's); V(0) unchanged;
+    without rows (``rows=False``, --llamacpp-last-row-only) the plan is the plain one."""
+    path = _with_rows(_profile(tmp_path_factory.mktemp("p") / "v.json", target, draft), extra)
+    prof = load_llamacpp_profile(path)
+    s = llamacpp_plan(prof, [a], depth=512, k_max=8, target_model="T", draft_model="D")
+    r = [0.0] + [max(0.0, x) for x in extra[1:]]
+    V = [target[0]] + [target[k] + r[k] + draft[k] + k * draft[0] for k in range(1, 9)]
+    assert s["step_ms"] == pytest.approx(V, rel=1e-12) and s["output_rows"] is True
+    assert s["step_parts_ms"]["target_rows"] == pytest.approx([0.0, *r[1:]], rel=1e-12)
+    G = [(k + 1.0) if a == 1 else (1 - a ** (k + 1)) / (1 - a) for k in range(9)]
+    assert s["plans"][0]["speedup_by_k"] == pytest.approx(
+        [G[k] * V[0] / V[k] for k in range(9)], rel=1e-12
+    )
+    plain = llamacpp_plan(
+        prof, [a], depth=512, k_max=8, target_model="T", draft_model="D", rows=False
+    )
+    assert plain["output_rows"] is False
+    assert plain["plans"][0]["speedup_by_k"] == pytest.approx(
+        _brute(target, draft, a, 8), rel=1e-12
+    )
+
+
+def test_output_rows_move_k_down_and_the_cli_can_leave_them_out(tmp_path, capsys):
+    """A row cost large enough at k >= 2 moves k* from 3 to 1 at a = 0.9 (worked by hand:
+    target 10, 11, 12, 13 ms, draft 0.1 ms; with r(2..4) = 0, 5, 15 ms, V = 10, 11.2, 17.3,
+    28.4 and S(0.9, k) = 1.696, 1.566, 1.211 at k = 1, 2, 3, against 1.696, 2.203, 2.566
+    without)."""
+    path = _profile(tmp_path / "v.json", [10.0, 11.0, 12.0, 13.0], [0.1] * 4)
+    _with_rows(path, [0.0, 0.0, 5.0, 15.0])
+    base = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path)]
+    base += ["--acceptance", "0.9", "--k-max", "3"]
+    for extra, k in [([], 1), (["--llamacpp-last-row-only"], 3)]:
+        assert main([*base, *extra, "--json"]) == 0
+        s = json.loads(capsys.readouterr().out)["engine"]["settings"]["llama.cpp"]
+        assert s["plans"][0]["draft_length"] == k, (extra, s["step_ms"])
+    assert main(base) == 0
+    assert "target rows r_T(k+1) ms" in capsys.readouterr().out
+    rc = main(["plan", "--llamacpp-last-row-only"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--llamacpp-last-row-only" in err[0]
+
+
+@pytest.mark.parametrize(
+    "rows,words",
+    [
+        ([1, 2], "no object of depths"),
+        ({"512": [{"n": 1, "extra_ms": {"median": 0.0}}]}, "has not the passes of verify"),
+        ({"512": [{"n": 1}]}, "a row without extra_ms.median"),
+        ({"512": [{"n": 2, "extra_ms": {"median": 0.0}}]}, "n = 1..N once each"),
+        (
+            {"64": [{"n": i + 1, "extra_ms": {"median": 0.0}} for i in range(9)]},
+            "has not the passes of verify",
+        ),
+    ],
+)
+def test_bad_output_rows_are_refused_naming_the_file(rows, words, tmp_path):
+    path = _profile(tmp_path / "v.json")
+    data = json.loads(path.read_text())
+    data["output_rows"] = {"depths": rows} if isinstance(rows, dict) else rows
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=words) as exc:
+        load_llamacpp_profile(path)
+    assert str(path) in str(exc.value)

@@ -3,7 +3,10 @@
 One pass of n = 1..``--n-max`` tokens on a KV cache of each ``--depths`` (``llama-bench -p
 1,...,N -n 0 -d D -r REPS -t THREADS -fa off``), for ``--model`` exported to GGUF at
 ``--dtype`` (bf16 by default; f32, f16, q8_0) by llama.cpp's converter, or a ``.gguf`` file as
-it is. ``--out`` gets ``llamacpp_verify.json``; ``--json`` prints the same on stdout.
+it is. Then (unless ``--no-output-rows``) the target's passes with every row's logits against
+the last row's, in libllama (:mod:`specmoe.engines.llamacpp_rows`): llama-bench asks for the
+last row's logits only, llama-server's verification for all k + 1 rows. ``--out`` gets
+``llamacpp_verify.json``; ``--json`` prints the same on stdout.
 """
 
 from __future__ import annotations
@@ -123,6 +126,11 @@ def run_bench(args: argparse.Namespace) -> int:
             draft_gguf, draft_dtype = _gguf_of(args, outtype, tmp, model=str(draft_name))
         gguf, dtype = _gguf_of(args, outtype, tmp)
         verify = _verify_rows(gguf, depths, n_max, reps, threads, "target")
+        extra = None
+        if not getattr(args, "no_output_rows", False):
+            from specmoe.engines.llamacpp_rows import output_rows
+
+            extra = output_rows(gguf, depths, n_max, threads=threads)
         if draft_name is not None:
             draft = {
                 "model": str(draft_name),
@@ -142,6 +150,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "flash_attn": False,
         "reps": reps,
         "verify": verify,
+        **({"output_rows": extra} if extra is not None else {}),
         **({"draft": draft} if draft is not None else {}),
     }
     files = []
@@ -154,6 +163,10 @@ def run_bench(args: argparse.Namespace) -> int:
     print("depth " + " ".join(f"{'n=' + str(n):>7}" for n in range(1, n_max + 1)))
     for d, rows in verify.items():
         print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
+    if extra is not None:
+        print("extra ms of every row's logits over the last row's (llama-server's verification)")
+        for d, rr in extra["depths"].items():
+            print(f"{d:>5} " + " ".join(f"{r['extra_ms']['median']:7.3f}" for r in rr))
     if draft is not None:
         print(f"draft model {draft['model']} ({draft['dtype']}), median ms")
         for d, rows in draft["verify"].items():

@@ -115,6 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "llama.cpp --llamacpp-profile`",
     )
     parser.add_argument(
+        "--no-output-rows",
+        action="store_true",
+        help="--engine llama.cpp: skip timing the target's passes with every row's logits "
+        "against the last row's (llama-bench asks for the last row only, llama-server's "
+        "verification for all k + 1); without them the plan leaves that time out",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -283,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
         )
     if getattr(args, "draft_model", None) is not None and args.engine != "llama.cpp":
         raise InputError("--draft-model: only with --engine llama.cpp")
+    if getattr(args, "no_output_rows", False) and (
+        args.engine != "llama.cpp" or getattr(args, "whole_pass", False)
+    ):
+        raise InputError("--no-output-rows: only with --engine llama.cpp (not --whole-pass)")
     if getattr(args, "fit", None) is not None and not (
         args.engine == "llama.cpp" and getattr(args, "whole_pass", False)
     ):

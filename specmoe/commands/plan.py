@@ -176,6 +176,13 @@ def add_arguments(parser) -> None:
         "(optional) per emitted token: V(0) + PLAIN, V(k >= 1) + ROUND + k TOKEN + G_a(k) EMIT "
         "(default none: llama-bench's passes alone)",
     )
+    parser.add_argument(
+        "--llamacpp-last-row-only",
+        action="store_true",
+        help="with --llamacpp-profile: leave out the target's extra time for the logits of "
+        "every row (the profile's output_rows), as llama-bench times it; by default V(k) holds "
+        "it, as llama-server's verification asks for all k + 1 rows",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -566,6 +573,9 @@ def _run(args) -> int:
     check_out_dir(args.out)
     if getattr(args, "llamacpp_profile", None) is not None:
         return _run_llamacpp(args)
+    for flag in ("llamacpp_overhead", "llamacpp_last_row_only"):
+        if getattr(args, flag, None) not in (None, False):
+            raise InputError(f"--{flag.replace('_', '-')}: only with --llamacpp-profile")
     plan, data = make_plan(args)
     text = summary(plan)
     if args.out:
@@ -651,6 +661,7 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
             target_model=target,
             draft_model=draft,
             overhead=overhead,
+            rows=not getattr(args, "llamacpp_last_row_only", False),
         )
     except InputError as exc:
         flag = {"depth": "--context", "k_max": "--k-max", "overhead": "--llamacpp-overhead"}.get(
@@ -677,6 +688,11 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
         "",
         _row("draft length k", range(K + 1), "{:8d}"),
         _row("target tau_T(k+1) ms", s["step_parts_ms"]["target"]),
+        *(
+            [_row("target rows r_T(k+1) ms", s["step_parts_ms"]["target_rows"])]
+            if any(s["step_parts_ms"].get("target_rows", []))
+            else []
+        ),
         _row("draft's k drafts ms", s["step_parts_ms"]["draft_tokens"]),
         _row("draft re-eval ms", s["step_parts_ms"]["draft_reeval"]),
         *(

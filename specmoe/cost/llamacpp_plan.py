@@ -23,6 +23,12 @@ with every graph built anew (``draft.verify_rebuilt``, llama-bench under
 ``LLAMA_GRAPH_REUSE_DISABLE=1``, tau_D^b), those two passes are taken from it:
 
     V(k) = tau_T(k + 1) + tau_D^b(k + 1) + tau_D^b(1) + (k - 1) tau_D(1).
+Output rows. llama-bench's pass asks for the logits of its last row only; the server's
+verification of k drafts asks for all k + 1 (each is sampled), so its lm_head multiplies k + 1
+rows. Where the profile holds ``output_rows`` (the paired extra time of every row's logits
+over the last row's in libllama, :mod:`specmoe.engines.llamacpp_rows`), V(k >= 1) adds it:
+r_T(k + 1), 0 at k = 0 (a plain token is one row, as llama-bench's).
+
 No other per-round time (sampling, the server's bookkeeping) is in V(k) unless given: llama-bench
 does not time it; ``overhead`` adds what was measured on the server, o_plain per plain token
 to V(0) and o_round + k o_token per speculative round to V(k >= 1). The speedup at acceptance a is Eq. (9) of paper 002,
@@ -52,6 +58,7 @@ import json
 import math
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +69,7 @@ from specmoe.errors import InputError
 __all__ = [
     "STATISTICS",
     "LlamaCppProfile",
+    "extra_ms",
     "llamacpp_plan",
     "load_llamacpp_profile",
     "server_flags",
@@ -86,6 +94,9 @@ class LlamaCppProfile:
     # tau_D(n) with the graph built anew for the pass (``draft.verify_rebuilt``; empty in
     # profiles written before it)
     draft_rebuilt: dict[int, list[float]] = dataclasses.field(default_factory=dict)
+    # r_T(n): the target's extra ms with every row's logits over the last row's at n = 1..N
+    # (``output_rows``; empty in profiles written before it, or with --no-output-rows)
+    rows: dict[int, list[float]] = dataclasses.field(default_factory=dict)
 
     def depths(self) -> list[int]:
         return sorted(self.target)
@@ -128,6 +139,41 @@ def _times(section: Any, path: str, where: str, statistic: str) -> dict[int, lis
     return out
 
 
+def extra_ms(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """The extra ms at n = 1..N from the rows of
+    :func:`specmoe.engines.llamacpp_rows.summarize` (n = 1..N, each once): 0 at n = 1,
+    where both variants ask for the same row, and the measured median clamped at 0 elsewhere
+    (more rows are more work; a negative median is noise)."""
+    by_n = {int(r["n"]): float(r["extra_ms"]["median"]) for r in rows}
+    top = max(by_n, default=0)
+    if sorted(by_n) != list(range(1, top + 1)):
+        raise ValueError(f"rows must hold n = 1..N once each, got n = {sorted(by_n)}")
+    return [0.0 if n == 1 else max(0.0, by_n[n]) for n in range(1, top + 1)]
+
+
+def _rows(section: Any, path: str, target: dict[int, list[float]]) -> dict[int, list[float]]:
+    """r_T(n) per depth from ``output_rows`` (:func:`extra_ms`); {} when absent."""
+    if section is None:
+        return {}
+    depths = section.get("depths") if isinstance(section, dict) else None
+    if not isinstance(depths, dict):
+        raise _bad(path, "output_rows has no object of depths")
+    out: dict[int, list[float]] = {}
+    for key, rows in depths.items():
+        try:
+            d = int(key)
+            vals = [float(r["extra_ms"]["median"]) for r in rows]
+            if not all(math.isfinite(v) for v in vals):
+                raise ValueError("a median that is not finite")
+            out[d] = extra_ms(rows)
+        except (TypeError, ValueError, KeyError) as exc:
+            why = str(exc) if isinstance(exc, ValueError) else "a row without extra_ms.median"
+            raise _bad(path, f"output_rows[{key}]: {why}") from None
+        if d not in target or len(out[d]) != len(target[d]):
+            raise _bad(path, f"output_rows[{key}] has not the passes of verify")
+    return out
+
+
 def load_llamacpp_profile(
     path: str | os.PathLike, *, statistic: str = "median_ms"
 ) -> LlamaCppProfile:
@@ -166,6 +212,7 @@ def load_llamacpp_profile(
             if bad:
                 raise _bad(name, f"draft.verify_rebuilt[{bad[0]}] has not the passes of "
                            "draft.verify")  # fmt: skip
+    rows = _rows(data.get("output_rows"), name, target)
     threads = data.get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise _bad(name, f"threads {threads!r} is not a positive integer")
@@ -173,7 +220,7 @@ def load_llamacpp_profile(
     if isinstance(data.get("draft"), dict):
         meta["draft_model"] = data["draft"].get("model")
         meta["draft_dtype"] = data["draft"].get("dtype")
-    return LlamaCppProfile(name, statistic, target, draft, threads, meta, rebuilt)
+    return LlamaCppProfile(name, statistic, target, draft, threads, meta, rebuilt, rows)
 
 
 def step_times(
@@ -184,6 +231,7 @@ def step_times(
     reevaluate: bool = True,
     overhead: tuple[float, ...] = (0.0, 0.0),
     rebuilt: bool = True,
+    rows: bool = True,
 ) -> tuple[list[float], dict[str, list[float]]]:
     """V(0..k_max) in ms at ``depth`` (module docstring) and its parts: ``target`` tau_T(k+1),
     ``draft_tokens`` k tau_D(1), ``draft_reeval`` tau_D(k+1) (0 at k = 0, and everywhere
@@ -193,7 +241,10 @@ def step_times(
     ``overhead[0]`` ms per plain token (k = 0), ``overhead[1]`` ms per speculative round
     (k >= 1) and ``overhead[2]`` (optional) ms per drafted token, as measured on the server
     (default none): o(k) = overhead[1] + k overhead[2]. ``overhead[3]`` (optional, ms per
-    emitted token) is not in V: it depends on the acceptance (:func:`llamacpp_plan`)."""
+    emitted token) is not in V: it depends on the acceptance (:func:`llamacpp_plan`).
+    ``target_rows`` r_T(k + 1) at k >= 1 (0 at k = 0, and everywhere without ``rows`` or
+    where the profile has no ``output_rows`` at ``depth``): the target's verification asks
+    for the logits of all k + 1 rows, llama-bench's pass for the last row's only."""
     vals = [float(x) for x in overhead]
     if len(vals) not in (2, 3, 4) or not all(math.isfinite(x) and x >= 0 for x in vals):
         raise InputError(
@@ -227,8 +278,10 @@ def step_times(
     # the draft context's two graph builds a round (module docstring): its first one-token
     # pass after the re-evaluation, and the re-evaluation of k + 1 tokens after one-token ones
     tb = profile.draft_rebuilt.get(depth, td) if rebuilt else td
+    rt = profile.rows.get(depth, [0.0] * len(tt)) if rows else [0.0] * len(tt)
     parts = {
         "target": [tt[k] for k in range(k_max + 1)],
+        "target_rows": [rt[k] if k else 0.0 for k in range(k_max + 1)],
         "draft_tokens": [tb[0] + (k - 1) * td[0] if k else 0.0 for k in range(k_max + 1)],
         "draft_reeval": [tb[k] if (k and reevaluate) else 0.0 for k in range(k_max + 1)],
         "overhead": [o_round + k * o_token if k else o_plain for k in range(k_max + 1)],
@@ -260,11 +313,14 @@ def llamacpp_plan(
     target_model: str,
     draft_model: str | None,
     overhead: tuple[float, ...] = (0.0, 0.0),
+    rows: bool = True,
 ) -> dict[str, Any]:
     """The plan (plan.json's ``engine.settings["llama.cpp"]``): V(k), the staircase k*(a)
     (:func:`specmoe.cost.theory.staircase`), and per acceptance a: S(a, k) at every k, k*(a),
-    its speedup and llama-server's command line at k*(a)."""
-    V, parts = step_times(profile, depth, k_max, overhead=overhead)
+    its speedup and llama-server's command line at k*(a). ``rows``: V(k) holds r_T(k + 1)
+    where the profile has it (:func:`step_times`)."""
+    V, parts = step_times(profile, depth, k_max, overhead=overhead, rows=rows)
+    with_rows = bool(rows and profile.rows.get(depth))
     o_emit = float(overhead[3]) if len(overhead) > 3 else 0.0
     Vp = [V[0] - o_emit, *V[1:]]  # V'(k) of the module docstring: k* and the staircase
     stairs = theory.staircase(Vp)
@@ -308,12 +364,14 @@ def llamacpp_plan(
         "step_points": stairs.step_points,
         "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
         "graph_builds": bool(profile.draft_rebuilt.get(depth)),
+        "output_rows": with_rows,
         "model": (
             "V(k) = tau_T(k+1) + tau_D^b(k+1) + tau_D^b(1) + (k-1) tau_D(1) (tau_D^b: the draft's "
             "passes with the graph built anew)"
             if profile.draft_rebuilt.get(depth)
             else "V(k) = tau_T(k+1) + tau_D(k+1) + k tau_D(1)"
         )
+        + (" + r_T(k+1) (the target's logits of every row)" if with_rows else "")
         + " + o_round + k o_token, V(0) = tau_T(1) + o_plain; S(a, k) = G_a(k) V(0) / (V'(k) + "
         "o_emit G_a(k)), V'(0) = V(0) - o_emit, V'(k) = V(k) (paper 002 Eq. (9) with a "
         "per-emitted-token time)",
