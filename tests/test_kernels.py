@@ -789,3 +789,28 @@ def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert out.returncode != 0 and f"{name}: $SPECMOE_KERNEL_SOURCE" in out.stderr, name
     assert "calling convention is version 2" in _run_err(code, env, tmp_path / "abi2.c")
+
+
+def test_bf16_dot_default_follows_the_processor_and_the_variable(tmp_path, monkeypatch):
+    """The AVX-512 BF16 path is on by default but on AMD family 25 (measured slower there);
+    $SPECMOE_BF16_DOT=0/1 overrides either way and any other value is refused naming it."""
+    from specmoe.errors import InputError
+    from specmoe.kernels._cbuild import BF16_DOT_ENV, bf16_dot_default
+
+    def info(vendor, family):
+        p = tmp_path / f"{vendor}-{family}"
+        p.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\n\n")
+        return str(p)
+
+    monkeypatch.delenv(BF16_DOT_ENV, raising=False)
+    assert bf16_dot_default(info("AuthenticAMD", "25")) is False
+    assert bf16_dot_default(info("AuthenticAMD", "26")) is True
+    assert bf16_dot_default(info("GenuineIntel", "6")) is True
+    assert bf16_dot_default(str(tmp_path / "missing")) is True
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv(BF16_DOT_ENV, value)
+        assert bf16_dot_default(info("AuthenticAMD", "25")) is want
+        assert bf16_dot_default(info("GenuineIntel", "6")) is want
+    monkeypatch.setenv(BF16_DOT_ENV, "yes")
+    with pytest.raises(InputError, match=BF16_DOT_ENV):
+        bf16_dot_default(info("GenuineIntel", "6"))

@@ -153,6 +153,9 @@ class CLib:
         self.bf16dp = bool(lib.specmoe_has_bf16dp())
         lib.specmoe_set_bf16dp.argtypes = [ctypes.c_int]
         lib.specmoe_set_bf16dp.restype = ctypes.c_int
+        self.bf16_dot_default = self.bf16dp and bf16_dot_default()
+        if self.bf16dp:
+            lib.specmoe_set_bf16dp(1 if self.bf16_dot_default else 0)
         lib.specmoe_set_q8_portable.argtypes = [ctypes.c_int]
         lib.specmoe_set_q8_portable.restype = ctypes.c_int
         lib.specmoe_set_q8_mode.argtypes = [ctypes.c_int]
@@ -201,9 +204,41 @@ class Build:
             "openmp": None if lib is None else lib.openmp,
             "avx2": None if lib is None else lib.avx2,
             "avx512_bf16": None if lib is None else lib.bf16dp,
+            "bf16_dot": None if lib is None else lib.bf16_dot_default,
             "source_sha256": source_sha256(),
             "error": self.error,
         }
+
+
+BF16_DOT_ENV = "SPECMOE_BF16_DOT"
+
+
+def bf16_dot_default(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether bfloat16 weights take the AVX-512 BF16 dot-product path by default where the
+    build has one: ``$SPECMOE_BF16_DOT`` (``1`` or ``0``) when set, else yes but on AMD
+    family 25 (Zen 3 and 4), where that path measured 27-45% below the widening path in the
+    same binary on a quiet Zen 4 (``results/cpu/kernels/ab-2026-12-03-amd-avx512/``); on an
+    Intel Xeon it measured 3.5-9% above (``results/cpu/kernels/tuning.md``). An unknown value
+    of the variable is an ``InputError`` naming it."""
+    env = os.environ.get(BF16_DOT_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    if env not in ("", "auto"):
+        raise InputError(f"${BF16_DOT_ENV}: {env!r} is not 0, 1 or auto")
+    vendor = family = None
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the first processor's block
+                key, _, value = (part.strip() for part in line.partition(":"))
+                if key == "vendor_id":
+                    vendor = value
+                elif key == "cpu family":
+                    family = value
+    except OSError:
+        pass
+    return not (vendor == "AuthenticAMD" and family == "25")
 
 
 def source_sha256() -> str:
