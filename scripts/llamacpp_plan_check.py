@@ -27,7 +27,10 @@ repetitions (``--statistic``, default min: the least disturbed).
 
 The plan's V(k) holds the target's extra time for the logits of all k + 1 rows (llama-bench's
 pass asks for the last row's only; the bench times both in libllama, ``output_rows``), unless
-``--last-row-only``; the plan from llama-bench's passes alone is scored beside it (``last_row``).
+``--last-row-only``; the plan from llama-bench's passes alone is scored beside it (``last_row``). The bench runs
+again after the cells, and the plan from the mean of the two benches' pass times (and rows) is
+scored too (``bracketed``: the passes bracket the cells as the calibration does; the cells are
+picked by the first bench's plan).
 
 Before the checked cells, and again after them, a calibration measures the server's time beyond
 llama-bench's passes (CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1
@@ -267,6 +270,46 @@ def _bracket(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _mean_profile(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The llamacpp_verify.json whose every pass statistic (min, median, mean of the target's
+    and the draft's passes, with graphs reused and rebuilt) and every row's extra time is the
+    mean of ``before``'s and ``after``'s: llama-bench's passes bracketing the checked cells, as
+    the calibration does. The two must hold the same depths and passes."""
+    out = json.loads(json.dumps(before))
+
+    def mean_rows(a: list, b: list, keys: tuple[str, ...], where: str) -> None:
+        if [r["n"] for r in a] != [r["n"] for r in b]:
+            raise ValueError(f"{where}: the two benches hold other passes")
+        for ra, rb in zip(a, b, strict=True):
+            for key in keys:
+                ra[key] = (ra[key] + rb[key]) / 2
+
+    stats = ("min_ms", "median_ms", "mean_ms")
+    sections = [("verify", out["verify"], after["verify"])]
+    if "draft" in out:
+        for key in ("verify", "verify_rebuilt"):
+            if key in out["draft"]:
+                sections.append((f"draft.{key}", out["draft"][key], after["draft"][key]))
+    for where, a, b in sections:
+        if sorted(a) != sorted(b):
+            raise ValueError(f"{where}: the two benches hold other depths")
+        for d in a:
+            mean_rows(a[d], b[d], stats, f"{where}[{d}]")
+    if "output_rows" in out:
+        a, b = out["output_rows"]["depths"], after["output_rows"]["depths"]
+        if sorted(a) != sorted(b):
+            raise ValueError("output_rows: the two benches hold other depths")
+        for d in a:
+            if [r["n"] for r in a[d]] != [r["n"] for r in b[d]]:
+                raise ValueError(f"output_rows[{d}]: the two benches hold other passes")
+            for ra, rb in zip(a[d], b[d], strict=True):
+                ra["extra_ms"] = {
+                    "median": (ra["extra_ms"]["median"] + rb["extra_ms"]["median"]) / 2
+                }
+    out["bracketed"] = True
+    return out
+
+
 def _scored(version: str, settings: dict[str, Any], a: float, k: int, measured: float) -> dict:
     """One plan version's speedup at (a, k), its k*(a) and its error against ``measured``."""
     plan = next(x for x in settings["plans"] if x["acceptance"] == a)
@@ -476,6 +519,21 @@ def main(argv: list[str] | None = None) -> int:
                 out / "plan_check.cells.json", json.loads(json.dumps(results).replace(tmp, "<tmp>"))
             )
             cal_after = _calibrate(plain, s, target, draft, prompts, args, ctx)
+            # llama-bench's passes again after the cells: the bracketed plan takes the mean
+            bench_after = list(bench_argv)
+            bench_after[bench_after.index("--out") + 1] = str(Path(tmp) / "bench_after")
+            assert specmoe(bench_after) == 0
+            prof_after = json.loads(
+                (Path(tmp) / "bench_after" / "llamacpp_verify.json").read_text()
+            )
+            prof_mean = _mean_profile(json.loads(profile_path.read_text()), prof_after)
+            mean_path = Path(tmp) / "bench_mean" / "llamacpp_verify.json"
+            atomic_write_json(mean_path, prof_mean)
+            argv_b = [*plan_argv, "--llamacpp-statistic", args.statistic]
+            argv_b[argv_b.index(str(profile_path))] = str(mean_path)
+            assert specmoe([*argv_b, "--out", str(Path(tmp) / "bracketed")]) == 0
+            plan_b = json.loads((Path(tmp) / "bracketed" / "plan.json").read_text())
+            s_b = plan_b["engine"]["settings"]["llama.cpp"]
             calibration = _bracket(cal_before, cal_after)
             over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
             argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
@@ -495,10 +553,12 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(_scored("with_overhead", s_o, a, k, measured))
                 row.update(_scored("with_emit", s_e, a, k, measured))
                 row.update(_scored("last_row", s_l, a, k, measured))
+                row.update(_scored("bracketed", s_b, a, k, measured))
                 print(
                     f"a={a:g} k={k}{'*' if row['is_plan_k'] else ' '} predicted "
                     f"{row['predicted_speedup']:.3f} (last row only "
-                    f"{row['predicted_speedup_last_row']:.3f}, with overhead "
+                    f"{row['predicted_speedup_last_row']:.3f}, bracketed "
+                    f"{row['predicted_speedup_bracketed']:.3f}, with overhead "
                     f"{row['predicted_speedup_with_overhead']:.3f}, with emit "
                     f"{row['predicted_speedup_with_emit']:.3f}) measured {measured:.3f} (wall "
                     f"paired median {row['measured_speedup_wall_paired_median']:.3f}) "
@@ -528,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
             "bench": {
                 "command": "specmoe " + " ".join(bench_argv).replace(tmp, "<tmp>"),
                 "profile": json.loads(json.dumps(profile).replace(tmp, "<tmp>")),
+                "profile_after": json.loads(json.dumps(prof_after).replace(tmp, "<tmp>")),
             },
             "statistic": args.statistic,
             "measure": args.measure,
@@ -539,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                 "plan_other_statistic": json.loads(json.dumps(other).replace(tmp, "<tmp>")),
                 "output_rows": bool(s.get("output_rows")),
                 "plan_last_row": json.loads(json.dumps(plan_l).replace(tmp, "<tmp>")),
+                "plan_bracketed": json.loads(json.dumps(plan_b).replace(tmp, "<tmp>")),
                 "plan_with_overhead": json.loads(json.dumps(plan_o).replace(tmp, "<tmp>")),
                 "plan_with_overhead_command": "specmoe " + " ".join(argv_o).replace(tmp, "<tmp>"),
                 "plan_with_emit": json.loads(json.dumps(plan_e).replace(tmp, "<tmp>")),

@@ -80,3 +80,42 @@ def test_bad_arguments_are_refused_before_anything_is_built(pc, capsys, monkeypa
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert all(n in err for n in names), err
+
+
+def _bench(scale, rows=True):
+    def passes(base):
+        return [
+            {"n": n, "min_ms": scale * base * n, "median_ms": scale * base * n + 1,
+             "mean_ms": scale * base * n + 2, "samples_ms": [1.0]}
+            for n in (1, 2, 3)
+        ]  # fmt: skip
+
+    data = {
+        "engine": "llama.cpp",
+        "verify": {"512": passes(10.0)},
+        "draft": {"verify": {"512": passes(0.3)}, "verify_rebuilt": {"512": passes(0.5)}},
+    }
+    if rows:
+        data["output_rows"] = {
+            "depths": {"512": [{"n": n, "extra_ms": {"median": scale * n}} for n in (1, 2, 3)]}
+        }
+    return data
+
+
+def test_the_bracketed_profile_is_the_mean_of_both_benches(pc):
+    """Every pass statistic and every row's extra time the mean of the bench before the cells
+    and the one after (worked by hand: 10 n and 30 n ms give 20 n), the inputs untouched."""
+    before, after = _bench(1.0), _bench(3.0)
+    m = pc._mean_profile(before, after)
+    assert [r["min_ms"] for r in m["verify"]["512"]] == [20.0, 40.0, 60.0]
+    assert [r["median_ms"] for r in m["verify"]["512"]] == [21.0, 41.0, 61.0]
+    assert [r["mean_ms"] for r in m["draft"]["verify_rebuilt"]["512"]] == pytest.approx(
+        [3.0, 4.0, 5.0]
+    )
+    assert [r["extra_ms"]["median"] for r in m["output_rows"]["depths"]["512"]] == [2.0, 4.0, 6.0]
+    assert before["verify"]["512"][0]["min_ms"] == 10.0 and m["bracketed"] is True
+    other = _bench(3.0)
+    other["verify"]["512"] = other["verify"]["512"][:2]
+    with pytest.raises(ValueError, match="other passes"):
+        pc._mean_profile(before, other)
+    assert "output_rows" not in pc._mean_profile(_bench(1.0, rows=False), _bench(3.0, rows=False))
