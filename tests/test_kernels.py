@@ -791,26 +791,42 @@ def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
     assert "calling convention is version 2" in _run_err(code, env, tmp_path / "abi2.c")
 
 
-def test_bf16_dot_default_follows_the_processor_and_the_variable(tmp_path, monkeypatch):
-    """The AVX-512 BF16 path is on by default but on AMD family 25 (measured slower there);
-    $SPECMOE_BF16_DOT=0/1 overrides either way and any other value is refused naming it."""
+def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
+    """The AVX-512 BF16 path is on by default, $SPECMOE_BF16_DOT=0/1 decides instead and any
+    other value is refused naming it; the native flag sets gain the L2 prefetch hint on AMD
+    family 25 with AVX-512 BF16 only (an AVX2-only EPYC and an Intel Xeon keep their flags)."""
     from specmoe.errors import InputError
-    from specmoe.kernels._cbuild import BF16_DOT_ENV, bf16_dot_default
+    from specmoe.kernels._cbuild import (
+        _FLAG_SETS,
+        BF16_DOT_ENV,
+        DP_HINT_T2,
+        bf16_dot_default,
+        flag_sets,
+    )
 
-    def info(vendor, family):
-        p = tmp_path / f"{vendor}-{family}"
-        p.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\n\n")
+    def info(vendor, family, flags):
+        p = tmp_path / f"{vendor}-{family}-{len(flags)}"
+        p.write_text(
+            f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\n"
+            f"flags\t\t: {' '.join(flags)}\n\n"
+        )
         return str(p)
 
+    zen4 = flag_sets(info("AuthenticAMD", "25", ["avx2", "avx512f", "avx512_bf16"]))
+    assert all((DP_HINT_T2 in f) == ("-march=native" in f) for f in zen4)
+    assert [tuple(x for x in f if x != DP_HINT_T2) for f in zen4] == list(_FLAG_SETS)
+    for other in (
+        info("AuthenticAMD", "25", ["avx2", "fma"]),
+        info("GenuineIntel", "6", ["avx2", "avx512f", "avx512_bf16"]),
+        info("AuthenticAMD", "26", ["avx2", "avx512f", "avx512_bf16"]),
+        str(tmp_path / "missing"),
+    ):
+        assert flag_sets(other) == _FLAG_SETS
     monkeypatch.delenv(BF16_DOT_ENV, raising=False)
-    assert bf16_dot_default(info("AuthenticAMD", "25")) is False
-    assert bf16_dot_default(info("AuthenticAMD", "26")) is True
-    assert bf16_dot_default(info("GenuineIntel", "6")) is True
-    assert bf16_dot_default(str(tmp_path / "missing")) is True
-    for value, want in (("1", True), ("0", False)):
+    assert bf16_dot_default() is True
+    for value, want in (("1", True), ("0", False), ("auto", True)):
         monkeypatch.setenv(BF16_DOT_ENV, value)
-        assert bf16_dot_default(info("AuthenticAMD", "25")) is want
-        assert bf16_dot_default(info("GenuineIntel", "6")) is want
+        assert bf16_dot_default() is want
     monkeypatch.setenv(BF16_DOT_ENV, "yes")
     with pytest.raises(InputError, match=BF16_DOT_ENV):
-        bf16_dot_default(info("GenuineIntel", "6"))
+        bf16_dot_default()

@@ -213,19 +213,11 @@ class Build:
 BF16_DOT_ENV = "SPECMOE_BF16_DOT"
 
 
-def bf16_dot_default(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether bfloat16 weights take the AVX-512 BF16 dot-product path by default where the
-    build has one: ``$SPECMOE_BF16_DOT`` (``1`` or ``0``) when set, else yes but on AMD
-    family 25 (Zen 3 and 4), where that path measured 27-45% below the widening path in the
-    same binary on a quiet Zen 4 (``results/cpu/kernels/ab-2026-12-03-amd-avx512/``); on an
-    Intel Xeon it measured 3.5-9% above (``results/cpu/kernels/tuning.md``). An unknown value
-    of the variable is an ``InputError`` naming it."""
-    env = os.environ.get(BF16_DOT_ENV, "").strip()
-    if env in ("0", "1"):
-        return env == "1"
-    if env not in ("", "auto"):
-        raise InputError(f"${BF16_DOT_ENV}: {env!r} is not 0, 1 or auto")
+def _cpu_fields(cpuinfo: str) -> tuple[str | None, str | None, set[str]]:
+    """Vendor, family and flags of the first processor in ``cpuinfo`` (None, None, {} when
+    unreadable)."""
     vendor = family = None
+    flags: set[str] = set()
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
             for line in fh:
@@ -236,9 +228,40 @@ def bf16_dot_default(cpuinfo: str = "/proc/cpuinfo") -> bool:
                     vendor = value
                 elif key == "cpu family":
                     family = value
+                elif key == "flags":
+                    flags = set(value.split())
     except OSError:
         pass
-    return not (vendor == "AuthenticAMD" and family == "25")
+    return vendor, family, flags
+
+
+DP_HINT_T2 = "-DSM_DP_HINT=_MM_HINT_T2"
+
+
+def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
+    """The compiler flag sets tried in turn. On AMD family 25 with AVX-512 BF16 (Zen 4) the
+    native sets add ``-DSM_DP_HINT=_MM_HINT_T2``: the bf16 dot-product path's prefetch of the
+    next block's rows into L2 rather than L1, which took that path from 27-45% below the
+    widening path to 4-25% above it on a quiet Zen 4 (``results/cpu/kernels/
+    ab-2026-12-03-amd-avx512/``). Elsewhere (an Intel Xeon measured the path ahead with the
+    L1 hint; a processor without AVX-512 BF16 does not build the path) the sets are as they
+    were, so a build's flags there do not change."""
+    vendor, family, flags = _cpu_fields(cpuinfo)
+    if not (vendor == "AuthenticAMD" and family == "25" and "avx512_bf16" in flags):
+        return _FLAG_SETS
+    return tuple((*f, DP_HINT_T2) if "-march=native" in f else f for f in _FLAG_SETS)
+
+
+def bf16_dot_default() -> bool:
+    """Whether bfloat16 weights take the AVX-512 BF16 dot-product path where the build has
+    one: ``$SPECMOE_BF16_DOT`` (``1`` or ``0``) when set, else yes. An unknown value of the
+    variable is an ``InputError`` naming it."""
+    env = os.environ.get(BF16_DOT_ENV, "").strip()
+    if env in ("0", "1"):
+        return env == "1"
+    if env not in ("", "auto"):
+        raise InputError(f"${BF16_DOT_ENV}: {env!r} is not 0, 1 or auto")
+    return True
 
 
 def source_sha256() -> str:
@@ -265,7 +288,7 @@ def build() -> Build:
             return Build(None, error="no C compiler found (set CC)")
         version = _compiler_version(cc)
         errors = []
-        for flags in _FLAG_SETS:
+        for flags in flag_sets():
             target = cache_dir() / f"expert_op_{build_key(cc, version, flags)}.so"
             if target.exists():
                 lib = _try_load(target, flags)

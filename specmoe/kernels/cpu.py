@@ -72,8 +72,8 @@ def set_num_threads(k: int | None) -> None:
 def set_bf16_dot(on: bool) -> bool:
     """Use or not the C kernels' AVX-512 BF16 path for bfloat16 weights (vdpbf16ps on bf16
     activations; without it bf16 weights are widened to fp32, the path of processors without
-    AVX-512 BF16). The default is :func:`specmoe.kernels._cbuild.bf16_dot_default` (on, but on
-    AMD Zen 3/4, where it is slower; ``$SPECMOE_BF16_DOT`` overrides). Returns the previous
+    AVX-512 BF16). The default is on (``$SPECMOE_BF16_DOT=0|1`` decides instead:
+    :func:`specmoe.kernels._cbuild.bf16_dot_default`). Returns the previous
     setting; a no-op returning False when the build has no such path. Set it between calls,
     not during one."""
     lib = _cbuild.load()
