@@ -13,7 +13,12 @@ time / (bytes / ceiling), the median β and ceiling, and the median of β / β o
 variant over the paired calls (``vs``), the figure to decide by.
 
     python benchmarks/kernel_ab.py --variants "dp=,rb8=-DSM_DP_RB1=8" [--dtype bfloat16|float32|q8_0]
-        [--n 1,3,5,9] [--modes per_slot,dedup] [--reps 6] [--threads 1] [--json OUT]
+        [--n 1,3,5,9] [--modes per_slot,dedup] [--reps 6] [--threads 1] [--routing sticky|shared]
+        [--json OUT]
+
+``--routing sticky`` (the default) keeps each expert of the previous token with probability
+0.363; ``shared`` sends all n tokens to the same M experts (every group n tokens: the case of
+many tokens on one expert).
 """
 
 from __future__ import annotations
@@ -114,6 +119,14 @@ def _ids(n: int, g: torch.Generator, keep: float = 0.363) -> torch.Tensor:
     return ids
 
 
+def _shared_ids(n: int, g: torch.Generator) -> torch.Tensor:
+    """Every token on the same M experts."""
+    return torch.randperm(NUM, generator=g)[:M].repeat(n, 1)
+
+
+ROUTING = {"sticky": _ids, "shared": _shared_ids}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", required=True)
@@ -122,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="per_slot,dedup")
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--routing", default="sticky")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     try:
@@ -133,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"unknown mode {bad[0]!r} (choose from per_slot, dedup)", argument="--modes"
             )
         modes = [MODES[x] for x in a.modes.split(",")]
+        if a.routing not in ROUTING:
+            raise InputError(
+                f"unknown routing {a.routing!r} (choose from {', '.join(sorted(ROUTING))})",
+                argument="--routing",
+            )
         if a.reps < 1 or a.threads < 1:
             raise InputError("--reps and --threads must be positive")
         with tempfile.TemporaryDirectory(prefix="specmoe-ab-") as tmp:
@@ -185,7 +204,7 @@ def _run(a, libs, dtype, ns, modes) -> int:
     round_no = 0
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     for n in ns:
-        cases = [_ids(n, g) for _ in range(3)]
+        cases = [ROUTING[a.routing](n, g) for _ in range(3)]
         x = torch.randn(n, H)
         x = (x if q8 else x.to(dtype).float()).contiguous()
         w = torch.rand(n, M).contiguous()
@@ -220,6 +239,7 @@ def _run(a, libs, dtype, ns, modes) -> int:
     out = {
         "dtype": "q8_0" if q8 else str(dtype).removeprefix("torch."),
         "threads": th,
+        "routing": a.routing,
         "clock": "thread" if th == 1 else "wall",
         "pool_experts": pool,
         "variants": {k: " ".join(v.flags) for k, v in libs.items()},

@@ -447,6 +447,24 @@ def test_c_bf16_dot_path_many_tokens_per_expert(bf16_dot):
         assert rel_err(cpu.dedup(x, wgu, wd, ids, w), ref16) < 1e-3
 
 
+@pytest.mark.parametrize("h,inter", [(2720, 100), (100, 2720), (4096, 64)])
+def test_c_bf16_dot_path_row_chunks_and_token_passes(bf16_dot, h, inter):
+    """Past six tokens on one expert the bf16 path takes the rows in L2-sized chunks (48, 48
+    and 4 gate rows for h = 2720; 48-row chunks of the down projection for I = 2720; 24-row
+    chunks for h = 4096) and each chunk in passes of at most six tokens. A pass changes which
+    register block computes a row, not the order of any sum, so with one expert per token the
+    deduplicating kernel (7-13 tokens on the expert: chunks and passes) equals the per-slot
+    kernel (one token per group: neither) bit for bit, and both match the reference."""
+    cpu = bf16_dot
+    for n in (7, 9, 13):
+        x, wgu, wd, ids, w, _ = make_case(n, 1, 2, "same_set", torch.bfloat16, h=h, inter=inter)
+        assert int(ids.unique().numel()) == 1
+        y_dedup, y_slot = cpu.dedup(x, wgu, wd, ids, w), cpu.per_slot(x, wgu, wd, ids, w)
+        assert torch.equal(y_dedup, y_slot)
+        ref16 = _bf16_rounded_activation_reference(x, wgu, wd, ids, w)
+        assert rel_err(y_dedup, ref16) < 1e-3
+
+
 def test_c_bf16_dot_path_is_bitwise_deterministic_across_threads(bf16_dot):
     cpu = bf16_dot
     # 3·h·I·2 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
@@ -724,6 +742,7 @@ def _kernel_ab_script():
         (["--variants", "a=", "--n", "x"], "--n"),
         (["--variants", "a=", "--modes", "both"], "--modes"),
         (["--variants", "a=", "--dtype", "int4"], "--dtype"),
+        (["--variants", "a=", "--routing", "zipf"], "--routing"),
     ],
 )
 def test_kernel_ab_bad_input_is_one_line_exit_2(argv, flag, capsys):
