@@ -465,6 +465,40 @@ def test_c_bf16_dot_path_row_chunks_and_token_passes(bf16_dot, h, inter):
         assert rel_err(y_dedup, ref16) < 1e-3
 
 
+@pytest.fixture
+def f32_zmm():
+    """The C kernels' AVX-512F fp32 path, or a skip where the build has none."""
+    from specmoe.kernels import _cbuild, cpu
+
+    lib = _cbuild.load()
+    if lib is None or not lib.f32z:
+        pytest.skip("the C kernels have no AVX-512F fp32 path in this build")
+    prev = cpu.set_f32_zmm(True)
+    yield cpu
+    cpu.set_f32_zmm(prev)
+
+
+@pytest.mark.parametrize("h,inter", [(64, 32), (37, 19), (100, 70), (2048, 48)])
+def test_c_f32_zmm_path_matches_the_avx2_blocks_and_the_reference(f32_zmm, h, inter):
+    """The 16-lane fp32 blocks (1-13 tokens on one expert set: every block of 1-9 tokens and
+    the split above 9; widths with and without a masked tail) match the float64 reference to
+    fp32 rounding, as the AVX2 blocks (forced) do; the switch changes the path (sums of 16
+    lanes and of 8 round differently somewhere)."""
+    cpu = f32_zmm
+    differs = False
+    for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13):
+        x, wgu, wd, ids, w, _ = make_case(n, 2, 4, "same_set", torch.float32, h=h, inter=inter)
+        ref = reference.expert_op(x, wgu, wd, ids, w)
+        for f in (cpu.per_slot, cpu.dedup):
+            cpu.set_f32_zmm(True)
+            y = f(x, wgu, wd, ids, w)
+            cpu.set_f32_zmm(False)
+            y_avx2 = f(x, wgu, wd, ids, w)
+            assert rel_err(y, ref) < 1e-5 and rel_err(y_avx2, ref) < 1e-5
+            differs = differs or not torch.equal(y, y_avx2)
+    assert differs
+
+
 def test_c_bf16_dot_path_is_bitwise_deterministic_across_threads(bf16_dot):
     cpu = bf16_dot
     # 3·h·I·2 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.
@@ -812,13 +846,15 @@ def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
 
 def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
     """The AVX-512 BF16 path is on by default, $SPECMOE_BF16_DOT=0/1 decides instead and any
-    other value is refused naming it; the native flag sets gain the L2 prefetch hint on AMD
-    family 25 with AVX-512 BF16 only (an AVX2-only EPYC and an Intel Xeon keep their flags)."""
+    other value is refused naming it; the native flag sets gain the L2 prefetch hint and the
+    AVX-512F fp32 path on AMD family 25 with AVX-512 BF16 only (an AVX2-only EPYC and an
+    Intel Xeon keep their flags)."""
     from specmoe.errors import InputError
     from specmoe.kernels._cbuild import (
         _FLAG_SETS,
         BF16_DOT_ENV,
         DP_HINT_T2,
+        F32_ZMM,
         PF_HINT_T2,
         bf16_dot_default,
         flag_sets,
@@ -833,7 +869,7 @@ def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
         return str(p)
 
     zen4 = flag_sets(info("AuthenticAMD", "25", ["avx2", "avx512f", "avx512_bf16"]))
-    hints = (DP_HINT_T2, PF_HINT_T2)
+    hints = (DP_HINT_T2, PF_HINT_T2, F32_ZMM)
     assert all(all(h in f for h in hints) == ("-march=native" in f) for f in zen4)
     assert [tuple(x for x in f if x not in hints) for f in zen4] == list(_FLAG_SETS)
     for other in (

@@ -151,6 +151,11 @@ class CLib:
         self.openmp = bool(lib.specmoe_has_openmp())
         self.avx2 = bool(lib.specmoe_has_avx2())
         self.bf16dp = bool(lib.specmoe_has_bf16dp())
+        # the AVX-512F fp32 path (absent from older, pinned sources)
+        self.f32z = bool(lib.specmoe_has_f32z()) if hasattr(lib, "specmoe_has_f32z") else False
+        if self.f32z:
+            lib.specmoe_set_f32z.argtypes = [ctypes.c_int]
+            lib.specmoe_set_f32z.restype = ctypes.c_int
         lib.specmoe_set_bf16dp.argtypes = [ctypes.c_int]
         lib.specmoe_set_bf16dp.restype = ctypes.c_int
         self.bf16_dot_default = self.bf16dp and bf16_dot_default()
@@ -205,6 +210,7 @@ class Build:
             "avx2": None if lib is None else lib.avx2,
             "avx512_bf16": None if lib is None else lib.bf16dp,
             "bf16_dot": None if lib is None else lib.bf16_dot_default,
+            "avx512_f32": None if lib is None else lib.f32z,
             "source_sha256": source_sha256(),
             "error": self.error,
         }
@@ -237,6 +243,7 @@ def _cpu_fields(cpuinfo: str) -> tuple[str | None, str | None, set[str]]:
 
 DP_HINT_T2 = "-DSM_DP_HINT=_MM_HINT_T2"
 PF_HINT_T2 = "-DSM_PF_HINT=_MM_HINT_T2"
+F32_ZMM = "-DSM_F32Z=1"
 
 
 def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
@@ -245,13 +252,18 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     dot-product path's and the AVX2 blocks' prefetch of the next block's rows into L2 rather
     than L1, which took the first from 27-45% below the widening path to 4-25% above it, and
     the second 5-33% ahead in fp32, on a quiet Zen 4 (``results/cpu/kernels/
-    ab-2026-12-03-amd-avx512/``). Elsewhere (an Intel Xeon measured the path ahead with the
+    ab-2026-12-03-amd-avx512/``), and ``-DSM_F32Z=1``: fp32 weights on 16-lane AVX-512F
+    register blocks instead of the AVX2 ones, 5-29% ahead on the recorded-like routing and
+    11-39% with many tokens on one expert there (``results/cpu/kernels/many-tokens/``).
+    Elsewhere (an Intel Xeon measured the path ahead with the
     L1 hint; a processor without AVX-512 BF16 does not build the path) the sets are as they
     were, so a build's flags there do not change."""
     vendor, family, flags = _cpu_fields(cpuinfo)
     if not (vendor == "AuthenticAMD" and family == "25" and "avx512_bf16" in flags):
         return _FLAG_SETS
-    return tuple((*f, DP_HINT_T2, PF_HINT_T2) if "-march=native" in f else f for f in _FLAG_SETS)
+    return tuple(
+        (*f, DP_HINT_T2, PF_HINT_T2, F32_ZMM) if "-march=native" in f else f for f in _FLAG_SETS
+    )
 
 
 def bf16_dot_default() -> bool:

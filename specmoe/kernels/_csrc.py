@@ -62,6 +62,7 @@ SOURCE = r"""
 #define SM_BF16DP 0
 #endif
 static int sm_bf16dp_on = 1;  /* runtime switch (specmoe_set_bf16dp), e.g. to test the fallback */
+static int sm_f32z_on = 1;  /* runtime switch (specmoe_set_f32z): the AVX-512F fp32 path */
 static int sm_q8_portable_on = 0;
 static int sm_q8_mode = 0;  /* q8_0: 0 fp32 activations (dequantised weights), 1 int16 activations */  /* runtime switch (specmoe_set_q8_portable): the portable q8_0 loop */
 
@@ -338,6 +339,98 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
         }
     }
 }
+#endif
+
+/* fp32 weights on 16-lane vectors (AVX-512F), built with -DSM_F32Z=1 (specmoe.kernels._cbuild
+   sets it where it was measured faster than the AVX2 blocks). The same register blocks as the
+   bf16 path (rows by tokens, sm_dp_rb rows for a block of tb tokens, 32 vector registers), one
+   64-byte line of each row per step and FMA per token; tails are masked loads of weights and
+   activations, so the activation rows' padding is never read. */
+#if defined(__AVX512F__) && defined(SM_F32Z) && SM_F32Z
+#define SM_ZON 1
+#define SM_ZSTEP(RB, TB, cc, MASKED)                                                         \
+    {                                                                                       \
+        __m512 wv[RB];                                                                      \
+        for (int r = 0; r < RB; r++)                                                        \
+            wv[r] = MASKED ? _mm512_maskz_loadu_ps(mk, w + (size_t)r * ldw + (cc))          \
+                           : _mm512_loadu_ps(w + (size_t)r * ldw + (cc));                   \
+        for (int t = 0; t < TB; t++) {                                                      \
+            __m512 xv = MASKED ? _mm512_maskz_loadu_ps(mk, xp[t] + (cc))                    \
+                               : _mm512_loadu_ps(xp[t] + (cc));                             \
+            for (int r = 0; r < RB; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]); \
+        }                                                                                   \
+    }
+#define SM_ZBLOCK(RB, TB)                                                                   \
+static inline __attribute__((always_inline)) void sm_zblock_##RB##x##TB(                    \
+        const float *w, size_t ldw, const float *const *xp, int cols, float *out,           \
+        size_t ldo, size_t pfr) {                                                           \
+    __m512 acc[RB][TB];                                                                     \
+    const char *pf = (const char *)(w + pfr * ldw);                                         \
+    int c16 = cols & ~15;                                                                   \
+    __mmask16 mk = (__mmask16)0xffff;                                                       \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
+    for (int c = 0; c < c16; c += 16) {                                                     \
+        for (int r = 0; r < RB; r++)                                                        \
+            _mm_prefetch(pf + ((size_t)r * ldw + c) * 4, SM_PF_HINT);                       \
+        SM_ZSTEP(RB, TB, c, 0)                                                              \
+    }                                                                                       \
+    if (c16 < cols) {                                                                       \
+        mk = (__mmask16)((1u << (cols - c16)) - 1);                                         \
+        SM_ZSTEP(RB, TB, c16, 1)                                                            \
+    }                                                                                       \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
+        out[(size_t)t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);                         \
+}
+#define SM_ZROW(RB) SM_ZBLOCK(RB, 1) SM_ZBLOCK(RB, 2) SM_ZBLOCK(RB, 3) SM_ZBLOCK(RB, 4)      \
+    SM_ZBLOCK(RB, 5) SM_ZBLOCK(RB, 6) SM_ZBLOCK(RB, 7) SM_ZBLOCK(RB, 8) SM_ZBLOCK(RB, 9)
+SM_ZROW(1)
+SM_ZROW(2)
+SM_ZROW(3)
+SM_ZROW(4)
+#ifndef SM_Z_RB1
+#define SM_Z_RB1 4
+#endif
+SM_ZBLOCK(8, 1)
+SM_ZBLOCK(6, 1)
+#define SM_Z_CALL(RB, tb, ...)                                                              \
+    switch (tb) {                                                                           \
+    SM_TB_1TO5(sm_zblock, RB, __VA_ARGS__)                                                  \
+    SM_TB_CASE(sm_zblock, RB, 6, __VA_ARGS__) SM_TB_CASE(sm_zblock, RB, 7, __VA_ARGS__)     \
+    SM_TB_CASE(sm_zblock, RB, 8, __VA_ARGS__)                                               \
+    default: sm_zblock_##RB##x9(__VA_ARGS__); break;                                        \
+    }
+static void sm_rows_z_pass(const float *w, size_t ldw, int r0, int r1, const float *const *xp,
+                           int k, int cols, float *out, size_t ldo, size_t pfr) {
+    int nb = (k + 8) / 9;
+    for (int b = 0, t = 0; b < nb; b++) {
+        int tb = k / nb + (b < k % nb);
+        int rb = tb == 1 ? SM_Z_RB1 : sm_dp_rb(tb);
+        const float *const *xt = xp + t;
+        int r = r0;
+        for (; r + rb <= r1; r += rb) {
+            const float *wr = w + (size_t)r * ldw;
+            float *o = out + (size_t)t * ldo + r;
+            size_t pr = pfr ? pfr : (size_t)rb;
+            if (rb == 8) sm_zblock_8x1(wr, ldw, xt, cols, o, ldo, pr);
+            else if (rb == 6) sm_zblock_6x1(wr, ldw, xt, cols, o, ldo, pr);
+            else if (rb == 4) { SM_Z_CALL(4, tb, wr, ldw, xt, cols, o, ldo, pr) }
+            else if (rb == 3) { SM_Z_CALL(3, tb, wr, ldw, xt, cols, o, ldo, pr) }
+            else { SM_Z_CALL(2, tb, wr, ldw, xt, cols, o, ldo, pr) }
+        }
+        for (; r < r1; r++) {
+            const float *wr = w + (size_t)r * ldw;
+            float *o = out + (size_t)t * ldo + r;
+            SM_Z_CALL(1, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : 1)
+        }
+        t += tb;
+    }
+}
+static void sm_rows_z(const float *w, size_t ldw, int r0, int r1, const float *const *xp, int k,
+                      int cols, float *out, size_t ldo) {
+    sm_rows_z_pass(w, ldw, r0, r1, xp, k, cols, out, ldo, 0);
+}
+#else
+#define SM_ZON 0
 #endif
 
 /* q8_0 weights (WT_Q8): each row of cols weights (cols a multiple of 32) is cols / 32 blocks of
@@ -657,6 +750,9 @@ sm_rows_impl(const void *w, int wt, size_t ldw, int r0, int r1, const float *con
 
 static void sm_rows(const void *w, int wt, size_t ldw, int r0, int r1, const float *const *xp,
                     int k, int cols, float *out, size_t ldo) {
+#if SM_ZON
+    if (wt == WT_F32 && sm_f32z_on) { sm_rows_z((const float *)w, ldw, r0, r1, xp, k, cols, out, ldo); return; }
+#endif
     if (wt == WT_F32) sm_rows_impl(w, WT_F32, ldw, r0, r1, xp, k, cols, out, ldo);
     else if (wt == WT_BF16) sm_rows_impl(w, WT_BF16, ldw, r0, r1, xp, k, cols, out, ldo);
     else if (wt == WT_F16) sm_rows_impl(w, WT_F16, ldw, r0, r1, xp, k, cols, out, ldo);
@@ -914,6 +1010,10 @@ int specmoe_has_openmp(void) {
 }
 int specmoe_has_avx2(void) { return SM_AVX2; }
 int specmoe_has_bf16dp(void) { return SM_BF16DP; }
+int specmoe_has_f32z(void) { return SM_ZON; }
+/* Turn the AVX-512F fp32 path on (1) or off (0: the AVX2 blocks); returns the previous setting.
+   Not thread-safe: set it between calls. */
+int specmoe_set_f32z(int on) { int prev = sm_f32z_on; sm_f32z_on = on ? 1 : 0; return prev; }
 /* Turn the bf16 dot-product path on (1) or off (0: bf16 weights take the widening path);
    returns the previous setting. Not thread-safe: set it between calls. */
 int specmoe_set_bf16dp(int on) { int prev = sm_bf16dp_on; sm_bf16dp_on = on ? 1 : 0; return prev; }

@@ -82,6 +82,18 @@ def set_bf16_dot(on: bool) -> bool:
     return bool(lib.lib.specmoe_set_bf16dp(1 if on else 0))
 
 
+def set_f32_zmm(on: bool) -> bool:
+    """Use or not the C kernels' AVX-512F path for float32 weights (16-lane register blocks;
+    without it fp32 weights take the AVX2 blocks). Built where it was measured ahead
+    (:func:`specmoe.kernels._cbuild.flag_sets`), and on by default there. Returns the previous
+    setting; a no-op returning False when the build has no such path. Set it between calls,
+    not during one."""
+    lib = _cbuild.load()
+    if lib is None or not lib.f32z:
+        return False
+    return bool(lib.lib.specmoe_set_f32z(1 if on else 0))
+
+
 def set_q8_portable(on: bool) -> bool:
     """Run q8_0 weights through the C kernels' portable loop (True; the path of processors
     without AVX2) or their vector register blocks (False, the default). Returns the previous
