@@ -203,6 +203,22 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
     SM_TB_CASE(PFX, RB, 3, __VA_ARGS__) SM_TB_CASE(PFX, RB, 4, __VA_ARGS__)                 \
     SM_TB_CASE(PFX, RB, 5, __VA_ARGS__)
 
+#ifndef SM_ZFAR
+#define SM_ZFAR 0
+#endif
+#ifndef SM_ZFAR_PFB
+#define SM_ZFAR_PFB 8192  /* far rows: prefetch the row at least this many bytes ahead in each stream */
+#endif
+/* AVX-512 blocks of 1-4 tokens with SM_ZFAR: as many far-apart rows as 32 registers hold */
+static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? 6 : 0); }
+/* AVX-512 blocks (bf16 and fp32), rows per block of tb tokens: as many as the 32 vector
+   registers hold (RB * TB accumulators + RB weight vectors + one activation vector). */
+static inline int sm_dp_rb(int tb) {
+    if (tb == 1) return 4;
+    if (tb <= 4) return 4;
+    if (tb <= 7) return 3;
+    return 2;
+}
 #if SM_BF16DP
 /* A register block for bf16 weights: RB rows by TB tokens, 16-lane fp32 accumulators fed by
    vdpbf16ps on one 64-byte line of each row per step. Activation rows xp[t] are bf16,
@@ -230,10 +246,9 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
 #define SM_DPBLOCK(RB, TB)                                                                  \
 static inline __attribute__((always_inline)) void sm_dpblock_##RB##x##TB(                   \
         const uint16_t *w, size_t ldw, const uint16_t *const *xp, int cols, float *out,     \
-        size_t ldo, size_t pfr) {                                                           \
+        size_t ldo, size_t pfo, size_t rs) {                                                \
     __m512 acc[RB][TB];                                                                     \
-    const char *pf = SM_DP_PF ? (const char *)w + SM_DP_PF                                  \
-                              : (const char *)(w + pfr * ldw);                              \
+    const char *pf = SM_DP_PF ? (const char *)w + SM_DP_PF : (const char *)(w + pfo);       \
     int c32 = cols & ~31;                                                                   \
     __mmask32 mk = (__mmask32)~0u;                                                          \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
@@ -248,7 +263,7 @@ static inline __attribute__((always_inline)) void sm_dpblock_##RB##x##TB(       
         SM_DPSTEP(RB, TB, c32, 1)                                                           \
     }                                                                                       \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);                         \
+        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                    \
 }
 #define SM_DPROW(RB) SM_DPBLOCK(RB, 1) SM_DPBLOCK(RB, 2) SM_DPBLOCK(RB, 3) SM_DPBLOCK(RB, 4)  \
     SM_DPBLOCK(RB, 5) SM_DPBLOCK(RB, 6) SM_DPBLOCK(RB, 7) SM_DPBLOCK(RB, 8) SM_DPBLOCK(RB, 9)
@@ -258,18 +273,13 @@ SM_DPROW(3)
 SM_DPROW(4)
 SM_DPBLOCK(8, 1)  /* SM_DP_RB1=8 or 6: one token on 8 or 6 rows (measured, not the default) */
 SM_DPBLOCK(6, 1)
+SM_DPBLOCK(8, 2)
+SM_DPBLOCK(6, 3)
+SM_DPBLOCK(6, 4)
 
 #ifndef SM_DP_RB1
 #define SM_DP_RB1 4  /* rows per one-token block: 4, 6 or 8 (results/cpu/kernels/tuning.md) */
 #endif
-/* Rows per block for a block of tb tokens: as many as the 32 vector registers hold
-   (RB * TB accumulators + RB weight vectors + one activation vector). */
-static inline int sm_dp_rb(int tb) {
-    if (tb == 1) return SM_DP_RB1;
-    if (tb <= 4) return 4;
-    if (tb <= 7) return 3;
-    return 2;
-}
 #define SM_DP_CALL(RB, tb, ...)                                                             \
     switch (tb) {                                                                           \
     SM_TB_1TO5(sm_dpblock, RB, __VA_ARGS__)                                                 \
@@ -288,22 +298,37 @@ static void sm_rows_dp_pass(const uint16_t *w, size_t ldw, int r0, int r1,
     int nb = (k + 8) / 9;
     for (int b = 0, t = 0; b < nb; b++) {
         int tb = k / nb + (b < k % nb);
-        int rb = sm_dp_rb(tb);
+        int rb = tb == 1 ? SM_DP_RB1 : sm_dp_rb(tb);
         const uint16_t *const *xt = xp + t;
         int r = r0;
+        int fr = SM_ZFAR && !pfr ? sm_far_rb(tb) : 0;
+        if (fr) {  /* fr far-apart rows: fr streams, each prefetching a row SM_ZFAR_PFB ahead */
+            size_t q = (size_t)(r1 - r) / (size_t)fr;
+            size_t pfo = (SM_ZFAR_PFB + ldw * sizeof(*w) - 1) / (ldw * sizeof(*w)) * ldw;
+            for (size_t i = 0; i < q; i++) {
+                const uint16_t *wr = w + (size_t)(r + (int)i) * ldw;
+                float *o = out + (size_t)t * ldo + r + (int)i;
+                if (tb == 1) sm_dpblock_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else if (tb == 2) sm_dpblock_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else if (tb == 3) sm_dpblock_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else sm_dpblock_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+            }
+            r += (int)q * fr;
+        }
         for (; r + rb <= r1; r += rb) {
             const uint16_t *wr = w + (size_t)r * ldw;
             float *o = out + (size_t)t * ldo + r;
-            if (rb == 8) sm_dpblock_8x1(wr, ldw, xt, cols, o, ldo, pfr ? pfr : (size_t)rb);
-            else if (rb == 6) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo, pfr ? pfr : (size_t)rb);
-            else if (rb == 4) { SM_DP_CALL(4, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : (size_t)rb) }
-            else if (rb == 3) { SM_DP_CALL(3, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : (size_t)rb) }
-            else { SM_DP_CALL(2, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : (size_t)rb) }
+            size_t po = (pfr ? pfr : (size_t)rb) * ldw;
+            if (rb == 8) sm_dpblock_8x1(wr, ldw, xt, cols, o, ldo, po, 1);
+            else if (rb == 6) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo, po, 1);
+            else if (rb == 4) { SM_DP_CALL(4, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
+            else if (rb == 3) { SM_DP_CALL(3, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
+            else { SM_DP_CALL(2, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
         }
         for (; r < r1; r++) {
             const uint16_t *wr = w + (size_t)r * ldw;
             float *o = out + (size_t)t * ldo + r;
-            SM_DP_CALL(1, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : 1)
+            SM_DP_CALL(1, tb, wr, ldw, xt, cols, o, ldo, (pfr ? pfr : 1) * ldw, 1)
         }
         t += tb;
     }
@@ -363,9 +388,9 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
 #define SM_ZBLOCK(RB, TB)                                                                   \
 static inline __attribute__((always_inline)) void sm_zblock_##RB##x##TB(                    \
         const float *w, size_t ldw, const float *const *xp, int cols, float *out,           \
-        size_t ldo, size_t pfr) {                                                           \
+        size_t ldo, size_t pfo, size_t rs) {                                                \
     __m512 acc[RB][TB];                                                                     \
-    const char *pf = (const char *)(w + pfr * ldw);                                         \
+    const char *pf = (const char *)(w + pfo);                                               \
     int c16 = cols & ~15;                                                                   \
     __mmask16 mk = (__mmask16)0xffff;                                                       \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
@@ -379,7 +404,7 @@ static inline __attribute__((always_inline)) void sm_zblock_##RB##x##TB(        
         SM_ZSTEP(RB, TB, c16, 1)                                                            \
     }                                                                                       \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);                         \
+        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                    \
 }
 #define SM_ZROW(RB) SM_ZBLOCK(RB, 1) SM_ZBLOCK(RB, 2) SM_ZBLOCK(RB, 3) SM_ZBLOCK(RB, 4)      \
     SM_ZBLOCK(RB, 5) SM_ZBLOCK(RB, 6) SM_ZBLOCK(RB, 7) SM_ZBLOCK(RB, 8) SM_ZBLOCK(RB, 9)
@@ -392,6 +417,9 @@ SM_ZROW(4)
 #endif
 SM_ZBLOCK(8, 1)
 SM_ZBLOCK(6, 1)
+SM_ZBLOCK(8, 2)
+SM_ZBLOCK(6, 3)
+SM_ZBLOCK(6, 4)
 #define SM_Z_CALL(RB, tb, ...)                                                              \
     switch (tb) {                                                                           \
     SM_TB_1TO5(sm_zblock, RB, __VA_ARGS__)                                                  \
@@ -407,20 +435,34 @@ static void sm_rows_z_pass(const float *w, size_t ldw, int r0, int r1, const flo
         int rb = tb == 1 ? SM_Z_RB1 : sm_dp_rb(tb);
         const float *const *xt = xp + t;
         int r = r0;
+        int fr = SM_ZFAR && !pfr ? sm_far_rb(tb) : 0;
+        if (fr) {  /* fr far-apart rows: fr streams, each prefetching a row SM_ZFAR_PFB ahead */
+            size_t q = (size_t)(r1 - r) / (size_t)fr;
+            size_t pfo = (SM_ZFAR_PFB + ldw * sizeof(*w) - 1) / (ldw * sizeof(*w)) * ldw;
+            for (size_t i = 0; i < q; i++) {
+                const float *wr = w + (size_t)(r + (int)i) * ldw;
+                float *o = out + (size_t)t * ldo + r + (int)i;
+                if (tb == 1) sm_zblock_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else if (tb == 2) sm_zblock_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else if (tb == 3) sm_zblock_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+                else sm_zblock_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);
+            }
+            r += (int)q * fr;
+        }
         for (; r + rb <= r1; r += rb) {
             const float *wr = w + (size_t)r * ldw;
             float *o = out + (size_t)t * ldo + r;
-            size_t pr = pfr ? pfr : (size_t)rb;
-            if (rb == 8) sm_zblock_8x1(wr, ldw, xt, cols, o, ldo, pr);
-            else if (rb == 6) sm_zblock_6x1(wr, ldw, xt, cols, o, ldo, pr);
-            else if (rb == 4) { SM_Z_CALL(4, tb, wr, ldw, xt, cols, o, ldo, pr) }
-            else if (rb == 3) { SM_Z_CALL(3, tb, wr, ldw, xt, cols, o, ldo, pr) }
-            else { SM_Z_CALL(2, tb, wr, ldw, xt, cols, o, ldo, pr) }
+            size_t po = (pfr ? pfr : (size_t)rb) * ldw;
+            if (rb == 8) sm_zblock_8x1(wr, ldw, xt, cols, o, ldo, po, 1);
+            else if (rb == 6) sm_zblock_6x1(wr, ldw, xt, cols, o, ldo, po, 1);
+            else if (rb == 4) { SM_Z_CALL(4, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
+            else if (rb == 3) { SM_Z_CALL(3, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
+            else { SM_Z_CALL(2, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
         }
         for (; r < r1; r++) {
             const float *wr = w + (size_t)r * ldw;
             float *o = out + (size_t)t * ldo + r;
-            SM_Z_CALL(1, tb, wr, ldw, xt, cols, o, ldo, pfr ? pfr : 1)
+            SM_Z_CALL(1, tb, wr, ldw, xt, cols, o, ldo, (pfr ? pfr : 1) * ldw, 1)
         }
         t += tb;
     }
@@ -964,7 +1006,14 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
     return 0;
 }
 
-/* Read nbytes of buf with `threads` threads; returns the sum (keeps the reads alive). */
+/* Read nbytes of buf with `threads` threads; returns the sum (keeps the reads alive).
+   SM_READ_PF > 0: each stream also prefetches (into L2: prefetcht2) the line SM_READ_PF bytes
+   ahead, as the kernels' blocks do; on a Zen 4 core the kernels with their prefetches read
+   faster than the plain streams (results/cpu/kernels/many-tokens/), which then were no
+   ceiling. */
+#ifndef SM_READ_PF
+#define SM_READ_PF 0
+#endif
 double specmoe_read(const float *buf, long long count, int threads) {
     double total = 0.0;
     int nth = threads > 0 ? threads : 1;
@@ -989,6 +1038,19 @@ double specmoe_read(const float *buf, long long count, int threads) {
         float acc[SM_STREAMS][SM_W];
         memset(acc, 0, sizeof acc);
         long long per = (e - s) / SM_STREAMS / SM_W * SM_W;
+#if defined(__AVX512F__)
+        if (SM_READ_PF) {  /* one 64-byte line per stream per step, and its prefetch */
+            __m512 va[SM_STREAMS];
+            for (int q = 0; q < SM_STREAMS; q++) va[q] = _mm512_setzero_ps();
+            for (long long i = 0; i < per; i += SM_W)
+                for (int q = 0; q < SM_STREAMS; q++) {
+                    const float *p = buf + s + (long long)q * per + i;
+                    _mm_prefetch((const char *)p + SM_READ_PF, _MM_HINT_T2);
+                    va[q] = _mm512_add_ps(va[q], _mm512_loadu_ps(p));
+                }
+            for (int q = 0; q < SM_STREAMS; q++) _mm512_storeu_ps(acc[q], va[q]);
+        } else
+#endif
         for (long long i = 0; i < per; i += SM_W)
             for (int q = 0; q < SM_STREAMS; q++) {
                 const float *p = buf + s + (long long)q * per + i;
