@@ -400,17 +400,22 @@ def _bf16_rounded_activation_reference(x, wgu, wd, ids, w):
     return y.to(x.dtype)
 
 
-@pytest.fixture
-def bf16_dot():
-    """The C kernels' AVX-512 BF16 path, or a skip where the build has none."""
+def _path_on(attr: str, setter: str, what: str):
+    """The cpu module with the build's path ``attr`` switched on (restored after), or a skip."""
     from specmoe.kernels import _cbuild, cpu
 
     lib = _cbuild.load()
-    if lib is None or not lib.bf16dp:
-        pytest.skip("the C kernels have no AVX-512 BF16 path on this machine")
-    prev = cpu.set_bf16_dot(True)
+    if lib is None or not getattr(lib, attr):
+        pytest.skip(f"the C kernels have no {what} path in this build")
+    prev = getattr(cpu, setter)(True)
     yield cpu
-    cpu.set_bf16_dot(prev)
+    getattr(cpu, setter)(prev)
+
+
+@pytest.fixture
+def bf16_dot():
+    """The C kernels' AVX-512 BF16 path, or a skip where the build has none."""
+    yield from _path_on("bf16dp", "set_bf16_dot", "AVX-512 BF16")
 
 
 @pytest.mark.parametrize("h,inter", [(64, 32), (37, 19), (100, 70), (256, 96)])
@@ -468,14 +473,7 @@ def test_c_bf16_dot_path_row_chunks_and_token_passes(bf16_dot, h, inter):
 @pytest.fixture
 def f32_zmm():
     """The C kernels' AVX-512F fp32 path, or a skip where the build has none."""
-    from specmoe.kernels import _cbuild, cpu
-
-    lib = _cbuild.load()
-    if lib is None or not lib.f32z:
-        pytest.skip("the C kernels have no AVX-512F fp32 path in this build")
-    prev = cpu.set_f32_zmm(True)
-    yield cpu
-    cpu.set_f32_zmm(prev)
+    yield from _path_on("f32z", "set_f32_zmm", "AVX-512F fp32")
 
 
 @pytest.mark.parametrize("h,inter", [(64, 32), (37, 19), (100, 70), (2048, 48)])

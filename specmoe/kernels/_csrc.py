@@ -219,6 +219,53 @@ static inline int sm_dp_rb(int tb) {
     if (tb <= 7) return 3;
     return 2;
 }
+/* The rows [r0, r1) of W times tokens [0, k) on AVX-512 register blocks of weight type T
+   (PFX##_RBxTB, dispatched by CALL; RB1 rows for one token without far rows): tokens in
+   blocks of at most 9 (as even as possible); 1-4 tokens on far-apart rows with SM_ZFAR
+   (sm_far_rb), else rows in blocks of sm_dp_rb(tb); leftover rows one at a time. Each
+   adjacent block prefetches the rows pfr rows after its own (0: its own row count, the
+   next block's rows). */
+#define SM_ROWS_PASS(NAME, T, PFX, CALL, RB1)                                           \
+static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int k,     \
+                 int cols, float *out, size_t ldo, size_t pfr) {                        \
+    int nb = (k + 8) / 9;                                                               \
+    for (int b = 0, t = 0; b < nb; b++) {                                               \
+        int tb = k / nb + (b < k % nb);                                                 \
+        int rb = tb == 1 ? RB1 : sm_dp_rb(tb);                                          \
+        const T *const *xt = xp + t;                                                    \
+        int r = r0;                                                                     \
+        int fr = SM_ZFAR && !pfr ? sm_far_rb(tb) : 0;                                   \
+        if (fr) {  /* fr far-apart rows: fr streams, each prefetching a row SM_ZFAR_PFB ahead */\
+            size_t q = (size_t)(r1 - r) / (size_t)fr;                                   \
+            size_t pfo = (SM_ZFAR_PFB + ldw * sizeof(*w) - 1) / (ldw * sizeof(*w)) * ldw;\
+            for (size_t i = 0; i < q; i++) {                                            \
+                const T *wr = w + (size_t)(r + (int)i) * ldw;                           \
+                float *o = out + (size_t)t * ldo + r + (int)i;                          \
+                if (tb == 1) PFX##_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);          \
+                else if (tb == 2) PFX##_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
+                else if (tb == 3) PFX##_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
+                else PFX##_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);                  \
+            }                                                                           \
+            r += (int)q * fr;                                                           \
+        }                                                                               \
+        for (; r + rb <= r1; r += rb) {                                                 \
+            const T *wr = w + (size_t)r * ldw;                                          \
+            float *o = out + (size_t)t * ldo + r;                                       \
+            size_t po = (pfr ? pfr : (size_t)rb) * ldw;                                 \
+            if (rb == 8) PFX##_8x1(wr, ldw, xt, cols, o, ldo, po, 1);                   \
+            else if (rb == 6) PFX##_6x1(wr, ldw, xt, cols, o, ldo, po, 1);              \
+            else if (rb == 4) { CALL(4, tb, wr, ldw, xt, cols, o, ldo, po, 1) }         \
+            else if (rb == 3) { CALL(3, tb, wr, ldw, xt, cols, o, ldo, po, 1) }         \
+            else { CALL(2, tb, wr, ldw, xt, cols, o, ldo, po, 1) }                      \
+        }                                                                               \
+        for (; r < r1; r++) {                                                           \
+            const T *wr = w + (size_t)r * ldw;                                          \
+            float *o = out + (size_t)t * ldo + r;                                       \
+            CALL(1, tb, wr, ldw, xt, cols, o, ldo, (pfr ? pfr : 1) * ldw, 1)            \
+        }                                                                               \
+        t += tb;                                                                        \
+    }                                                                                   \
+}
 #if SM_BF16DP
 /* A register block for bf16 weights: RB rows by TB tokens, 16-lane fp32 accumulators fed by
    vdpbf16ps on one 64-byte line of each row per step. Activation rows xp[t] are bf16,
@@ -288,51 +335,7 @@ SM_DPBLOCK(6, 4)
     default: sm_dpblock_##RB##x9(__VA_ARGS__); break;                                       \
     }
 
-/* out[t * ldo + r] = W[r, :] . xp[t] (bf16 weights and activations, fp32 sums) for rows
-   [r0, r1) and tokens [0, k): tokens in blocks of at most 9 (as even as possible), rows in
-   blocks of sm_dp_rb(tb), leftover rows one at a time. Each block prefetches the rows pfr
-   rows after its own (0: its own row count, the next block's rows). */
-static void sm_rows_dp_pass(const uint16_t *w, size_t ldw, int r0, int r1,
-                            const uint16_t *const *xp, int k, int cols, float *out, size_t ldo,
-                            size_t pfr) {
-    int nb = (k + 8) / 9;
-    for (int b = 0, t = 0; b < nb; b++) {
-        int tb = k / nb + (b < k % nb);
-        int rb = tb == 1 ? SM_DP_RB1 : sm_dp_rb(tb);
-        const uint16_t *const *xt = xp + t;
-        int r = r0;
-        int fr = SM_ZFAR && !pfr ? sm_far_rb(tb) : 0;
-        if (fr) {  /* fr far-apart rows: fr streams, each prefetching a row SM_ZFAR_PFB ahead */
-            size_t q = (size_t)(r1 - r) / (size_t)fr;
-            size_t pfo = (SM_ZFAR_PFB + ldw * sizeof(*w) - 1) / (ldw * sizeof(*w)) * ldw;
-            for (size_t i = 0; i < q; i++) {
-                const uint16_t *wr = w + (size_t)(r + (int)i) * ldw;
-                float *o = out + (size_t)t * ldo + r + (int)i;
-                if (tb == 1) sm_dpblock_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else if (tb == 2) sm_dpblock_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else if (tb == 3) sm_dpblock_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else sm_dpblock_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-            }
-            r += (int)q * fr;
-        }
-        for (; r + rb <= r1; r += rb) {
-            const uint16_t *wr = w + (size_t)r * ldw;
-            float *o = out + (size_t)t * ldo + r;
-            size_t po = (pfr ? pfr : (size_t)rb) * ldw;
-            if (rb == 8) sm_dpblock_8x1(wr, ldw, xt, cols, o, ldo, po, 1);
-            else if (rb == 6) sm_dpblock_6x1(wr, ldw, xt, cols, o, ldo, po, 1);
-            else if (rb == 4) { SM_DP_CALL(4, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-            else if (rb == 3) { SM_DP_CALL(3, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-            else { SM_DP_CALL(2, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-        }
-        for (; r < r1; r++) {
-            const uint16_t *wr = w + (size_t)r * ldw;
-            float *o = out + (size_t)t * ldo + r;
-            SM_DP_CALL(1, tb, wr, ldw, xt, cols, o, ldo, (pfr ? pfr : 1) * ldw, 1)
-        }
-        t += tb;
-    }
-}
+SM_ROWS_PASS(sm_rows_dp_pass, uint16_t, sm_dpblock, SM_DP_CALL, SM_DP_RB1)
 
 /* Many tokens on one expert. A block of 6-9 tokens multiplies at 130-180 GFLOP/s on a Zen 4
    core with its rows in L2, and at 75-95 while they stream from memory: the multiplies and
@@ -427,46 +430,7 @@ SM_ZBLOCK(6, 4)
     SM_TB_CASE(sm_zblock, RB, 8, __VA_ARGS__)                                               \
     default: sm_zblock_##RB##x9(__VA_ARGS__); break;                                        \
     }
-static void sm_rows_z_pass(const float *w, size_t ldw, int r0, int r1, const float *const *xp,
-                           int k, int cols, float *out, size_t ldo, size_t pfr) {
-    int nb = (k + 8) / 9;
-    for (int b = 0, t = 0; b < nb; b++) {
-        int tb = k / nb + (b < k % nb);
-        int rb = tb == 1 ? SM_Z_RB1 : sm_dp_rb(tb);
-        const float *const *xt = xp + t;
-        int r = r0;
-        int fr = SM_ZFAR && !pfr ? sm_far_rb(tb) : 0;
-        if (fr) {  /* fr far-apart rows: fr streams, each prefetching a row SM_ZFAR_PFB ahead */
-            size_t q = (size_t)(r1 - r) / (size_t)fr;
-            size_t pfo = (SM_ZFAR_PFB + ldw * sizeof(*w) - 1) / (ldw * sizeof(*w)) * ldw;
-            for (size_t i = 0; i < q; i++) {
-                const float *wr = w + (size_t)(r + (int)i) * ldw;
-                float *o = out + (size_t)t * ldo + r + (int)i;
-                if (tb == 1) sm_zblock_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else if (tb == 2) sm_zblock_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else if (tb == 3) sm_zblock_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-                else sm_zblock_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);
-            }
-            r += (int)q * fr;
-        }
-        for (; r + rb <= r1; r += rb) {
-            const float *wr = w + (size_t)r * ldw;
-            float *o = out + (size_t)t * ldo + r;
-            size_t po = (pfr ? pfr : (size_t)rb) * ldw;
-            if (rb == 8) sm_zblock_8x1(wr, ldw, xt, cols, o, ldo, po, 1);
-            else if (rb == 6) sm_zblock_6x1(wr, ldw, xt, cols, o, ldo, po, 1);
-            else if (rb == 4) { SM_Z_CALL(4, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-            else if (rb == 3) { SM_Z_CALL(3, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-            else { SM_Z_CALL(2, tb, wr, ldw, xt, cols, o, ldo, po, 1) }
-        }
-        for (; r < r1; r++) {
-            const float *wr = w + (size_t)r * ldw;
-            float *o = out + (size_t)t * ldo + r;
-            SM_Z_CALL(1, tb, wr, ldw, xt, cols, o, ldo, (pfr ? pfr : 1) * ldw, 1)
-        }
-        t += tb;
-    }
-}
+SM_ROWS_PASS(sm_rows_z_pass, float, sm_zblock, SM_Z_CALL, SM_Z_RB1)
 static void sm_rows_z(const float *w, size_t ldw, int r0, int r1, const float *const *xp, int k,
                       int cols, float *out, size_t ldo) {
     sm_rows_z_pass(w, ldw, r0, r1, xp, k, cols, out, ldo, 0);

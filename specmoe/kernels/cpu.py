@@ -76,10 +76,7 @@ def set_bf16_dot(on: bool) -> bool:
     :func:`specmoe.kernels._cbuild.bf16_dot_default`). Returns the previous
     setting; a no-op returning False when the build has no such path. Set it between calls,
     not during one."""
-    lib = _cbuild.load()
-    if lib is None or not lib.bf16dp:
-        return False
-    return bool(lib.lib.specmoe_set_bf16dp(1 if on else 0))
+    return _set_path("bf16dp", on)
 
 
 def set_f32_zmm(on: bool) -> bool:
@@ -88,10 +85,16 @@ def set_f32_zmm(on: bool) -> bool:
     (:func:`specmoe.kernels._cbuild.flag_sets`), and on by default there. Returns the previous
     setting; a no-op returning False when the build has no such path. Set it between calls,
     not during one."""
+    return _set_path("f32z", on)
+
+
+def _set_path(name: str, on: bool) -> bool:
+    """Switch the build's path ``name`` (``bf16dp``, ``f32z``) on or off: the previous
+    setting, or False (a no-op) where the build has no such path."""
     lib = _cbuild.load()
-    if lib is None or not lib.f32z:
+    if lib is None or not getattr(lib, name):
         return False
-    return bool(lib.lib.specmoe_set_f32z(1 if on else 0))
+    return bool(getattr(lib.lib, f"specmoe_set_{name}")(1 if on else 0))
 
 
 def set_q8_portable(on: bool) -> bool:
