@@ -266,6 +266,46 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
         t += tb;                                                                        \
     }                                                                                   \
 }
+/* An AVX-512 register block PFX_<RB>x<TB> for weights of type T (bf16 or fp32): RB rows (row
+   stride ldw) by TB tokens, 16-lane fp32 accumulators, STEP(RB, TB, column, masked) on L
+   weights of each row per step, a masked STEP for the tail. Each step prefetches (PFON) with
+   HINT the line pfo elements after each row's (PFB > 0: PFB bytes after instead); the sums go
+   to out[t * ldo + r * rs]. */
+#define SM_AVX512_BLOCK(PFX, T, STEP, L, MT, PFB, PFON, HINT, RB, TB)                   \
+static inline __attribute__((always_inline)) void PFX##_##RB##x##TB(                    \
+        const T *w, size_t ldw, const T *const *xp, int cols, float *out, size_t ldo,   \
+        size_t pfo, size_t rs) {                                                        \
+    __m512 acc[RB][TB];                                                                 \
+    const char *pf = PFB ? (const char *)w + PFB : (const char *)(w + pfo);             \
+    int cl = cols & ~(L - 1);                                                           \
+    MT mk = (MT)~0ull;                                                                  \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps();\
+    for (int c = 0; c < cl; c += L) {                                                   \
+        if (PFON)                                                                       \
+            for (int r = 0; r < RB; r++)                                                \
+                _mm_prefetch(pf + ((size_t)r * ldw + c) * sizeof(T), HINT);             \
+        STEP(RB, TB, c, 0)                                                              \
+    }                                                                                   \
+    if (cl < cols) {                                                                    \
+        mk = (MT)((1ull << (cols - cl)) - 1);                                           \
+        STEP(RB, TB, cl, 1)                                                             \
+    }                                                                                   \
+    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                           \
+        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                \
+}
+/* The block of RB rows for a token block of tb (1..9) tokens: PFX_<RB>x<tb>(...) */
+#define SM_TB_CALL(PFX, RB, tb, ...)                                                        \
+    switch (tb) {                                                                           \
+    SM_TB_1TO5(PFX, RB, __VA_ARGS__)                                                        \
+    SM_TB_CASE(PFX, RB, 6, __VA_ARGS__) SM_TB_CASE(PFX, RB, 7, __VA_ARGS__)                 \
+    SM_TB_CASE(PFX, RB, 8, __VA_ARGS__)                                                     \
+    default: PFX##_##RB##x9(__VA_ARGS__); break;                                            \
+    }
+/* Every block the passes call: 1-4 rows by 1-9 tokens (ROW), the one-token blocks of 8 and 6
+   rows and the far-row blocks 8x2, 6x3, 6x4 (BLOCK). */
+#define SM_AVX512_BLOCKS(ROW, BLOCK)                                                        \
+    ROW(1) ROW(2) ROW(3) ROW(4)                                                             \
+    BLOCK(8, 1) BLOCK(6, 1) BLOCK(8, 2) BLOCK(6, 3) BLOCK(6, 4)
 #if SM_BF16DP
 /* A register block for bf16 weights: RB rows by TB tokens, 16-lane fp32 accumulators fed by
    vdpbf16ps on one 64-byte line of each row per step. Activation rows xp[t] are bf16,
@@ -291,49 +331,16 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
         }                                                                                   \
     }
 #define SM_DPBLOCK(RB, TB)                                                                  \
-static inline __attribute__((always_inline)) void sm_dpblock_##RB##x##TB(                   \
-        const uint16_t *w, size_t ldw, const uint16_t *const *xp, int cols, float *out,     \
-        size_t ldo, size_t pfo, size_t rs) {                                                \
-    __m512 acc[RB][TB];                                                                     \
-    const char *pf = SM_DP_PF ? (const char *)w + SM_DP_PF : (const char *)(w + pfo);       \
-    int c32 = cols & ~31;                                                                   \
-    __mmask32 mk = (__mmask32)~0u;                                                          \
-    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
-    for (int c = 0; c < c32; c += 32) {                                                     \
-        if (SM_DP_PF >= 0)                                                                  \
-            for (int r = 0; r < RB; r++)                                                    \
-                _mm_prefetch(pf + ((size_t)r * ldw + c) * 2, SM_DP_HINT);                   \
-        SM_DPSTEP(RB, TB, c, 0)                                                             \
-    }                                                                                       \
-    if (c32 < cols) {                                                                       \
-        mk = (__mmask32)((1ull << (cols - c32)) - 1);                                       \
-        SM_DPSTEP(RB, TB, c32, 1)                                                           \
-    }                                                                                       \
-    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                    \
-}
+    SM_AVX512_BLOCK(sm_dpblock, uint16_t, SM_DPSTEP, 32, __mmask32, SM_DP_PF, SM_DP_PF >= 0, \
+                    SM_DP_HINT, RB, TB)
 #define SM_DPROW(RB) SM_DPBLOCK(RB, 1) SM_DPBLOCK(RB, 2) SM_DPBLOCK(RB, 3) SM_DPBLOCK(RB, 4)  \
     SM_DPBLOCK(RB, 5) SM_DPBLOCK(RB, 6) SM_DPBLOCK(RB, 7) SM_DPBLOCK(RB, 8) SM_DPBLOCK(RB, 9)
-SM_DPROW(1)
-SM_DPROW(2)
-SM_DPROW(3)
-SM_DPROW(4)
-SM_DPBLOCK(8, 1)  /* SM_DP_RB1=8 or 6: one token on 8 or 6 rows (measured, not the default) */
-SM_DPBLOCK(6, 1)
-SM_DPBLOCK(8, 2)
-SM_DPBLOCK(6, 3)
-SM_DPBLOCK(6, 4)
+SM_AVX512_BLOCKS(SM_DPROW, SM_DPBLOCK)  /* SM_DP_RB1=8 or 6: one token on 8 or 6 rows (measured) */
 
 #ifndef SM_DP_RB1
 #define SM_DP_RB1 4  /* rows per one-token block: 4, 6 or 8 (results/cpu/kernels/tuning.md) */
 #endif
-#define SM_DP_CALL(RB, tb, ...)                                                             \
-    switch (tb) {                                                                           \
-    SM_TB_1TO5(sm_dpblock, RB, __VA_ARGS__)                                                 \
-    SM_TB_CASE(sm_dpblock, RB, 6, __VA_ARGS__) SM_TB_CASE(sm_dpblock, RB, 7, __VA_ARGS__)   \
-    SM_TB_CASE(sm_dpblock, RB, 8, __VA_ARGS__)                                              \
-    default: sm_dpblock_##RB##x9(__VA_ARGS__); break;                                       \
-    }
+#define SM_DP_CALL(RB, tb, ...) SM_TB_CALL(sm_dpblock, RB, tb, __VA_ARGS__)
 
 SM_ROWS_PASS(sm_rows_dp_pass, uint16_t, sm_dpblock, SM_DP_CALL, SM_DP_RB1)
 
@@ -389,47 +396,14 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
         }                                                                                   \
     }
 #define SM_ZBLOCK(RB, TB)                                                                   \
-static inline __attribute__((always_inline)) void sm_zblock_##RB##x##TB(                    \
-        const float *w, size_t ldw, const float *const *xp, int cols, float *out,           \
-        size_t ldo, size_t pfo, size_t rs) {                                                \
-    __m512 acc[RB][TB];                                                                     \
-    const char *pf = (const char *)(w + pfo);                                               \
-    int c16 = cols & ~15;                                                                   \
-    __mmask16 mk = (__mmask16)0xffff;                                                       \
-    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps(); \
-    for (int c = 0; c < c16; c += 16) {                                                     \
-        for (int r = 0; r < RB; r++)                                                        \
-            _mm_prefetch(pf + ((size_t)r * ldw + c) * 4, SM_PF_HINT);                       \
-        SM_ZSTEP(RB, TB, c, 0)                                                              \
-    }                                                                                       \
-    if (c16 < cols) {                                                                       \
-        mk = (__mmask16)((1u << (cols - c16)) - 1);                                         \
-        SM_ZSTEP(RB, TB, c16, 1)                                                            \
-    }                                                                                       \
-    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                               \
-        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                    \
-}
+    SM_AVX512_BLOCK(sm_zblock, float, SM_ZSTEP, 16, __mmask16, 0, 1, SM_PF_HINT, RB, TB)
 #define SM_ZROW(RB) SM_ZBLOCK(RB, 1) SM_ZBLOCK(RB, 2) SM_ZBLOCK(RB, 3) SM_ZBLOCK(RB, 4)      \
     SM_ZBLOCK(RB, 5) SM_ZBLOCK(RB, 6) SM_ZBLOCK(RB, 7) SM_ZBLOCK(RB, 8) SM_ZBLOCK(RB, 9)
-SM_ZROW(1)
-SM_ZROW(2)
-SM_ZROW(3)
-SM_ZROW(4)
+SM_AVX512_BLOCKS(SM_ZROW, SM_ZBLOCK)
 #ifndef SM_Z_RB1
 #define SM_Z_RB1 4
 #endif
-SM_ZBLOCK(8, 1)
-SM_ZBLOCK(6, 1)
-SM_ZBLOCK(8, 2)
-SM_ZBLOCK(6, 3)
-SM_ZBLOCK(6, 4)
-#define SM_Z_CALL(RB, tb, ...)                                                              \
-    switch (tb) {                                                                           \
-    SM_TB_1TO5(sm_zblock, RB, __VA_ARGS__)                                                  \
-    SM_TB_CASE(sm_zblock, RB, 6, __VA_ARGS__) SM_TB_CASE(sm_zblock, RB, 7, __VA_ARGS__)     \
-    SM_TB_CASE(sm_zblock, RB, 8, __VA_ARGS__)                                               \
-    default: sm_zblock_##RB##x9(__VA_ARGS__); break;                                        \
-    }
+#define SM_Z_CALL(RB, tb, ...) SM_TB_CALL(sm_zblock, RB, tb, __VA_ARGS__)
 SM_ROWS_PASS(sm_rows_z_pass, float, sm_zblock, SM_Z_CALL, SM_Z_RB1)
 static void sm_rows_z(const float *w, size_t ldw, int r0, int r1, const float *const *xp, int k,
                       int cols, float *out, size_t ldo) {
