@@ -68,6 +68,7 @@ from whole_pass_campaign import (  # noqa: E402
     add_run_args,
     aggregate,
     check_prediction,
+    check_processor,
     design_of,
     finish_unit,
     open_record,
@@ -291,6 +292,30 @@ def run_unit(
 # ------------------------------------------------------------------------------------------
 
 
+def check_llamacpp_machine(cfg: str, folder: Path) -> str | None:
+    """An error line when this processor or this llama.cpp is not the one configuration
+    ``cfg``'s prediction (in ``folder``) was benchmarked on: the processor
+    (:func:`whole_pass_campaign.check_processor`: its name, and its identity where the
+    prediction records ``machine.json``) and the llama.cpp version of the profile."""
+    from specmoe.engines import llamacpp
+
+    path = Path(folder).resolve() / cfg / "profile.json"
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path}: unreadable prediction profile ({exc})"
+    err = check_processor(cfg, folder, prof)
+    if err:
+        return err
+    want = (prof.get("whole_pass") or {}).get("llama_cpp")
+    if want and want != llamacpp.VERSION:
+        return (
+            f"{path}: {cfg}'s prediction benchmarked llama.cpp {want}; this is "
+            f"{llamacpp.VERSION} (its units run only with the prediction's engine)"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_campaign_args(ap, "results/cpu/llamacpp/whole-pass", CONFIGS)
@@ -357,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             err = check_prediction(record, c, args.predictions)
             for extra in args.also_predictions:
                 err = err or check_prediction(record, c, extra, also=True)
+            err = err or check_llamacpp_machine(c, args.predictions)
             if err:
                 print(f"llamacpp_campaign: error: {err}", file=sys.stderr)
                 return 2

@@ -13,12 +13,20 @@
 # medians refitted in that form (`specmoe bench --from ... --fit`), then the plan, written to
 # results/cpu/llamacpp/whole-pass/predictions-<form>/<config>/ (docs/runs-protocol-llamacpp.md,
 # round 2).
+#
+# OUT=DIR (round 3, measured on another machine): the predictions written to DIR/<config>/
+# instead, with FIT=FORM the fresh benchmark's fit form (default step1), and REFIT read from
+# FROM=DIR (default: results/cpu/llamacpp/whole-pass/predictions). Each benchmark also writes
+# the processor's identity, DIR/<config>/machine.json: the campaign runs its units only there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPECMOE=${SPECMOE:-.venv/bin/specmoe}
-P0=results/cpu/llamacpp/whole-pass/predictions
+PY=${PY:-.venv/bin/python}
+P0=${FROM:-results/cpu/llamacpp/whole-pass/predictions}
 REFIT=${REFIT:-}
-P=$P0${REFIT:+-$REFIT}
+OUT=${OUT:-}
+FIT=${FIT:-step1}
+P=${OUT:-results/cpu/llamacpp/whole-pass/predictions${REFIT:+-$REFIT}}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
 DEPTHS=256,512,1024,2048
@@ -34,7 +42,16 @@ predict() {  # name, GGUF, reps, plan --model
       --fit "$REFIT" --out "$out/bench"
   else
     nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
-      --reps "$reps" --out "$out/bench"
+      --reps "$reps" --fit "$FIT" --out "$out/bench"
+  fi
+  if [ -n "$OUT" ]; then  # the processor beyond its name, checked before each campaign unit
+    if [ -n "$REFIT" ] && [ -f "$P0/$name/machine.json" ]; then
+      cp "$P0/$name/machine.json" "$out/machine.json"
+    else
+      $PY -c 'import json; from specmoe.bench.machine import cpu_identity
+print(json.dumps(cpu_identity(), indent=1))' > "$out/machine.json.part"
+      mv "$out/machine.json.part" "$out/machine.json"
+    fi
   fi
   echo "== $name: benchmark wall $((SECONDS - t0)) s" >&2
   cp "$out/bench/profile.json" "$out/profile.json"

@@ -186,29 +186,14 @@ def check_prediction(
     return None
 
 
-def check_machine(cfg: str, folder: Path) -> str | None:
-    """An error line when this machine or these kernels are not the ones the configuration's
-    prediction was measured on (the protocol's amendments 8 and 9): its profile's processor
-    (``device_name``), where the prediction records it (``machine.json``) the processor's
-    family, model, stepping, cache, cores and instruction sets, and, where the profile records
-    it, the C kernels' source SHA-256 and compiler. A
-    configuration's units run only where its prediction holds; a campaign spread over
-    several sessions resumes only on the same processor with the same kernels."""
+def check_processor(cfg: str, folder: Path, prof: dict[str, Any]) -> str | None:
+    """An error line when this processor is not the one configuration ``cfg``'s prediction
+    (in ``folder``, its profile ``prof``) was measured on: the profile's ``device_name`` and,
+    where the prediction records it (``machine.json``, amendment 9), the processor's family,
+    model, stepping, cache, cores and instruction sets."""
     from specmoe.bench.machine import device_name
-    from specmoe.errors import InputError
-    from specmoe.kernels._cbuild import SOURCE_ENV, build, source_sha256
 
     path = Path(folder).resolve() / cfg / "profile.json"
-    pinned = Path(folder).resolve() / cfg / "kernels.c"
-    if os.environ.get(SOURCE_ENV) and Path(os.environ[SOURCE_ENV]).resolve() != pinned:
-        return (
-            f"{path}: ${SOURCE_ENV} is {os.environ[SOURCE_ENV]}, not {cfg}'s kernels.c (run "
-            "configurations with different kernels in separate invocations)"
-        )
-    try:
-        prof = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path}: unreadable prediction profile ({exc})"
     want, have = prof.get("device_name", ""), device_name("cpu")
     if want and want != have:
         return (
@@ -231,6 +216,34 @@ def check_machine(cfg: str, folder: Path) -> str | None:
                     f"{was[key]!r}; here it is {now.get(key)!r} (its units run only on the "
                     "prediction's processor)"
                 )
+    return None
+
+
+def check_machine(cfg: str, folder: Path) -> str | None:
+    """An error line when this machine or these kernels are not the ones the configuration's
+    prediction was measured on (the protocol's amendments 8 and 9): its profile's processor
+    (``device_name``), where the prediction records it (``machine.json``) the processor's
+    family, model, stepping, cache, cores and instruction sets, and, where the profile records
+    it, the C kernels' source SHA-256 and compiler. A
+    configuration's units run only where its prediction holds; a campaign spread over
+    several sessions resumes only on the same processor with the same kernels."""
+    from specmoe.errors import InputError
+    from specmoe.kernels._cbuild import SOURCE_ENV, build, source_sha256
+
+    path = Path(folder).resolve() / cfg / "profile.json"
+    pinned = Path(folder).resolve() / cfg / "kernels.c"
+    if os.environ.get(SOURCE_ENV) and Path(os.environ[SOURCE_ENV]).resolve() != pinned:
+        return (
+            f"{path}: ${SOURCE_ENV} is {os.environ[SOURCE_ENV]}, not {cfg}'s kernels.c (run "
+            "configurations with different kernels in separate invocations)"
+        )
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{path}: unreadable prediction profile ({exc})"
+    err = check_processor(cfg, folder, prof)
+    if err:
+        return err
     impl = prof.get("implementations") or {}
     kernels = {
         (v.get("compiler") or {}).get("source_sha256")

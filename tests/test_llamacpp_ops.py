@@ -194,6 +194,51 @@ def test_step1_one_row_fit_follows_depth_and_is_scored_leaving_a_depth_out():
     assert op["eps_n1"] == pytest.approx(0.0, abs=1e-9)
 
 
+def _with_overhead(wp, times):
+    """``wp`` with engine_overhead's medians = times(n, d) (a signed difference of times)."""
+    med = [[float(times(n, d)) for n in wp["n"]] for d in wp["d"]]
+    ovh = {**wp["ops"]["engine_overhead"], "median_ms": med, "p10_ms": med, "p90_ms": med}
+    return {**wp, "ops": {**wp["ops"], "engine_overhead": ovh}}
+
+
+def test_step1_depth_recovers_an_overhead_that_grows_with_depth_and_step1_cannot():
+    """An engine overhead of 0.1 ms + 1.2e-4 ms per token of context at every n, with a
+    per-token part past the first row: step1-depth reproduces every cell (and extrapolates
+    in d), only in engine_overhead; step1 (no depth term) misses d = 2048 by the depth's share."""
+    from specmoe.cost.ops_fit import op_time
+
+    def ovh(n, d):
+        return 0.1 + 1.2e-4 * d + (0.0 if n == 1 else 0.01 * n)
+
+    wp = _with_overhead(_stored(lambda n, d: 1.0 if n == 1 else 1.5 + 0.2 * n), ovh)
+    v3 = LO.refit(wp, "step1-depth")
+    op = v3["ops"]["engine_overhead"]
+    assert v3["fit_form"] == "step1-depth"
+    assert op["terms"] == ["t0", "tokens", "depth"] and op["terms_n1"] == ["t0", "depth"]
+    assert op["fit"]["per_depth_ms"] == pytest.approx(1.2e-4, rel=1e-9)
+    for n in range(1, 10):
+        for d in (*wp["d"], 8192):
+            assert op_time(op, n, d) == pytest.approx(ovh(n, d), rel=1e-9, abs=1e-12)
+    assert op["err_ms"] == pytest.approx(0.0, abs=1e-12)
+    assert v3["ops"]["qkv"]["terms"] == ["t0", "flops"]  # only DEPTH_OPS take the term
+    s1 = LO.refit(v3, "step1")["ops"]["engine_overhead"]  # a refit drops the depth term
+    assert s1["terms"] == ["t0", "tokens"] and "per_depth_ms" not in s1["fit"]
+    assert abs(op_time(s1, 1, 2048) - ovh(1, 2048)) > 0.05
+
+
+def test_a_profile_with_the_depth_term_loads_and_sums(tmp_path):
+    """The profile format takes the depth term; whole_pass_time adds d · c_d."""
+    from specmoe.cost.ops_fit import whole_pass_time
+    from specmoe.formats.profile import whole_pass_from_dict
+
+    wp = _with_overhead(_stored(lambda n, d: 0.5 + 0.1 * n), lambda n, d: 1e-4 * d)
+    v3 = LO.refit({**wp, "model": "m", "dtype": "f32", "clock": "cpu"}, "step1-depth")
+    whole_pass_from_dict(v3)
+    a, _ = whole_pass_time(v3, 3, 1000, 1)
+    b, _ = whole_pass_time(v3, 3, 2000, 1)
+    assert b - a == pytest.approx(0.1, rel=1e-6)  # 1000 more tokens of context at 1e-4 ms
+
+
 def test_refit_linear_reproduces_summarize_and_bad_form_is_named():
     wp = _stored(lambda n, d: 0.5 + 0.1 * n)
     a = LO.refit(wp, "linear")

@@ -236,3 +236,28 @@ def test_an_invocation_of_some_configurations_keeps_the_others_design(wc, tmp_pa
     )
     assert rec["design"] == {"a": {"x": 1}, "b": {"y": 2}}
     assert rec["commands"] == ["c1", "c2"] and len(rec["invocations"]) == 2
+
+
+def test_llamacpp_campaign_runs_only_on_the_predictions_processor_and_engine(tmp_path):
+    """scripts/llamacpp_campaign.py's check: the profile's processor name, the identity in
+    machine.json where the prediction has one, and the llama.cpp version it benchmarked."""
+    from specmoe.bench.machine import cpu_identity, device_name
+    from specmoe.engines import llamacpp
+
+    lc = load_script("llamacpp_campaign")
+    (tmp_path / "c").mkdir()
+    prof = tmp_path / "c" / "profile.json"
+    assert "unreadable" in lc.check_llamacpp_machine("c", tmp_path)
+    here = {"device_name": device_name("cpu"), "whole_pass": {"llama_cpp": llamacpp.VERSION}}
+    prof.write_text(json.dumps(here))
+    assert lc.check_llamacpp_machine("c", tmp_path) is None
+    prof.write_text(json.dumps({**here, "whole_pass": {"llama_cpp": "0.0.1"}}))
+    assert "llama.cpp 0.0.1" in lc.check_llamacpp_machine("c", tmp_path)
+    prof.write_text(json.dumps({**here, "device_name": "Other CPU"}))
+    assert "measured on 'Other CPU'" in lc.check_llamacpp_machine("c", tmp_path)
+    prof.write_text(json.dumps(here))
+    ident = tmp_path / "c" / "machine.json"
+    ident.write_text(json.dumps(cpu_identity()))
+    assert lc.check_llamacpp_machine("c", tmp_path) is None
+    ident.write_text(json.dumps({**cpu_identity(), "family": -1}))
+    assert "family -1" in lc.check_llamacpp_machine("c", tmp_path)

@@ -100,10 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fit",
         default=None,
-        choices=("step1", "linear"),
+        choices=("step1", "step1-depth", "linear"),
         help="--engine llama.cpp --whole-pass: the form of each operation's fit in n; step1 "
         "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
-        "products take another path for one row); linear: one fit over every n. With --from "
+        "products take another path for one row); step1-depth: step1 with a time per token "
+        "of context in the engine's overhead outside its graph; linear: one fit over every n. "
+        "With --from "
         "PROFILE (a llama.cpp whole-pass profile): refit its medians, measure nothing",
     )
     parser.add_argument(

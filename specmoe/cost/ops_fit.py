@@ -5,12 +5,14 @@ decoder layers. Times in milliseconds, bytes in bytes, flops in floating-point o
 
 Each operation of one decoder layer (or of the model head) is fitted as
 
-    t_op(n, d) = t0 + bytes_op(n, d) / β_op + flops_op(n, d) / peak_op + n · c_tok,
+    t_op(n, d) = t0 + bytes_op(n, d) / β_op + flops_op(n, d) / peak_op + n · c_tok + d · c_d,
 
 with only the terms the operation needs (:data:`TERMS`): a projection's flops grow with n and
 its weight bytes are the same at every n (so they sit in t0), attention's bytes grow with the
 depth d it reads and its flops with n·(d + n), the framework's per-layer overhead is a fixed
-time and a per-token time. The constants are non-negative least squares on relative error
+time and a per-token time (and, for an engine whose work outside its graph grows with the
+KV cache it sets up, a per-context-token time ``c_d``: the ``depth`` term, used by
+:func:`specmoe.engines.llamacpp_ops.refit`'s ``step1-depth`` form). The constants are non-negative least squares on relative error
 (each row divided by its measured time), on a subset of the measured (n, d); ε is scored on
 the shapes the fit did not see.
 
@@ -32,14 +34,20 @@ import numpy as np
 from specmoe.errors import InputError
 
 # term -> the fit key it becomes, and how a coefficient in ms per unit is turned into that key
-TERMS = ("t0", "bytes", "flops", "tokens")
-FIT_KEYS = {"t0": "t0_ms", "bytes": "bytes_gbps", "flops": "gflops", "tokens": "per_token_ms"}
+TERMS = ("t0", "bytes", "flops", "tokens", "depth")
+FIT_KEYS = {
+    "t0": "t0_ms",
+    "bytes": "bytes_gbps",
+    "flops": "gflops",
+    "tokens": "per_token_ms",
+    "depth": "per_depth_ms",
+}
 
 
 @dataclass(frozen=True)
 class OpFit:
     """One operation's fit: ``coef`` (ms per unit of each term), its terms, and ``fit`` as the
-    profile stores it (t0_ms, bytes_gbps, gflops, per_token_ms; a rate is None when its
+    profile stores it (t0_ms, bytes_gbps, gflops, per_token_ms, per_depth_ms; a rate is None when its
     coefficient is zero: that term did not help the fit)."""
 
     terms: tuple[str, ...]
@@ -156,6 +164,7 @@ def op_features(op: Mapping[str, Any], n: float, d: float) -> dict[str, float]:
         + s.get("bytes_nd", 0.0) * (d + n),
         "flops": s.get("flops_n", 0.0) * n + s.get("flops_nd", 0.0) * n * (d + n),
         "tokens": n * 1.0,
+        "depth": d * 1.0,
     }
 
 

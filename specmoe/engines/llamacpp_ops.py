@@ -475,7 +475,9 @@ def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Seq
     }
 
 
-FIT_FORMS = ("linear", "step1")
+FIT_FORMS = ("linear", "step1", "step1-depth")
+# the ops whose fits take the depth term in the step1-depth form (version 3)
+DEPTH_OPS = ("engine_overhead",)
 
 
 def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
@@ -492,7 +494,15 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
     the second, and the largest, :func:`~specmoe.cost.ops_fit.held_out_split`), and n = 1 gets
     a fit of its own over the depths (``fit_n1``, ``terms_n1``: ``t0`` and the terms that
     vary with d at n = 1), scored leaving one depth out. ``eps`` is the median of both held-out
-    errors; ``eps_n1`` the one-row fit's alone."""
+    errors; ``eps_n1`` the one-row fit's alone.
+
+    ``step1-depth`` (version 3, docs/runs-protocol-llamacpp.md, round 3): ``step1`` with a
+    ``depth`` term (a time per token of context, :data:`specmoe.cost.ops_fit.TERMS`) in the
+    ops of :data:`DEPTH_OPS`, in both of its fits. ``engine_overhead`` (the decode minus its
+    graph's nodes) had a fixed time and a per-token time only, and its median at n = 1 grew
+    with the depth (0.13 ms at d = 256 to 0.36 ms at d = 2048 in the round-1 benchmark): the
+    part of a decode outside the graph's nodes that sets the KV cache up for the pass (its
+    views and the attention mask over every cell of the cache) grows with the cache."""
     if form not in FIT_FORMS:
         raise InputError(f"must be one of {', '.join(FIT_FORMS)}, got {form!r}", argument="fit")
     ns, ds = [int(v) for v in whole_pass["n"]], [int(v) for v in whole_pass["d"]]
@@ -501,12 +511,15 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
         "layer": np.asarray(whole_pass["layer_ms"], float),
         "pass": np.asarray(whole_pass["pass_ms"], float),
     }
-    rows = [v for v in ns if v >= 2] if form == "step1" else ns
+    step = form in ("step1", "step1-depth")
+    rows = [v for v in ns if v >= 2] if step else ns
     fit_n, held_n = OF.held_out_split(rows)
     ops: dict[str, Any] = {}
     for name, op in whole_pass["ops"].items():
         m = np.asarray(op["median_ms"], float)
-        terms = tuple(op["terms"])
+        terms = tuple(t for t in op["terms"] if t != "depth")  # the form decides the depth term
+        if form == "step1-depth" and name in DEPTH_OPS:
+            terms += ("depth",)
         feats = OF.op_features({"shape": op["shape"]}, nn_, dd_)
         feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
         fsel = np.isin(nn_, fit_n)
@@ -521,13 +534,19 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
 
         fit = OF.fit_op(terms, {k: v[fsel] for k, v in feats.items()}, m[fsel], signed=signed)
         errs, absd = errors(fit, hsel)
-        entry = {**op, "fit": fit.fit, "fit_n": list(fit_n), "held_n": list(held_n)}
+        entry = {
+            **op,
+            "terms": list(terms),
+            "fit": fit.fit,
+            "fit_n": list(fit_n),
+            "held_n": list(held_n),
+        }
         for k in ("fit_n1", "terms_n1", "eps_n1"):
             entry.pop(k, None)
-        if form == "step1" and 1 in ns:
+        if step and 1 in ns:
             one = nn_ == 1
             t1 = ["t0"] + [
-                t for t in terms if t in ("bytes", "flops") and np.ptp(feats[t][one]) > 0
+                t for t in terms if t in ("bytes", "flops", "depth") and np.ptp(feats[t][one]) > 0
             ]
             t1 = t1[: max(1, int(one.sum()) - 1)]
             fit1 = OF.fit_op(t1, {k: v[one] for k, v in feats.items()}, m[one], signed=signed)

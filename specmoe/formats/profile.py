@@ -42,7 +42,8 @@ Fields (paper 002 Section 2, Appendix E):
                     of a verify pass, timed alone (``specmoe bench --whole-pass``,
                     :mod:`specmoe.bench.ops`): ``{"model", "layers", "dtype", "clock", "n", "d",
                     "ops": {op: {"per": "layer"|"model", "count", "in_sum", "terms", "shape",
-                    "fit": {"t0_ms", "bytes_gbps", "gflops", "per_token_ms"}, "eps", "n", "d",
+                    "fit": {"t0_ms", "bytes_gbps", "gflops", "per_token_ms"[, "per_depth_ms"]}, "eps",
+                    "n", "d",
                     "median_ms": [d][n], "p10_ms", "p90_ms"}}, "overhead_ms_per_layer": [d][n]}``;
                     :func:`specmoe.cost.ops_fit.whole_pass_time` sums it
 """
@@ -161,7 +162,7 @@ def _implementations(value: Any, path: str) -> dict[str, dict[str, Any]]:
 
 
 WHOLE_PASS_PER = ("layer", "model")
-WHOLE_PASS_TERMS = ("t0", "bytes", "flops", "tokens")
+WHOLE_PASS_TERMS = ("t0", "bytes", "flops", "tokens", "depth")
 
 
 def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
