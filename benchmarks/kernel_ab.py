@@ -1,6 +1,8 @@
 """A/B of builds of the C expert kernels: the same calls on each build, alternated, paired.
 
-Each variant is the kernel source compiled with extra flags (``name=-DSM_DP_RB1=8``), another
+Each variant is the kernel source compiled with this processor's native flag set (the package's
+own build here, e.g. the Zen 4 set) plus extra flags (``name=-DSM_DP_RB1=8``; a later ``-D`` of
+the same macro wins), another
 copy of the source module (``name=@path/to/_csrc.py``, e.g. an older revision from
 ``git show REV:specmoe/kernels/_csrc.py``), or the same source with its bf16 dot-product path
 switched off (``name=nodp``: the widening path in the same machine code). For each n, each mode (per-slot, dedup) and each
@@ -61,7 +63,18 @@ def _source(spec: str) -> tuple[str, tuple[str, ...]]:
     return _cbuild.SOURCE, tuple(spec.split())
 
 
+def _base_flags() -> tuple[str, ...]:
+    """The native flag set of this processor (:func:`specmoe.kernels._cbuild.flag_sets`: the
+    shipped build's, e.g. the Zen 4 set): a variant's flags are added to these, so ``base=``
+    is the kernel the package builds here."""
+    for f in _cbuild.flag_sets():
+        if "-march=native" in f:
+            return tuple(f)
+    return ("-O3", "-march=native", "-fopenmp")
+
+
 def build_variants(text: str, tmp: Path) -> dict[str, _Lib]:
+    base = _base_flags()
     libs = {}
     cc = _cbuild.find_compiler()
     if cc is None:
@@ -73,7 +86,7 @@ def build_variants(text: str, tmp: Path) -> dict[str, _Lib]:
                 f"expected name=flags or name=@file, got {item!r}", argument="variants"
             )
         src, extra = _source(spec)
-        flags = ("-O3", "-march=native", "-fopenmp", *extra)
+        flags = (*base, *extra)
         target = tmp / f"{name}.so"
         err = _cbuild._compile(cc, flags, target, src)
         if err:
