@@ -300,11 +300,7 @@ def check_llamacpp_machine(cfg: str, folder: Path) -> str | None:
     from specmoe.engines import llamacpp
 
     path = Path(folder).resolve() / cfg / "profile.json"
-    try:
-        prof = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path}: unreadable prediction profile ({exc})"
-    err = check_processor(cfg, folder, prof)
+    prof, err = check_processor(cfg, folder)
     if err:
         return err
     want = (prof.get("whole_pass") or {}).get("llama_cpp")

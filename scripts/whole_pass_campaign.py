@@ -186,17 +186,21 @@ def check_prediction(
     return None
 
 
-def check_processor(cfg: str, folder: Path, prof: dict[str, Any]) -> str | None:
-    """An error line when this processor is not the one configuration ``cfg``'s prediction
-    (in ``folder``, its profile ``prof``) was measured on: the profile's ``device_name`` and,
-    where the prediction records it (``machine.json``, amendment 9), the processor's family,
-    model, stepping, cache, cores and instruction sets."""
+def check_processor(cfg: str, folder: Path) -> tuple[dict[str, Any], str | None]:
+    """Configuration ``cfg``'s prediction profile (in ``folder``) and an error line when it is
+    unreadable or this processor is not the one it was measured on: the profile's
+    ``device_name`` and, where the prediction records it (``machine.json``, amendment 9), the
+    processor's family, model, stepping, cache, cores and instruction sets."""
     from specmoe.bench.machine import device_name
 
     path = Path(folder).resolve() / cfg / "profile.json"
+    try:
+        prof = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return {}, f"{path}: unreadable prediction profile ({exc})"
     want, have = prof.get("device_name", ""), device_name("cpu")
     if want and want != have:
-        return (
+        return prof, (
             f"{path}: {cfg}'s prediction was measured on {want!r}; this machine is {have!r} "
             "(its units run only on the prediction's processor)"
         )
@@ -207,16 +211,16 @@ def check_processor(cfg: str, folder: Path, prof: dict[str, Any]) -> str | None:
         try:
             was = json.loads(ident.read_text())
         except ValueError as exc:
-            return f"{ident}: unreadable ({exc})"
+            return prof, f"{ident}: unreadable ({exc})"
         now = cpu_identity()
         for key in ("vendor", "family", "model", "stepping", "llc_bytes", "cores", "isa"):
             if key in was and was[key] != now.get(key):
-                return (
+                return prof, (
                     f"{ident}: {cfg}'s prediction was measured on a processor with {key} "
                     f"{was[key]!r}; here it is {now.get(key)!r} (its units run only on the "
                     "prediction's processor)"
                 )
-    return None
+    return prof, None
 
 
 def check_machine(cfg: str, folder: Path) -> str | None:
@@ -237,11 +241,7 @@ def check_machine(cfg: str, folder: Path) -> str | None:
             f"{path}: ${SOURCE_ENV} is {os.environ[SOURCE_ENV]}, not {cfg}'s kernels.c (run "
             "configurations with different kernels in separate invocations)"
         )
-    try:
-        prof = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return f"{path}: unreadable prediction profile ({exc})"
-    err = check_processor(cfg, folder, prof)
+    prof, err = check_processor(cfg, folder)
     if err:
         return err
     impl = prof.get("implementations") or {}
