@@ -518,9 +518,11 @@ def aggregate(
             if not np.isnan(grid).any():
                 flat = grid.reshape(len(ACCEPTANCE), len(KS), -1)
                 entry["throughput_tokens_per_s"] = np.median(flat, axis=2).tolist()
+                gens = [g for u in tu for g in u["generations"]]
                 vconf.append(
                     {
                         "depth": d,
+                        "context_len": d - 1,  # verify_passes and the round loop prefill d - 1
                         "n": NS,
                         "prompts": prompts,
                         "verify_ms": entry["tau_ms"],
@@ -542,6 +544,8 @@ def aggregate(
                         "dedup": True,
                     }
                 )
+                if gens and all("tokens" in g for g in gens):  # each generation's new tokens
+                    tconf[-1]["tokens"] = int(np.median([g["tokens"] for g in gens]))
         tables[str(d)] = entry
     atomic_write_json(folder / "tables.json", {"model": label, "depths": tables})
     if vconf:

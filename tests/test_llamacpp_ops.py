@@ -438,3 +438,66 @@ def test_bad_inputs_engine(engine, doc, tmp_path, capsys):
     argv = ["bench", "--engine", "llama.cpp", "--whole-pass", "--model"]
     assert main([*argv, str(tmp_path / "missing.gguf")]) == 2
     assert "--model" in capsys.readouterr().err
+
+
+def _cells(d: int, n: int, pad: int = 256) -> int:
+    """llama.cpp's get_n_kv for one sequence, by counting: the smallest multiple of ``pad``
+    that holds the d + n used cells, at least ``pad``."""
+    w = pad
+    while w < d + n:
+        w += pad
+    return w
+
+
+def test_kv_width_is_llamacpps_padded_view():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from specmoe.cost.ops_fit import kv_width
+
+    assert [int(kv_width(d, n, 256)) for d, n in ((0, 1), (255, 1), (511, 1), (512, 1), (511, 2))] == [
+        256, 256, 512, 768, 768
+    ]  # fmt: skip
+
+    @given(st.integers(0, 10**6), st.integers(1, 64), st.sampled_from([1, 32, 256]))
+    def check(d, n, pad):
+        assert int(kv_width(d, n, pad)) == _cells(d, n, pad)
+
+    check()
+    got = kv_width(np.array([[511.0, 512.0]]), np.array([[1.0, 1.0]]), 256)
+    assert got.tolist() == [[512.0, 768.0]]
+
+
+def test_step1_width_recovers_attention_over_the_padded_view_and_step1_depth_cannot():
+    """Attention and the engine's mask cost per KV cell read, cells = llama.cpp's padded view:
+    step1-width reproduces every cell of the grid and the off-grid cache lengths the verify
+    runs have (511 + 1 reads 512 cells, 512 + 1 reads 768); step1-depth, fitted on the same
+    grid (depths multiples of 256: d + 256 cells at every n), misses one token after 511."""
+    from specmoe.cost.ops_fit import op_time, whole_pass_time
+    from specmoe.formats.profile import whole_pass_from_dict
+
+    def att(n, d):  # 2 bytes a cell at 0.01 GB/s: 2e-4 ms a cell
+        return (0.3 if n == 1 else 0.5) + 2e-4 * _cells(d, n) + 0.05 * n
+
+    def ovh(n, d):
+        return 0.1 + 1e-4 * _cells(d, n)
+
+    wp = _stored(att, terms=("t0", "bytes", "tokens"), shape={"bytes_nd": 2.0})
+    wp = {**_with_overhead(wp, ovh), "model": "m", "dtype": "f32", "clock": "cpu"}
+    v4 = LO.refit(wp, "step1-width")
+    assert v4["fit_form"] == "step1-width" and v4["kv_pad"] == LO.KV_PAD == 256
+    whole_pass_from_dict(v4)
+    op, eo = v4["ops"]["qkv"], v4["ops"]["engine_overhead"]
+    assert eo["terms"] == ["t0", "tokens", "depth"]
+    for n in range(1, 10):
+        for d in (*wp["d"], 511, 600, 2047, 3000):
+            assert op_time(op, n, d, 256) == pytest.approx(att(n, d), rel=1e-9)
+            assert op_time(eo, n, d, 256) == pytest.approx(ovh(n, d), rel=1e-9, abs=1e-12)
+    total, _ = whole_pass_time(v4, 1, 511, 1)
+    assert total == pytest.approx(att(1, 511) + ovh(1, 511), rel=1e-9)
+    v3 = LO.refit(wp, "step1-depth")
+    assert "kv_pad" not in v3 and "kv_pad" not in LO.refit(v4, "step1")  # the form decides
+    miss = abs(op_time(v3["ops"]["qkv"], 1, 511) - att(1, 511)) / att(1, 511)
+    assert miss > 0.05
+    with pytest.raises(InputError, match="kv_pad"):
+        whole_pass_from_dict({**v4, "kv_pad": 0})

@@ -79,3 +79,78 @@ def test_without_whole_pass_there_is_no_fourth_version(tmp_path):
     (c,) = validate(plan, runs, rules_path=str(RULES_WP)).configurations
     assert "whole_pass" not in c.versions
     assert all(r.holds is None for r in c.rules)  # nothing to score the rules on
+
+
+def _cells(d: int, n: int, pad: int = 256) -> int:
+    w = pad
+    while w < d + n:  # llama.cpp's get_n_kv, by counting
+        w += pad
+    return w
+
+
+def _hand_ops_padded(n: int, d: int, layers: int) -> float:
+    """hand_ops with attention reading the padded view's cells instead of d + n."""
+    w = _cells(d, n)
+    att, att_w = (
+        1000 * (d + n) * 1e-6 / 10.0 + 2000 * n * (d + n) * 1e-6 / 20.0,
+        1000 * w * 1e-6 / 10.0 + 2000 * n * w * 1e-6 / 20.0,
+    )
+    return hand_ops(n, d, layers)[0] + layers * (att_w - att)
+
+
+def test_a_padded_kv_view_is_scored_at_the_runs_cache_lengths(tmp_path):
+    """A profile with kv_pad and runs that give context_len (511: a prompt of 512 tokens) and
+    the throughput generations' tokens (128): the verify times are the ops one token short of
+    the depth, reading llama.cpp's padded view (512 cells at n = 1, 768 at n >= 2), and k̂* is
+    picked from the step times averaged over the cache lengths 511..638 the generations pass."""
+    from _synthetic_runs import draft_ms
+
+    from specmoe.cost import theory
+
+    prof = write_profile(tmp_path / "profile.json")
+    p = load_profile(prof)
+    wp = {**synthetic_whole_pass(), "model": "tiny-moe", "layers": L, "kv_pad": 256}
+    dataclasses.replace(p, whole_pass=wp).save(prof)
+    plan = write_plan(tmp_path / "plan" / "plan.json", prof)
+    runs = write_runs(tmp_path / "runs")
+    for name, key, value in (
+        ("verify.json", "context_len", 511),
+        ("throughput.json", "tokens", 128),
+    ):
+        raw = json.loads((runs / name).read_text())
+        raw["configurations"][0][key] = value
+        (runs / name).write_text(json.dumps(raw))
+    pl = load_plan(plan)
+    (c,) = validate(plan, runs).configurations
+    v = c.versions["whole_pass"]
+    ops = np.array([_hand_ops_padded(n, 511, L) for n in range(1, 10)])
+    dedup = np.asarray(pl.whole_pass.expert_ms["dedup"])
+    assert v.verify_ms.dedup == pytest.approx(ops + dedup, rel=1e-12)
+    assert ops[1] - ops[0] > 0.1  # the step at 512 cells is in the prediction
+    step = np.array(
+        [np.mean([_hand_ops_padded(n, c0, L) for c0 in range(511, 639)]) for n in range(1, 10)]
+    )
+    V = (step + dedup)[: len(draft_ms())] + draft_ms()
+    acc = json.loads((runs / "throughput.json").read_text())["configurations"][0]["acceptance"]
+    assert list(v.k_hat) == [theory.best_draft_length(list(V), a) for a in acc]
+    V_verify = (ops + dedup)[: len(draft_ms())] + draft_ms()  # what the verify context picks
+    assert list(v.k_hat) != [theory.best_draft_length(list(V_verify), a) for a in acc]
+    # without the runs' cache lengths: the configuration's depth, as before
+    (c0,) = validate(plan, write_runs(tmp_path / "runs0")).configurations
+    ops0 = np.array([_hand_ops_padded(n, 512, L) for n in range(1, 10)])
+    assert c0.versions["whole_pass"].verify_ms.dedup == pytest.approx(ops0 + dedup, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "name, key, bad", [("verify.json", "context_len", -1), ("throughput.json", "tokens", 0)]
+)
+def test_bad_cache_lengths_are_named(tmp_path, name, key, bad):
+    from specmoe.errors import InputError
+    from specmoe.formats.runs import load_runs
+
+    runs = write_runs(tmp_path / "runs")
+    raw = json.loads((runs / name).read_text())
+    raw["configurations"][0][key] = bad
+    (runs / name).write_text(json.dumps(raw))
+    with pytest.raises(InputError, match=f"{name}: {key} must be an integer"):
+        load_runs(runs)

@@ -106,7 +106,7 @@ def _fake_units(wc, folder, cfg, rng):
                     v = float(rng.uniform(100, 200))
                     tps[(k, a, p, r)] = v
                     gens.append({"k": k, "acceptance": a, "tokens_per_s": v, "decode_ms": 10.0,
-                                 "sum_t_verify_ms": 8.0, "rounds": 4})  # fmt: skip
+                                 "sum_t_verify_ms": 8.0, "rounds": 4, "tokens": 16})  # fmt: skip
             unit = {"kind": "oracle", "depth": d, "prompt_index": p, "prompt_id": f"doc{p}",
                     "repeat": r, "generations": gens}  # fmt: skip
             (folder / "units" / f"oracle-d{d}-r{r}-p{p:02d}.json").write_text(json.dumps(unit))
@@ -133,6 +133,7 @@ def test_aggregate_writes_the_runs_format_with_brute_force_statistics(wc, tmp_pa
             assert t["tokens_per_s"][ai][k] == float(np.median(cells))
             assert [x for row in t["per_prompt_tokens_per_s"][ai][k] for x in row] == cells
     assert v["draft_ms"] == [0.5] * len(wc.KS)  # (decode - sum T_T) / rounds
+    assert v["context_len"] == 63 and t["tokens"] == 16  # the cache lengths the passes ran at
     (m,) = load_runs(tmp_path)
     assert m.depth == 64 and m.throughput.shape == (len(wc.ACCEPTANCE), len(wc.KS))
 

@@ -155,37 +155,53 @@ def held_out_split(n_values: Sequence[int]) -> tuple[list[int], list[int]]:
 # ---------------------------------------------------------------------------- the whole pass
 
 
-def op_features(op: Mapping[str, Any], n: float, d: float) -> dict[str, float]:
-    """The features of a stored op at (n, d): its ``shape`` coefficients (see bench.ops)."""
+def kv_width(d: Any, n: Any, pad: int) -> Any:
+    """The KV cells a pass of n tokens after d cached ones attends over in an engine that
+    pads its cache view: ``max(pad, ⌈(d + n) / pad⌉ · pad)``. llama.cpp's
+    ``llama_kv_cache::get_n_kv`` (``src/llama-kv-cache.cpp``) takes the cells up to the last
+    used one, padded to ``max(n_pad, 256)``; its non-flash attention computes K·Q, the masked
+    softmax and V·P over every one of them, masked or not. Elementwise on arrays."""
+    p = float(pad)
+    return np.maximum(p, np.ceil((np.asarray(d, float) + np.asarray(n, float)) / p) * p)
+
+
+def op_features(
+    op: Mapping[str, Any], n: float, d: float, pad: int | None = None
+) -> dict[str, float]:
+    """The features of a stored op at (n, d): its ``shape`` coefficients (see bench.ops).
+    ``pad`` (an engine's KV padding, a whole pass's ``kv_pad``): the cells read,
+    :func:`kv_width`, stand for d + n in the attention's bytes and flops and for d in the
+    ``depth`` term (the attention mask the engine fills covers the same cells)."""
     s = op.get("shape", {})
+    width = d + n if pad is None else kv_width(d, n, pad)
     return {
-        "bytes": s.get("bytes0", 0.0)
-        + s.get("bytes_n", 0.0) * n
-        + s.get("bytes_nd", 0.0) * (d + n),
-        "flops": s.get("flops_n", 0.0) * n + s.get("flops_nd", 0.0) * n * (d + n),
+        "bytes": s.get("bytes0", 0.0) + s.get("bytes_n", 0.0) * n + s.get("bytes_nd", 0.0) * width,
+        "flops": s.get("flops_n", 0.0) * n + s.get("flops_nd", 0.0) * n * width,
         "tokens": n * 1.0,
-        "depth": d * 1.0,
+        "depth": d * 1.0 if pad is None else width * 1.0,
     }
 
 
-def op_time(op: Mapping[str, Any], n: float, d: float) -> float:
+def op_time(op: Mapping[str, Any], n: float, d: float, pad: int | None = None) -> float:
     """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied).
     An op with a one-row fit (``fit_n1``, ``terms_n1``: an engine whose kernels take another
     path for a single row, :func:`specmoe.engines.llamacpp_ops.refit`) uses it at n = 1 and
-    ``fit`` at n >= 2."""
+    ``fit`` at n >= 2. ``pad``: as :func:`op_features`."""
     if n == 1 and op.get("fit_n1") is not None:
         terms = tuple(op["terms_n1"])
         fit = OpFit(terms, coef_from_fit(op["fit_n1"], terms))
     else:
         terms = tuple(op["terms"])
         fit = OpFit(terms, coef_from_fit(op["fit"], terms))
-    return float(fit.predict(op_features(op, n, d)))
+    return float(fit.predict(op_features(op, n, d, pad)))
 
 
 def whole_pass_time(
     profile_whole_pass: Mapping[str, Any], n: int, d: int, num_layers: int
 ) -> tuple[float, float]:
     """The whole pass without its expert operation, (τ_ms, ε), from per-operation fits.
+    ``d`` is the cache's length before the pass; a whole pass with ``kv_pad`` (an engine that
+    pads its KV view, :func:`kv_width`) gives its ops the cells read.
 
     Sums, by Eq. (22) generalised to every operation of the pass, the fit of each op whose
     ``in_sum`` is true: ``per: "model"`` ops once (embedding lookup, final norm + lm_head),
@@ -208,12 +224,13 @@ def whole_pass_time(
         raise InputError(f"must be a positive integer, got {n!r}", argument="n")
     if not (isinstance(d, int) and d >= 0) or isinstance(d, bool):
         raise InputError(f"must be a non-negative integer, got {d!r}", argument="d")
+    pad = profile_whole_pass.get("kv_pad")
     total = err = 0.0
     for op in profile_whole_pass["ops"].values():
         if not op.get("in_sum", True):
             continue
         reps = int(op.get("count", 1)) * (num_layers if op["per"] == "layer" else 1)
-        t = op_time(op, n, d) * reps
+        t = op_time(op, n, d, pad) * reps
         total += t
         if op.get("err_ms") is not None:
             err += float(op["err_ms"]) * reps

@@ -475,9 +475,11 @@ def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Seq
     }
 
 
-FIT_FORMS = ("linear", "step1", "step1-depth")
-# the ops whose fits take the depth term in the step1-depth form (version 3)
+FIT_FORMS = ("linear", "step1", "step1-depth", "step1-width")
+# the ops whose fits take the depth term in the step1-depth and step1-width forms (versions 3, 4)
 DEPTH_OPS = ("engine_overhead",)
+# llama.cpp's KV view padding (llama_kv_cache::get_n_kv: max(n_pad, 256)), the step1-width form's
+KV_PAD = 256
 
 
 def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
@@ -502,7 +504,17 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
     graph's nodes) had a fixed time and a per-token time only, and its median at n = 1 grew
     with the depth (0.13 ms at d = 256 to 0.36 ms at d = 2048 in the round-1 benchmark): the
     part of a decode outside the graph's nodes that sets the KV cache up for the pass (its
-    views and the attention mask over every cell of the cache) grows with the cache."""
+    views and the attention mask over every cell of the cache) grows with the cache.
+
+    ``step1-width`` (version 4, round 4): ``step1-depth`` on the KV cells a pass reads
+    instead of the cache's length (``kv_pad`` = :data:`KV_PAD` in the result,
+    :func:`specmoe.cost.ops_fit.kv_width`). llama.cpp attends over the used cells padded to
+    256 (``llama_kv_cache::get_n_kv``), masked or not, and fills the mask over the same cells:
+    a pass of one token after 511 reads 512 cells, after 512 it reads 768. Measured on the
+    AVX-512 EPYC (bundled f32 GGUF, per-node profile, 15 alternating repetitions): one-token
+    attention 0.243 ms a layer after 511 tokens against 0.292 after 512, the pass 1.46 against
+    1.68 ms. The benchmark's depths (multiples of 256) read d + 256 cells at every n; the
+    verify runs' passes after depth - 1 tokens read depth cells at n = 1."""
     if form not in FIT_FORMS:
         raise InputError(f"must be one of {', '.join(FIT_FORMS)}, got {form!r}", argument="fit")
     ns, ds = [int(v) for v in whole_pass["n"]], [int(v) for v in whole_pass["d"]]
@@ -511,16 +523,17 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
         "layer": np.asarray(whole_pass["layer_ms"], float),
         "pass": np.asarray(whole_pass["pass_ms"], float),
     }
-    step = form in ("step1", "step1-depth")
+    step = form in ("step1", "step1-depth", "step1-width")
+    pad = KV_PAD if form == "step1-width" else None
     rows = [v for v in ns if v >= 2] if step else ns
     fit_n, held_n = OF.held_out_split(rows)
     ops: dict[str, Any] = {}
     for name, op in whole_pass["ops"].items():
         m = np.asarray(op["median_ms"], float)
         terms = tuple(t for t in op["terms"] if t != "depth")  # the form decides the depth term
-        if form == "step1-depth" and name in DEPTH_OPS:
+        if form in ("step1-depth", "step1-width") and name in DEPTH_OPS:
             terms += ("depth",)
-        feats = OF.op_features({"shape": op["shape"]}, nn_, dd_)
+        feats = OF.op_features({"shape": op["shape"]}, nn_, dd_, pad)
         feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
         fsel = np.isin(nn_, fit_n)
         hsel = np.isin(nn_, held_n) if held_n else fsel
@@ -567,7 +580,9 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
         entry["eps_max"] = float(np.max(errs))
         entry["err_ms"] = float(np.median(absd)) if signed else None
         ops[name] = entry
-    return {**whole_pass, "ops": ops, "fit_form": form}
+    out = {**whole_pass, "ops": ops, "fit_form": form}
+    out.pop("kv_pad", None)
+    return out if pad is None else {**out, "kv_pad": pad}
 
 
 def expert_fit(rec: _Records, dims: Dims, *, n_values: Sequence[int]) -> dict[str, Any]:

@@ -44,8 +44,10 @@ Fields (paper 002 Section 2, Appendix E):
                     "ops": {op: {"per": "layer"|"model", "count", "in_sum", "terms", "shape",
                     "fit": {"t0_ms", "bytes_gbps", "gflops", "per_token_ms"[, "per_depth_ms"]}, "eps",
                     "n", "d",
-                    "median_ms": [d][n], "p10_ms", "p90_ms"}}, "overhead_ms_per_layer": [d][n]}``;
-                    :func:`specmoe.cost.ops_fit.whole_pass_time` sums it
+                    "median_ms": [d][n], "p10_ms", "p90_ms"}}, "overhead_ms_per_layer": [d][n]
+                    [, "kv_pad": P]}``; :func:`specmoe.cost.ops_fit.whole_pass_time` sums it
+                    (with ``kv_pad``, an engine's KV view padding, on the cells a pass reads:
+                    :func:`specmoe.cost.ops_fit.kv_width`)
 """
 
 from __future__ import annotations
@@ -218,6 +220,9 @@ def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
             rows = _finite_list(f"{where}.{key}", path, op.get(key), len(ds))
             if any(not isinstance(r, list) or len(r) != len(ns) for r in rows):
                 raise InputError(f"{path}: {where}.{key} must be [{len(ds)} depths][{len(ns)} n]")
+    pad = wp.get("kv_pad")
+    if pad is not None and not _is_int(pad, 1):
+        raise InputError(f"{path}: whole_pass.kv_pad must be a positive integer, got {pad!r}")
     ov = wp.get("overhead_ms_per_layer")
     if ov is not None:
         _finite_list("whole_pass.overhead_ms_per_layer", path, ov, len(ds))

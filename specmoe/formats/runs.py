@@ -47,6 +47,14 @@ without them load and score as before:
   repeat); the k = 0 column holds the same k = 0 generations at every acceptance value.
   ``tokens_per_s`` [A, K] stays (the median over prompts x repeats).
 
+The cache lengths the passes ran at, both optional (then the whole-pass version is summed at
+the configuration's depth, as before): ``"context_len"`` in a ``verify.json`` configuration,
+the tokens cached before each timed pass (``depth - 1`` in
+:func:`specmoe.engine.measure.verify_passes`), and ``"tokens"`` in a ``throughput.json``
+configuration, the tokens each generation adds after its prompt, so that its passes run at
+cache lengths ``context_len`` up to ``context_len + tokens``. An engine whose passes read a
+padded KV view (``kv_pad`` in the profile's ``whole_pass``) costs a step by the cells it reads.
+
 The innermost lists (repetitions) may differ in length between prompts; the arrays are padded
 with NaN there. A campaign record ``runs_campaign.json`` in the folder of the model folders (or
 in a model folder itself) may carry ``"predictions": {"<model folder name>": {"plan": PATH,
@@ -107,6 +115,8 @@ class Measured:
     per_prompt_repeats_on_ms: np.ndarray | None = None  # [P, n, R], NaN-padded
     throughput_prompts: tuple[str, ...] | None = None  # [P_t]
     per_prompt_tokens_per_s: np.ndarray | None = None  # [A, K, P_t, R], NaN-padded
+    context_len: int | None = None  # tokens cached before each timed verify pass
+    throughput_tokens: int | None = None  # tokens each throughput generation adds
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -372,6 +382,11 @@ def _load_folder(folder: Path) -> list[Measured]:
             if h.size < len(ks):
                 raise InputError(f"{vpath}: draft_ms needs h(k) for k = 0..{len(ks) - 1}")
             h = h[: len(ks)]
+        ctx, gen = c.get("context_len"), t.get("tokens")
+        if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 0):
+            raise InputError(f"{vpath}: context_len must be an integer >= 0, got {ctx!r}")
+        if gen is not None and (isinstance(gen, bool) or not isinstance(gen, int) or gen < 1):
+            raise InputError(f"{tpath}: tokens must be an integer >= 1, got {gen!r}")
         model = str(c.get("model") or vm or tm or "")
         device = str(c.get("device") or vtop.get("device") or "")
         engine = str(c.get("engine") or vtop.get("engine") or "")
@@ -399,6 +414,8 @@ def _load_folder(folder: Path) -> list[Measured]:
                 per_prompt_repeats_on_ms=rep_on,
                 throughput_prompts=t_ids,
                 per_prompt_tokens_per_s=samples,
+                context_len=ctx,
+                throughput_tokens=gen,
             )
         )
     names = [m.name for m in out]

@@ -209,7 +209,12 @@ def score_configuration(
     versions = prediction_versions(profile, tau1, off, num_layers=num_layers, n_max=n_top)
     scored_as = scored_version(rules)
     if plan is not None:
-        wpv, note = whole_pass_version(plan, profile, m.depth, n_top)
+        steps = None
+        if m.context_len is not None and m.throughput_tokens is not None:
+            steps = range(m.context_len, m.context_len + m.throughput_tokens)
+        wpv, note = whole_pass_version(
+            plan, profile, m.depth, n_top, context=m.context_len, step_contexts=steps
+        )
         if wpv is not None:
             versions["whole_pass"] = wpv
         if note:
@@ -254,11 +259,13 @@ def score_configuration(
             p: verify_error(tau[p][vsc], measured_tau[p][vsc]) for p in tau if p in measured_tau
         }
         V_hat = (tau[kernel][: K + 1] + h).tolist()
-        ks = kstar_scores(V_hat, T, acc)
+        # the step times at the throughput runs' cache lengths, where a version has them
+        V_step = (v.get("step_verify_ms", tau)[kernel][: K + 1] + h).tolist()
+        ks = kstar_scores(V_step, T, acc)
         delta = step_time_error(V_hat, V)
         thr_best = (T / T[:, :1]).max(axis=1)
         sp = speedup_scores(
-            V_hat,
+            V_step,
             V,
             acc,
             delta,

@@ -45,13 +45,25 @@ __all__ = [
 
 
 def whole_pass_version(
-    plan: Plan, profile: Any, depth: int | None, n_max: int
+    plan: Plan,
+    profile: Any,
+    depth: int | None,
+    n_max: int,
+    *,
+    context: int | None = None,
+    step_contexts: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The whole-pass version at n = 1..n_max, {verify_ms, expert_ms} per kernel and its
     combined error ``epsilon`` (the largest of the plan's), with a note; (None, note) when the
-    plan has no ``whole_pass`` or too few pass sizes. The other operations are summed at the
-    configuration's ``depth`` from the profile's ``whole_pass``; without one, the plan's own
-    sums at its context are used (and said in the note)."""
+    plan has no ``whole_pass`` or too few pass sizes. The other operations are summed from
+    the profile's ``whole_pass`` at ``context`` (the cache's length before the verify runs'
+    passes) or, without one, at the configuration's ``depth``; without a profile
+    ``whole_pass``, the plan's own sums at its context are used (and said in the note).
+
+    ``step_contexts`` (the cache lengths of the throughput runs' passes): ``step_verify_ms``,
+    the mean over them of the verify time, the step time's verify part that picks k̂*; it
+    differs from ``verify_ms`` only where a profile's ``kv_pad`` makes the cells read step with
+    the cache (otherwise ``verify_ms`` is used for both, as before)."""
     wp = plan.whole_pass
     if wp is None:
         return None, None
@@ -62,10 +74,20 @@ def whole_pass_version(
         )
     note = None
     prof_wp = getattr(profile, "whole_pass", None)
-    if prof_wp is not None and depth is not None:
+    step = None
+    if prof_wp is not None and (depth is not None or context is not None):
+        d0 = int(depth if context is None else context)
         ops = np.array(
-            [whole_pass_time(prof_wp, n, int(depth), wp.num_layers)[0] for n in range(1, n_max + 1)]
+            [whole_pass_time(prof_wp, n, d0, wp.num_layers)[0] for n in range(1, n_max + 1)]
         )
+        if step_contexts is not None and prof_wp.get("kv_pad") is not None:
+            cs = [int(c) for c in step_contexts]
+            step = np.array(
+                [
+                    np.mean([whole_pass_time(prof_wp, n, c, wp.num_layers)[0] for c in cs])
+                    for n in range(1, n_max + 1)
+                ]
+            )
     else:
         ops = np.asarray(wp.ops_ms[:n_max], float)
         note = f"whole-pass version: the plan's sums at depth {wp.context} (no profile whole_pass)"
@@ -75,6 +97,8 @@ def whole_pass_version(
         "expert_ms": expert,
         "epsilon": float(wp.epsilon_max),
     }
+    if step is not None:
+        version["step_verify_ms"] = {p: step + e for p, e in expert.items()}
     return version, note
 
 
