@@ -257,3 +257,44 @@ def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path
             mod.main(bad)
         assert exc.value.code == 2
         assert name in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _warmth():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp_verify_warmth.py"
+    spec = importlib.util.spec_from_file_location("llamacpp_verify_warmth", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_verify_warmth_benchmark_times_every_mode_and_refuses_bad_input(gguf, tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    mod = _warmth()
+    # paired ratios against values worked by hand
+    g = np.ones((2, 9))
+    s = mod.summarize({"greedy": g, "text": 2 * g, "text_later": np.vstack([g[0], 3 * g[1]])})
+    assert s["text"]["over_greedy"] == [2.0] * 9 and s["greedy"]["over_greedy"] == [1.0] * 9
+    assert s["text_later"]["over_greedy"] == [2.0] * 9  # median of 1 and 3
+    out = tmp_path / "warmth.json"
+    assert mod.main(["--gguf", str(gguf), "--depth", "32", "--reps", "2", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["context_len"] == 31 and set(rec["modes"]) == set(mod.MODES)
+    for m in mod.MODES:
+        assert np.asarray(rec["samples_ms"][m]).shape == (2, 9)
+        assert min(rec["modes"][m]["median_ms"]) > 0
+    capsys.readouterr()
+    for bad, name in [
+        (["--gguf", str(gguf), "--depth", "1"], "--depth"),
+        (["--gguf", str(gguf), "--reps", "1"], "--reps"),
+        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            mod.main(bad)
+        assert exc.value.code == 2
+        assert name in capsys.readouterr().err.strip().splitlines()[-1]
