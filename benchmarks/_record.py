@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
+
+
+def run_fields(load_before: tuple[float, ...], t0: float) -> dict:
+    """The machine's load average before (given) and after (now) a run started at
+    ``time.time()`` = ``t0``, and its wall seconds: the fields every record ends with."""
+    return {
+        "load_before": list(load_before),
+        "load_after": list(os.getloadavg()),
+        "wall_s": time.time() - t0,
+    }
 
 
 def emit(record: dict, out: str | None) -> None:

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import emit  # noqa: E402
+from _record import emit, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 from specmoe.engines.llamacpp_pass import LlamaCppEngine  # noqa: E402
@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         "block": args.block,
         "rows": summarize(times),
         "samples_ms": {str(n): t for n, t in times.items()},
-        "load_before": list(load0),
-        "load_after": list(os.getloadavg()),
-        "wall_s": time.time() - t0,
+        **run_fields(load0, t0),
     }
     emit(record, args.out)
     return 0

@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import emit  # noqa: E402
+from _record import emit, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 
@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps,
         "modes": summarize(times),
         "samples_ms": {m: t.tolist() for m, t in times.items()},
-        "load_before": list(load0),
-        "load_after": list(os.getloadavg()),
-        "wall_s": time.time() - t0,
+        **run_fields(load0, t0),
     }
     emit(record, args.out)
     return 0

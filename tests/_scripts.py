@@ -1,4 +1,5 @@
-"""Import a file of ``scripts/`` as a module, the way its own ``python scripts/X.py`` run sees it:
+"""Import a file of ``scripts/`` (or ``benchmarks/``) as a module, the way its own
+``python scripts/X.py`` run sees it:
 ``scripts/`` on ``sys.path`` (a script imports its siblings) and the module in ``sys.modules``
 under its file's name (its dataclasses look their module up)."""
 
@@ -12,10 +13,10 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_script(name: str) -> ModuleType:
-    """``scripts/<name>.py`` imported as the module ``name``."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """``<folder>/<name>.py`` (``scripts`` or ``benchmarks``) imported as the module ``name``."""
+    sys.path.insert(0, str(ROOT / folder))
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

@@ -219,14 +219,9 @@ def test_time_pass_extends_the_cache_as_a_forward_does(engine, ids, all_rows):
 
 
 def _output_rows():
-    import importlib.util
-    from pathlib import Path
+    from _scripts import load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp_output_rows.py"
-    spec = importlib.util.spec_from_file_location("llamacpp_output_rows", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llamacpp_output_rows", "benchmarks")
 
 
 def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path, capsys):
@@ -260,14 +255,9 @@ def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path
 
 
 def _warmth():
-    import importlib.util
-    from pathlib import Path
+    from _scripts import load_script
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llamacpp_verify_warmth.py"
-    spec = importlib.util.spec_from_file_location("llamacpp_verify_warmth", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("llamacpp_verify_warmth", "benchmarks")
 
 
 def test_verify_warmth_benchmark_times_every_mode_and_refuses_bad_input(gguf, tmp_path, capsys):
