@@ -79,7 +79,7 @@ from whole_pass_campaign import (  # noqa: E402
     units_of,
 )
 
-from specmoe._io import atomic_write_json  # noqa: E402
+from specmoe._io import atomic_write_json, read_json  # noqa: E402
 
 PROTOCOL = "docs/runs-protocol-llamacpp.md"
 CLOCK = "cpu"
@@ -257,10 +257,19 @@ def open_engine(cfg: Config, gguf: Path, *, lifted_model: Path | None) -> tuple[
 
 
 def run_unit(
-    unit: Unit, cfg: Config, engine: Any, models: Models, folder: Path, *, seed: int
+    unit: Unit,
+    cfg: Config,
+    engine: Any,
+    models: Models,
+    folder: Path,
+    *,
+    seed: int,
+    prime: bool = False,
 ) -> dict:
     """One unit on ``engine``: a verify sweep (the dedup setting alone) or one prompt's
-    repeat of every (k, a) with the oracle draft, as ``whole_pass_campaign.run_unit``."""
+    repeat of every (k, a) with the oracle draft, as ``whole_pass_campaign.run_unit``.
+    ``prime``: each timed verify pass follows an untimed pass of its own tokens
+    (``verify_passes(prime=True)``: llama.cpp reuses the graph, as in speculative rounds)."""
     from specmoe.engine.measure import verify_passes
 
     count = cfg.verify[0] if unit.kind == "verify" else cfg.throughput[0]
@@ -274,6 +283,7 @@ def run_unit(
             n_values=NS,
             repeats=cfg.verify[1],
             warmup=1,
+            prime=prime,
         )
     else:
         gens = oracle_generations(
@@ -333,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a further version's <config>/plan.json and profile.json, committed before the "
         "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
     )
+    ap.add_argument(
+        "--verify-graph-reuse",
+        action="store_true",
+        help="time each verify pass after an untimed pass of its own tokens, so that llama.cpp "
+        "reuses its graph as speculative rounds of one draft length do (protocol, round 6); "
+        "recorded in the design, and a folder's units are all run one way",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
@@ -352,6 +369,17 @@ def main(argv: list[str] | None = None) -> int:
         "out/llamacpp-whole-pass-quick" if args.quick else "results/cpu/llamacpp/whole-pass"
     )
     record_path = out / "runs_campaign.json"
+    if record_path.exists():  # one way of timing the verify passes per folder
+        before = read_json(record_path, "campaign record").get("design", {})
+        for c in names:
+            was = before.get(c, {}).get("verify_primed", False) if c in before else None
+            if was is not None and bool(was) != args.verify_graph_reuse:
+                print(
+                    f"llamacpp_campaign: error: --verify-graph-reuse: {record_path}: "
+                    f"{c}'s units were run {'with' if was else 'without'} it",
+                    file=sys.stderr,
+                )
+                return 2
     record = open_record(
         record_path,
         args,
@@ -365,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                     },
                 ),
                 "kernel_settings": [s for s, _ in SETTINGS],
+                "verify_primed": args.verify_graph_reuse,
             }
             for c in names
         },
@@ -409,7 +438,10 @@ def main(argv: list[str] | None = None) -> int:
                     engine, info = open_engine(cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model)
                     record.setdefault("engines", {})[c] = info
                 info, t0 = start_unit(record, record_path, key)
-                result = run_unit(unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed)
+                result = run_unit(
+                    unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed,
+                    prime=args.verify_graph_reuse,
+                )  # fmt: skip
                 finish_unit(result, unit, t0, done, info)
                 _aggregate(folder, cfg, have)
                 atomic_write_json(record_path, record)

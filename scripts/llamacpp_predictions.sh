@@ -14,6 +14,8 @@
 # results/cpu/llamacpp/whole-pass/predictions-<form>/<config>/ (docs/runs-protocol-llamacpp.md,
 # round 2).
 #
+# GRAPH_REUSE=1 (round 6): the benchmark times each pass after an untimed one of its own size.
+#
 # OUT=DIR (round 3, measured on another machine): the predictions written to DIR/<config>/
 # instead, with FIT=FORM the fresh benchmark's fit form (default step1), and REFIT read from
 # FROM=DIR (default: results/cpu/llamacpp/whole-pass/predictions). Each benchmark also writes
@@ -26,6 +28,7 @@ P0=${FROM:-results/cpu/llamacpp/whole-pass/predictions}
 REFIT=${REFIT:-}
 OUT=${OUT:-}
 FIT=${FIT:-step1}
+GRAPH_REUSE=${GRAPH_REUSE:-}  # 1: the benchmark's passes after a pass of their own size (round 6)
 P=${OUT:-results/cpu/llamacpp/whole-pass/predictions${REFIT:+-$REFIT}}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
@@ -42,7 +45,7 @@ predict() {  # name, GGUF, reps, plan --model
       --fit "$REFIT" --out "$out/bench"
   else
     nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
-      --reps "$reps" --fit "$FIT" --out "$out/bench"
+      --reps "$reps" --fit "$FIT" ${GRAPH_REUSE:+--graph-reuse} --out "$out/bench"
   fi
   if [ -n "$OUT" ]; then  # the processor beyond its name, checked before each campaign unit
     if [ -n "$REFIT" ] && [ -f "$P0/$name/machine.json" ]; then

@@ -156,3 +156,40 @@ def test_the_gguf_epsilon_is_the_stored_float(lc, gguf, tmp_path):
     cfg = json.loads((ROOT / "specmoe" / "data" / "tiny_olmoe" / "config.json").read_text())
     assert lc.gguf_eps(gguf) == pytest.approx(cfg["rms_norm_eps"], rel=1e-6)  # float32
     assert lc.gguf_eps(tmp_path / "none.gguf") is None
+
+
+def test_a_folder_times_its_verify_passes_one_way(lc, gguf, tmp_path, capsys):
+    """A folder whose units ran without --verify-graph-reuse refuses it (and the other way
+    round), before anything is written."""
+    out = tmp_path / "q"
+    out.mkdir()
+    for was, flag in ((False, ["--verify-graph-reuse"]), (True, [])):
+        rec = out / "runs_campaign.json"
+        rec.write_text(json.dumps({"design": {"llamacpp-bundled": {"verify_primed": was}}}))
+        before = rec.read_text()
+        rc = lc.main(["--quick", "--out", str(out), "--bundled-gguf", str(gguf), *flag])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and "--verify-graph-reuse" in err[0]
+        assert rec.read_text() == before and not (out / "llamacpp-bundled").exists()
+
+
+def test_bench_graph_reuse_is_for_a_measured_llamacpp_whole_pass(capsys):
+    from specmoe.cli import main
+
+    for argv in (
+        ["bench", "--model", "bundled", "--graph-reuse"],
+        [
+            "bench",
+            "--model",
+            "bundled",
+            "--engine",
+            "llama.cpp",
+            "--whole-pass",
+            "--from",
+            "p.json",
+            "--graph-reuse",
+        ],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--graph-reuse" in err[0]

@@ -288,3 +288,64 @@ def test_verify_warmth_benchmark_times_every_mode_and_refuses_bad_input(gguf, tm
             mod.main(bad)
         assert exc.value.code == 2
         assert name in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+class _Spy:
+    """The engine, with every forward's tokens and cache length logged."""
+
+    def __init__(self, engine):
+        object.__setattr__(self, "_e", engine)
+        object.__setattr__(self, "log", [])
+
+    def forward(self, kv, tokens):
+        self.log.append(("forward", kv.get_seq_length(), [int(t) for t in tokens]))
+        return self._e.forward(kv, tokens)
+
+    def profile(self, kv, tokens, **kw):
+        self.log.append(("profile", kv.get_seq_length(), [int(t) for t in tokens]))
+        return self._e.profile(kv, tokens, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._e, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._e, name, value)
+
+
+def test_primed_verify_passes_follow_a_pass_of_their_own_tokens(engine, ids):
+    """prime=True: every timed pass of the sweep is preceded by an untimed forward of the same
+    tokens at the same cache length; the records are the same in number and kind."""
+    from specmoe.engine.measure import verify_passes
+
+    spy = _Spy(engine)
+    out = verify_passes(
+        spy, [("p0", ids[:PROMPT])], settings=("dedup",), n_values=(1, 2, 3), repeats=2,
+        warmup=0, prime=True,
+    )  # fmt: skip
+    assert len(out["records"]) == 2 * 3
+    sweep = spy.log[2:]  # after the greedy continuation's max_n - 1 one-token passes
+    assert [len(w) for _, _, w in spy.log[:2]] == [1, 1]
+    assert len(sweep) == 2 * 3 * 2
+    for untimed, timed in zip(sweep[::2], sweep[1::2], strict=True):
+        assert untimed == timed and timed[1] == PROMPT - 1
+    plain = _Spy(engine)
+    verify_passes(plain, [("p0", ids[:PROMPT])], settings=("dedup",), n_values=(1, 2, 3),
+                  repeats=2, warmup=0)  # fmt: skip
+    assert len(plain.log) == 2 + 2 * 3
+
+
+def test_primed_benchmark_times_a_pass_after_one_of_its_own_window(engine, ids):
+    """time_llamacpp_operations(prime=True): each timed forward follows an untimed forward of
+    the same window at the same depth; then the profile and the routing pass, as before."""
+    from specmoe.engines import llamacpp_ops as LO
+
+    spy = _Spy(engine)
+    rec, _ = LO.time_llamacpp_operations(
+        spy, ids[:200], n_values=[1, 2], depths=[64], reps=1, warmup=0, progress=False, prime=True
+    )
+    assert rec.ms["fwd"].shape == (1, 2, 1) and np.all(rec.ms["fwd"] > 0)
+    cells = [spy.log[i : i + 4] for i in range(0, len(spy.log), 4)]
+    assert len(cells) == 2
+    for untimed, timed, prof, routing in cells:
+        assert untimed == timed and untimed[0] == "forward" and untimed[1] == 64
+        assert prof == ("profile", 64, timed[2]) and routing == ("forward", 64, timed[2])

@@ -260,6 +260,7 @@ def run_whole_pass(args: argparse.Namespace) -> int:
         prof = benchmark_profile(
             gguf, ids, n_values=list(range(1, n_max + 1)), depths=depths, reps=reps,
             source={**source, "gguf": str(args.model)}, fit=form,
+            prime=bool(getattr(args, "graph_reuse", False)),
         )  # fmt: skip
     files = []
     if args.out:

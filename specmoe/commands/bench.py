@@ -111,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "PROFILE (a llama.cpp whole-pass profile): refit its medians, measure nothing",
     )
     parser.add_argument(
+        "--graph-reuse",
+        action="store_true",
+        help="--engine llama.cpp --whole-pass: time each un-profiled pass after an untimed pass "
+        "of the same tokens, so that llama.cpp reuses its graph, as in speculative rounds of "
+        "one draft length (default: after a pass of another size, which builds its graph)",
+    )
+    parser.add_argument(
         "--draft-model",
         default=None,
         metavar="DIR_OR_GGUF",
@@ -302,6 +309,14 @@ def run(args: argparse.Namespace) -> int:
         args.engine == "llama.cpp" and getattr(args, "whole_pass", False)
     ):
         raise InputError("--fit: only with --engine llama.cpp --whole-pass")
+    if getattr(args, "graph_reuse", False) and not (
+        args.engine == "llama.cpp"
+        and getattr(args, "whole_pass", False)
+        and getattr(args, "from_profile", None) is None
+    ):
+        raise InputError(
+            "--graph-reuse: only with --engine llama.cpp --whole-pass, measuring (not --from)"
+        )
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench

@@ -44,8 +44,14 @@ def verify_passes(
     crossover: int | None = None,
     progress: Any = None,
     on_prompt: Any = None,
+    prime: bool = False,
 ) -> dict[str, Any]:
     """Time passes of n tokens under each kernel setting; returns records and agreement.
+
+    ``prime``: each timed pass follows an untimed pass of the same tokens, so that it is a
+    pass after one of its own size, as the passes of speculative rounds of one draft length
+    are (llama.cpp reuses the graph of a pass of the same shape; without it every pass here
+    but the first n = 1 follows a pass of another size).
 
     ``prompts``: (prompt id, tokens) pairs, every prompt at least 2 tokens; ``on_prompt(id)``
     is called before each (e.g. to point forced routing at the prompt's document). Returns
@@ -88,7 +94,11 @@ def verify_passes(
                                 s, crossover=crossover, max_pass=max(saved.max_pass, max_n)
                             )
                         )
-                        v = engine.forward(kv, [tokens[-1], *cont[: n - 1]])
+                        window = [tokens[-1], *cont[: n - 1]]
+                        if prime:
+                            engine.forward(kv, window)
+                            crop_cache(kv, ctx)
+                        v = engine.forward(kv, window)
                         crop_cache(kv, ctx)
                         argmax[s] = v
                         if rep >= warmup:

@@ -326,13 +326,17 @@ def time_llamacpp_operations(
     reps: int = 7,
     warmup: int = 1,
     progress: bool = True,
+    prime: bool = False,
 ) -> tuple[_Records, Dims]:
     """Profile a llama.cpp engine's verify passes (module docstring): for each depth d
     (ascending) the cache is ``tokens[:d]``; each repetition runs every n in a rotated order,
     and for each, in this order, an un-profiled :meth:`forward` (so that it follows a pass of
     another n, as a verify pass does in specmoe's verify-time runs and in speculative decoding),
     a :meth:`profile` and an untimed pass recording the routing, all of the same n tokens of ``tokens`` after
-    the prefix (a different window each repetition), cropping back to d after each."""
+    the prefix (a different window each repetition), cropping back to d after each.
+    ``prime``: the un-profiled forward follows an untimed one of the same window, so that it is
+    a pass after one of its own size (llama.cpp reuses that graph), as in speculative rounds of
+    one draft length; otherwise it follows a pass of another n and builds its graph."""
     from specmoe.engine.speculative import crop_cache, new_cache
 
     ns, ds = _ints("n_values", n_values, 1), _ints("depths", depths, 1)
@@ -365,7 +369,10 @@ def time_llamacpp_operations(
                 n = ns[ni]
                 s = d + (r * 7 + ni) % (tail - n + 1)
                 window = [int(t) for t in tokens[s : s + n]]
-                t_fwd = engine.forward(kv, window).t_ms  # after a pass of another n
+                if prime:  # untimed: the timed pass then follows a pass of its own size
+                    engine.forward(kv, window)
+                    crop_cache(kv, d)
+                t_fwd = engine.forward(kv, window).t_ms  # else after a pass of another n
                 crop_cache(kv, d)
                 prof = engine.profile(kv, window)
                 crop_cache(kv, d)
@@ -649,6 +656,7 @@ def benchmark_profile(
     source: dict[str, Any] | None = None,
     progress: bool = True,
     fit: str = "step1",
+    prime: bool = False,
 ) -> Any:
     """The whole benchmark of one GGUF: a :class:`~specmoe.formats.profile.BandwidthProfile`
     whose kernel fields are llama.cpp's MUL_MAT_ID fit and whose ``whole_pass`` is every other
@@ -669,8 +677,9 @@ def benchmark_profile(
     n_ctx = ds[-1] + ns[-1] + 16
     with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
         rec, dims = time_llamacpp_operations(
-            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress
-        )
+            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
+            prime=prime,
+        )  # fmt: skip
     wp = refit(summarize(rec, dims, n_values=ns, depths=ds), fit)
     exp = expert_fit(rec, dims, n_values=ns)
     llc = last_level_cache_bytes("cpu")
@@ -696,6 +705,7 @@ def benchmark_profile(
         notes=notes, weight_bytes=weight_bytes, llc_bytes=llc, reps=reps, warmup=warmup,
         attention=f"llama.cpp's non-flash attention (K·Q, softmax, V·P) on a {kv_type} KV cache",
         engine="llama.cpp", llama_cpp=llamacpp.VERSION, kv_type=kv_type, wall_s=wall,
+        primed=bool(prime),
     )  # fmt: skip
     impl = {
         k: {"device": "cpu", "requested": "ggml", "ran": "ggml", "kernel": "dedup",
