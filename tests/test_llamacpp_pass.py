@@ -349,3 +349,32 @@ def test_primed_benchmark_times_a_pass_after_one_of_its_own_window(engine, ids):
     for untimed, timed, prof, routing in cells:
         assert untimed == timed and untimed[0] == "forward" and untimed[1] == 64
         assert prof == ("profile", 64, timed[2]) and routing == ("forward", 64, timed[2])
+
+
+def test_bench_vs_sweep_benchmark_pairs_the_two_sides_and_refuses_bad_input(gguf, tmp_path, capsys):
+    import json
+
+    from _scripts import load_script
+
+    mod = load_script("llamacpp_bench_vs_sweep", "benchmarks")
+    b = np.ones((3, 9))
+    s = mod.summarize({"benchmark": b, "sweep": np.vstack([0.5 * b[0], b[1], 2 * b[2]])})
+    assert s["sweep_over_benchmark"]["median"] == [1.0] * 9  # the ratios 0.5, 1, 2 paired
+    assert s["benchmark_ms"] == [1.0] * 9
+    out = tmp_path / "bvs.json"
+    argv = ["--gguf", str(gguf), "--depth", "32", "--reps", "2", "--prime", "--out", str(out)]
+    assert mod.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert rec["prime"] is True and rec["n"] == list(range(1, 10))
+    for side in ("benchmark", "sweep"):
+        assert np.asarray(rec["samples_ms"][side]).shape == (2, 9)
+        assert min(rec[f"{side}_ms"]) > 0
+    capsys.readouterr()
+    for bad, name in [
+        (["--gguf", str(gguf), "--reps", "1"], "--reps"),
+        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            mod.main(bad)
+        assert exc.value.code == 2
+        assert name in capsys.readouterr().err.strip().splitlines()[-1]
