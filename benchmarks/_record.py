@@ -26,3 +26,20 @@ def emit(record: dict, out: str | None) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(text + "\n")
     print(text)
+
+
+def add_pass_args(ap, reps_help: str) -> None:
+    """The options of a benchmark of llama.cpp passes on prompts: --gguf, --depth (prompt
+    tokens), --reps and --out."""
+    ap.add_argument("--gguf", required=True, help="the model's GGUF file")
+    ap.add_argument("--depth", type=int, default=512, help="prompt tokens (default 512)")
+    ap.add_argument("--reps", type=int, default=12, help=reps_help)
+    ap.add_argument("--out", default=None, help="also write the record to this file")
+
+
+def check_pass_args(ap, args) -> None:
+    """``ap.error`` (exit 2, one line) for a --depth or --reps below 2 or a missing --gguf."""
+    if args.depth < 2 or args.reps < 2:
+        ap.error("--depth and --reps must be at least 2")
+    if not Path(args.gguf).is_file():
+        ap.error(f"--gguf: {args.gguf}: no such file")

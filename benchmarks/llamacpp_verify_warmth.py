@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import emit, run_fields  # noqa: E402
+from _record import add_pass_args, check_pass_args, emit, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 
@@ -93,15 +93,9 @@ def summarize(times: dict[str, np.ndarray]) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", required=True, help="the model's GGUF file")
-    ap.add_argument("--depth", type=int, default=512, help="prompt tokens (default 512)")
-    ap.add_argument("--reps", type=int, default=12, help="repetitions of each mode (default 12)")
-    ap.add_argument("--out", default=None, help="also write the record to this file")
+    add_pass_args(ap, "repetitions of each mode (default 12)")
     args = ap.parse_args(argv)
-    if args.depth < 2 or args.reps < 2:
-        ap.error("--depth and --reps must be at least 2")
-    if not Path(args.gguf).is_file():
-        ap.error(f"--gguf: {args.gguf}: no such file")
+    check_pass_args(ap, args)
     llamacpp.require_built()
     from specmoe.engine.models import load_tokenizer
     from specmoe.engine.runner import validation_prompts

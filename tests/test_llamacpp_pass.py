@@ -254,6 +254,20 @@ def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path
         assert name in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def _refuses_bad_pass_args(mod, gguf, tmp_path, capsys):
+    """A benchmark of passes on prompts: each bad option is one line naming it, exit 2."""
+    capsys.readouterr()
+    for bad, name in [
+        (["--gguf", str(gguf), "--depth", "1"], "--depth"),
+        (["--gguf", str(gguf), "--reps", "1"], "--reps"),
+        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            mod.main(bad)
+        assert exc.value.code == 2
+        assert name in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def _warmth():
     from _scripts import load_script
 
@@ -278,16 +292,7 @@ def test_verify_warmth_benchmark_times_every_mode_and_refuses_bad_input(gguf, tm
     for m in mod.MODES:
         assert np.asarray(rec["samples_ms"][m]).shape == (2, 9)
         assert min(rec["modes"][m]["median_ms"]) > 0
-    capsys.readouterr()
-    for bad, name in [
-        (["--gguf", str(gguf), "--depth", "1"], "--depth"),
-        (["--gguf", str(gguf), "--reps", "1"], "--reps"),
-        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
-    ]:
-        with pytest.raises(SystemExit) as exc:
-            mod.main(bad)
-        assert exc.value.code == 2
-        assert name in capsys.readouterr().err.strip().splitlines()[-1]
+    _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
 
 
 class _Spy:
@@ -369,12 +374,4 @@ def test_bench_vs_sweep_benchmark_pairs_the_two_sides_and_refuses_bad_input(gguf
     for side in ("benchmark", "sweep"):
         assert np.asarray(rec["samples_ms"][side]).shape == (2, 9)
         assert min(rec[f"{side}_ms"]) > 0
-    capsys.readouterr()
-    for bad, name in [
-        (["--gguf", str(gguf), "--reps", "1"], "--reps"),
-        (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
-    ]:
-        with pytest.raises(SystemExit) as exc:
-            mod.main(bad)
-        assert exc.value.code == 2
-        assert name in capsys.readouterr().err.strip().splitlines()[-1]
+    _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
