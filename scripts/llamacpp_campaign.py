@@ -184,6 +184,14 @@ class PromptCache:
         self._engine.prefill(kv, toks)
         self._prefix = toks
 
+    @property
+    def record_routing(self) -> bool:  # set on the engine (the routing pass of a probe)
+        return self._engine.record_routing
+
+    @record_routing.setter
+    def record_routing(self, value: bool) -> None:
+        self._engine.record_routing = value
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
@@ -299,6 +307,40 @@ def run_unit(
     return out
 
 
+def level_probe(engine: Any, tokens: Sequence[int], depth: int) -> dict[str, Any]:
+    """One cell of the whole-pass benchmark (:func:`specmoe.engines.llamacpp_ops.
+    time_llamacpp_operations`: one repetition of every n at ``depth``, its cache the first
+    ``depth`` of ``tokens``, each un-profiled pass after an untimed one of its own window), run
+    just before a unit: the benchmark's own kind of pass, measured beside the runs (protocol,
+    round 7). ``ms[n - 1]`` is that pass's time; the committed profile's ``pass_ms`` at the same
+    depth is its reference (``scripts/llamacpp_level.py``). The cache is the one the runs use
+    (a :class:`PromptCache`'s): the next prefill of a prompt decodes it afresh."""
+    from specmoe.engines.llamacpp_ops import time_llamacpp_operations
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    rec, _ = time_llamacpp_operations(
+        engine, tokens, n_values=NS, depths=[depth], reps=1, warmup=0, progress=False, prime=True
+    )
+    return {
+        "depth": depth,
+        "n": list(NS),
+        "ms": [float(x) for x in rec.ms["fwd"][0, :, 0]],
+        "cpu_s": time.process_time() - cpu0,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def probe_tokens(depths: Sequence[int]) -> list[int]:
+    """The whole-pass benchmark's prompt (``specmoe bench --engine llama.cpp --whole-pass``:
+    the first validation document with the deepest depth + 256 tokens) for a probe at
+    ``depths``."""
+    from specmoe.engine.models import load_tokenizer
+    from specmoe.engine.runner import validation_prompts
+
+    ((_, ids),) = validation_prompts(load_tokenizer("bundled"), count=1, context=max(depths) + 256)
+    return [int(t) for t in ids]
+
+
 # ------------------------------------------------------------------------------------------
 
 
@@ -350,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         "reuses its graph as speculative rounds of one draft length do (protocol, round 6); "
         "recorded in the design, and a folder's units are all run one way",
     )
+    ap.add_argument(
+        "--level-probe",
+        action="store_true",
+        help="before each unit, one cell of the whole-pass benchmark at the unit's depth (its "
+        "passes after one of their own size), recorded in the unit as level_probe (protocol, "
+        "round 7: the benchmark's level beside the runs)",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
@@ -372,14 +421,18 @@ def main(argv: list[str] | None = None) -> int:
     if record_path.exists():  # one way of timing the verify passes per folder
         before = read_json(record_path, "campaign record").get("design", {})
         for c in names:
-            was = before.get(c, {}).get("verify_primed", False) if c in before else None
-            if was is not None and bool(was) != args.verify_graph_reuse:
-                print(
-                    f"llamacpp_campaign: error: --verify-graph-reuse: {record_path}: "
-                    f"{c}'s units were run {'with' if was else 'without'} it",
-                    file=sys.stderr,
-                )
-                return 2
+            for key, flag, now in (
+                ("verify_primed", "--verify-graph-reuse", args.verify_graph_reuse),
+                ("level_probe", "--level-probe", args.level_probe),
+            ):
+                was = before.get(c, {}).get(key, False) if c in before else None
+                if was is not None and bool(was) != now:
+                    print(
+                        f"llamacpp_campaign: error: {flag}: {record_path}: "
+                        f"{c}'s units were run {'with' if was else 'without'} it",
+                        file=sys.stderr,
+                    )
+                    return 2
     record = open_record(
         record_path,
         args,
@@ -394,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 "kernel_settings": [s for s, _ in SETTINGS],
                 "verify_primed": args.verify_graph_reuse,
+                "level_probe": args.level_probe,
             }
             for c in names
         },
@@ -426,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         have = _have(cfg, models)
         record_qualifying(record, c, have)
         engine = None
+        probe_ids = probe_tokens(cfg.depths) if args.level_probe else None
         try:
             for unit in units_of_config(cfg):
                 key = f"{c}/{unit.name}"
@@ -437,11 +492,14 @@ def main(argv: list[str] | None = None) -> int:
                 if engine is None:
                     engine, info = open_engine(cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model)
                     record.setdefault("engines", {})[c] = info
+                probe = level_probe(engine, probe_ids, unit.depth) if probe_ids else None
                 info, t0 = start_unit(record, record_path, key)
                 result = run_unit(
                     unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed,
                     prime=args.verify_graph_reuse,
                 )  # fmt: skip
+                if probe is not None:
+                    result["level_probe"] = probe
                 finish_unit(result, unit, t0, done, info)
                 _aggregate(folder, cfg, have)
                 atomic_write_json(record_path, record)

@@ -158,19 +158,60 @@ def test_the_gguf_epsilon_is_the_stored_float(lc, gguf, tmp_path):
     assert lc.gguf_eps(tmp_path / "none.gguf") is None
 
 
-def test_a_folder_times_its_verify_passes_one_way(lc, gguf, tmp_path, capsys):
-    """A folder whose units ran without --verify-graph-reuse refuses it (and the other way
-    round), before anything is written."""
+@pytest.mark.parametrize("key, name", [("verify_primed", "--verify-graph-reuse"),
+                                       ("level_probe", "--level-probe")])  # fmt: skip
+def test_a_folder_times_its_verify_passes_one_way(lc, gguf, tmp_path, capsys, key, name):
+    """A folder whose units ran without --verify-graph-reuse (or --level-probe) refuses it
+    (and the other way round), before anything is written."""
     out = tmp_path / "q"
     out.mkdir()
-    for was, flag in ((False, ["--verify-graph-reuse"]), (True, [])):
+    for was, flag in ((False, [name]), (True, [])):
         rec = out / "runs_campaign.json"
-        rec.write_text(json.dumps({"design": {"llamacpp-bundled": {"verify_primed": was}}}))
+        rec.write_text(json.dumps({"design": {"llamacpp-bundled": {key: was}}}))
         before = rec.read_text()
         rc = lc.main(["--quick", "--out", str(out), "--bundled-gguf", str(gguf), *flag])
         err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and "--verify-graph-reuse" in err[0]
+        assert rc == 2 and len(err) == 1 and name in err[0]
         assert rec.read_text() == before and not (out / "llamacpp-bundled").exists()
+
+
+def test_level_probes_are_the_benchmark_s_passes_before_each_unit(lc, gguf, tmp_path):
+    """--level-probe: every unit holds one benchmark cell at its depth (every n, positive
+    times), taken before the unit; the units' own results are those of a campaign without it
+    (the probe's prefill leaves the prompt cache to decode the next prompt afresh)."""
+    from specmoe.engine.speculative import new_cache
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    out = tmp_path / "quick"
+    args = ["--quick", "--out", str(out), "--bundled-gguf", str(gguf), "--level-probe"]
+    assert lc.main(args) == 0
+    cfg = lc.QUICK["llamacpp-bundled"]
+    record = json.loads((out / "runs_campaign.json").read_text())
+    assert record["design"]["llamacpp-bundled"]["level_probe"] is True
+    for u in lc.units_of_config(cfg):
+        got = json.loads((out / "llamacpp-bundled" / "units" / f"{u.name}.json").read_text())
+        p = got["level_probe"]
+        assert p["depth"] == u.depth and p["n"] == list(lc.NS)
+        assert len(p["ms"]) == len(lc.NS) and min(p["ms"]) > 0
+    # a probe between two prefills of one prompt: the second decodes it again, and its
+    # passes are a fresh engine's
+    ids = lc.probe_tokens(cfg.depths)
+    assert len(ids) >= max(cfg.depths) + 256
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(10, 4000, 40).tolist()
+    with LlamaCppEngine(gguf, n_ctx=512) as eng, LlamaCppEngine(gguf, n_ctx=512) as fresh:
+        pc = lc.PromptCache(eng)
+        kv = new_cache(pc.model)
+        pc.prefill(kv, prompt)
+        lc.level_probe(pc, ids, 64)
+        assert not eng.record_routing
+        pc.prefill(kv, prompt)
+        assert kv.get_seq_length() == len(prompt)
+        kv2 = new_cache(fresh.model)
+        fresh.prefill(kv2, prompt)
+        a, b = pc.forward(kv, [5, 6, 7]), fresh.forward(kv2, [5, 6, 7])
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(a.margin, b.margin)
 
 
 def test_bench_graph_reuse_is_for_a_measured_llamacpp_whole_pass(capsys):

@@ -154,3 +154,42 @@ def test_bad_cache_lengths_are_named(tmp_path, name, key, bad):
     (runs / name).write_text(json.dumps(raw))
     with pytest.raises(InputError, match=f"{name}: {key} must be an integer"):
         load_runs(runs)
+
+
+def test_a_level_scales_the_version_at_its_depth_only(tmp_path):
+    """A profile ``whole_pass.level`` (the benchmark's level beside the runs, round 7)
+    multiplies every time of the version at the runs' depth, and nothing else; a level
+    without the runs' depth scores no whole-pass version and says why."""
+    plan, runs = _world(tmp_path)
+    (c0,) = validate(plan, runs).configurations
+    prof = tmp_path / "profile.json"
+    p = load_profile(prof)
+    for level, scale in (({"512": 1.37, "2048": 0.5}, 1.37), ({"2048": 2.0}, None)):
+        dataclasses.replace(p, whole_pass={**p.whole_pass, "level": level}).save(prof)
+        (c,) = validate(write_plan(tmp_path / "p2" / "plan.json", prof), runs).configurations
+        if scale is None:
+            assert "whole_pass" not in c.versions
+            assert any("level has no depth 512" in n for n in c.notes)
+            continue
+        v, v0 = c.versions["whole_pass"], c0.versions["whole_pass"]
+        for k in ("per_slot", "dedup"):
+            got, want = getattr(v.verify_ms, k), getattr(v0.verify_ms, k)
+            assert got == pytest.approx(scale * np.asarray(want), rel=1e-12)
+        assert c.versions["prediction"].verify_ms.dedup == c0.versions["prediction"].verify_ms.dedup
+
+
+@pytest.mark.parametrize(
+    "level, match",
+    [([1.0], "must be an object"), ({"d512": 1.0}, "is not a depth"), ({"512": 0.0}, "> 0"),
+     ({"512": "x"}, "level")],
+)  # fmt: skip
+def test_bad_levels_are_named(tmp_path, level, match):
+    from specmoe.errors import InputError
+
+    prof = write_profile(tmp_path / "profile.json")
+    wp = {**synthetic_whole_pass(), "model": "tiny-moe", "layers": L, "level": level}
+    raw = json.loads(prof.read_text())
+    raw["whole_pass"] = json.loads(json.dumps(wp))
+    prof.write_text(json.dumps(raw))
+    with pytest.raises(InputError, match=match):
+        load_profile(prof)

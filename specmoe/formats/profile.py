@@ -45,9 +45,13 @@ Fields (paper 002 Section 2, Appendix E):
                     "fit": {"t0_ms", "bytes_gbps", "gflops", "per_token_ms"[, "per_depth_ms"]}, "eps",
                     "n", "d",
                     "median_ms": [d][n], "p10_ms", "p90_ms"}}, "overhead_ms_per_layer": [d][n]
-                    [, "kv_pad": P]}``; :func:`specmoe.cost.ops_fit.whole_pass_time` sums it
-                    (with ``kv_pad``, an engine's KV view padding, on the cells a pass reads:
-                    :func:`specmoe.cost.ops_fit.kv_width`)
+                    [, "kv_pad": P][, "level": {"<depth>": s}]}``;
+                    :func:`specmoe.cost.ops_fit.whole_pass_time` sums it (with ``kv_pad``, an
+                    engine's KV view padding, on the cells a pass reads:
+                    :func:`specmoe.cost.ops_fit.kv_width`); ``level`` (positive factors by the
+                    runs' depth): the benchmark's passes measured beside the runs over the
+                    profile's own (``scripts/llamacpp_level.py``), applied by
+                    :func:`specmoe.validate.whole_pass.whole_pass_version`
 """
 
 from __future__ import annotations
@@ -226,6 +230,16 @@ def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
     ov = wp.get("overhead_ms_per_layer")
     if ov is not None:
         _finite_list("whole_pass.overhead_ms_per_layer", path, ov, len(ds))
+    level = wp.get("level")
+    if level is not None:
+        if not isinstance(level, dict) or not level:
+            raise InputError(f"{path}: whole_pass.level must be an object of depth: factor")
+        for k, v in level.items():
+            if not (isinstance(k, str) and k.isdigit() and int(k) >= 1):
+                raise InputError(f"{path}: whole_pass.level: {k!r} is not a depth (tokens)")
+            (x,) = _finite_list(f"whole_pass.level[{k}]", path, [v])
+            if x <= 0:
+                raise InputError(f"{path}: whole_pass.level[{k}] must be > 0, got {x}")
     return dict(wp)
 
 

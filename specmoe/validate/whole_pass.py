@@ -63,7 +63,13 @@ def whole_pass_version(
     ``step_contexts`` (the cache lengths of the throughput runs' passes): ``step_verify_ms``,
     the mean over them of the verify time, the step time's verify part that picks k̂*; it
     differs from ``verify_ms`` only where a profile's ``kv_pad`` makes the cells read step with
-    the cache (otherwise ``verify_ms`` is used for both, as before)."""
+    the cache (otherwise ``verify_ms`` is used for both, as before).
+
+    A profile ``whole_pass.level`` (``{"<depth>": s}``, ``scripts/llamacpp_level.py``) scales
+    every time of the version at ``depth`` by s: the level of the benchmark's own passes
+    measured beside the runs over the committed benchmark's. The draft's time is the runs',
+    unscaled; with a draft of no cost a uniform factor leaves k̂* and the predicted speedup as
+    they are, and moves the verify error only."""
     wp = plan.whole_pass
     if wp is None:
         return None, None
@@ -92,6 +98,18 @@ def whole_pass_version(
         ops = np.asarray(wp.ops_ms[:n_max], float)
         note = f"whole-pass version: the plan's sums at depth {wp.context} (no profile whole_pass)"
     expert = {p: np.asarray(wp.expert_ms[p][:n_max], float) for p in ("per_slot", "dedup")}
+    level = prof_wp.get("level") if prof_wp is not None else None
+    if level is not None and depth is not None:
+        if str(int(depth)) not in level:
+            return None, (
+                f"whole-pass version not scored: the profile's level has no depth {depth} "
+                f"(it has {', '.join(sorted(level, key=int))})"
+            )
+        s = float(level[str(int(depth))])  # the benchmark's level beside the runs (round 7)
+        ops, expert = ops * s, {p: e * s for p, e in expert.items()}
+        if step is not None:
+            step = step * s
+        note = f"whole-pass version at the level measured beside the runs: x{s:.3f}"
     version = {
         "verify_ms": {p: ops + e for p, e in expert.items()},
         "expert_ms": expert,
