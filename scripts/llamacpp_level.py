@@ -30,7 +30,9 @@ Usage: ``python scripts/llamacpp_level.py --predictions DIR --runs FOLDER --out 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from specmoe._io import atomic_write_json, read_json  # noqa: E402
+from specmoe._io import atomic_write_bytes, atomic_write_json, read_json  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 
 
@@ -134,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
                 if not p.is_file():
                     raise InputError(f"--predictions: {p}: no such file")
             profile = read_json(prof_path, "profile")
-            plan = read_json(plan_path, "plan")
+            read_json(plan_path, "plan")  # a JSON file, or one line naming it
             lev = level_of(profile, _units(args.runs / c), str(prof_path))
             profile = json.loads(json.dumps(profile))
             profile["whole_pass"]["level"] = lev["levels"]
+            profile["whole_pass"]["level_base"] = {  # relative to the version's folder
+                "profile": os.path.relpath(prof_path.resolve(), (args.out / c).resolve()),
+                "sha256": hashlib.sha256(prof_path.read_bytes()).hexdigest(),
+            }
             profile["whole_pass"]["level_how"] = (
                 "median over the verify units of sum_n probe(n) / sum_n pass_ms(d, n): the "
                 f"benchmark's passes measured beside the runs of {args.runs} "
@@ -146,14 +152,15 @@ def main(argv: list[str] | None = None) -> int:
             from specmoe.formats.profile import profile_from_dict
 
             profile_from_dict(profile, path=str(prof_path))  # the version loads as validate reads
-            made.append((c, profile, plan, lev))
+            made.append((c, profile, plan_path, lev))
     except InputError as e:
         print(f"llamacpp_level: error: {e}", file=sys.stderr)
         return 2
-    for c, profile, plan, lev in made:
+    for c, profile, plan_path, lev in made:
         out = args.out / c
         atomic_write_json(out / "profile.json", profile)
-        atomic_write_json(out / "plan.json", plan)
+        # the committed plan byte for byte (validate checks its recorded SHA-256)
+        atomic_write_bytes(out / "plan.json", plan_path.read_bytes())
         atomic_write_json(out / "level.json", {"runs": str(args.runs), **lev})
         for d, x in lev["depths"].items():
             print(

@@ -6,6 +6,7 @@ exactly; the probes themselves are tested in tests/test_llamacpp_campaign.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -64,7 +65,10 @@ def test_the_level_is_the_median_of_the_verify_units_ratios(lv, tmp_path):
     # everything else is the committed prediction's
     want = json.loads((PRED / CFG / "profile.json").read_text())
     have = json.loads((out / CFG / "profile.json").read_text())
-    for k in ("level", "level_how"):
+    base = have["whole_pass"]["level_base"]
+    assert (out / CFG / base["profile"]).resolve() == (PRED / CFG / "profile.json").resolve()
+    assert base["sha256"] == hashlib.sha256((PRED / CFG / "profile.json").read_bytes()).hexdigest()
+    for k in ("level", "level_how", "level_base"):
         have["whole_pass"].pop(k)
     assert have == want
     plan = json.loads((out / CFG / "plan.json").read_text())
@@ -92,3 +96,31 @@ def test_bad_units_are_one_line_and_write_nothing(lv, tmp_path, capsys, defect):
     assert rc == 2 and len(err) == 1 and err[0].startswith("llamacpp_level: error: ")
     assert ("verify-d512-p00.json" in err[0]) or ("depth 300" in err[0])
     assert not out.exists()
+
+
+def test_validate_checks_a_level_version_as_its_committed_base(lv, tmp_path):
+    """The version's profile is checked as the committed profile it names (its SHA-256, and
+    nothing changed but the level); a profile changed anywhere else, or a base whose bytes
+    moved, is refused naming the file."""
+    from specmoe.errors import InputError
+    from specmoe.validate.whole_pass import level_base
+
+    _write_units(tmp_path / "runs", {512: [1.2, 0.9], 2048: [0.7, 0.8]})
+    out = tmp_path / "v6"
+    argv = ["--predictions", str(PRED), "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    assert lv.main(argv) == 0
+    prof = out / CFG / "profile.json"
+    base, note = level_base(prof)
+    assert base.resolve() == (PRED / CFG / "profile.json").resolve()
+    assert "level measured beside the runs" in note
+    assert level_base(PRED / CFG / "profile.json") == (PRED / CFG / "profile.json", "")
+    raw = json.loads(prof.read_text())
+    raw["whole_pass"]["kv_pad"] = 128  # a change beyond the level
+    prof.write_text(json.dumps(raw))
+    with pytest.raises(InputError, match="differs from its level_base"):
+        level_base(prof)
+    raw["whole_pass"]["kv_pad"] = 256
+    raw["whole_pass"]["level_base"]["sha256"] = "0" * 64
+    prof.write_text(json.dumps(raw))
+    with pytest.raises(InputError, match="does not have the sha256"):
+        level_base(prof)

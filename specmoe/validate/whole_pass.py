@@ -366,12 +366,13 @@ def check_recorded_prediction(
     if plan_file.is_dir():
         plan_file = plan_file / "plan.json"
     notes: dict[str, str] = {}
+    prof_file, level_note = level_base(Path(profile_path))
     for folder in runs_folders:
         rec = recorded_prediction(folder)
         if rec is None:
             continue
         checked = []
-        got_plan, got_prof = _sha256(plan_file), _sha256(Path(profile_path))
+        got_plan, got_prof = _sha256(plan_file), _sha256(prof_file)
         for i, (plan_sha, prof_sha) in enumerate(rec.also):  # a further recorded version
             if plan_sha == got_plan and prof_sha in (None, got_prof):
                 notes[str(folder)] = (
@@ -384,7 +385,7 @@ def check_recorded_prediction(
             continue
         for what, file, want, recorded_as in (
             ("plan", plan_file, rec.plan_sha256, rec.plan),
-            ("profile", Path(profile_path), rec.profile_sha256, rec.profile),
+            ("profile", prof_file, rec.profile_sha256, rec.profile),
         ):
             if want is None:
                 continue
@@ -402,7 +403,55 @@ def check_recorded_prediction(
                 f"prediction checked: the {' and '.join(checked)} scored have the sha256 "
                 f"that {_shown(rec.record)} recorded before the runs"
             )
+        if level_note and str(folder) in notes:
+            notes[str(folder)] += level_note
     return notes
+
+
+LEVEL_KEYS = ("level", "level_how", "level_base")
+
+
+def level_base(profile_path: Path) -> tuple[Path, str]:
+    """The committed profile a level version stands on, and a note: a profile whose
+    ``whole_pass`` has ``level`` and ``level_base`` (``{"profile": path from the profile's
+    folder, "sha256": ...}``, written by ``scripts/llamacpp_level.py``) is checked as that base profile, after checking
+    that the base has that SHA-256 and that the two differ only by those keys. Any other
+    profile is its own base (and the note is empty). A mismatch is an ``InputError`` naming
+    the file."""
+    import json
+
+    try:
+        raw = json.loads(Path(profile_path).read_text())
+    except (OSError, ValueError):
+        return Path(profile_path), ""  # load_profile names what is wrong with it
+    wp = raw.get("whole_pass") if isinstance(raw, dict) else None
+    if not isinstance(wp, dict) or "level_base" not in wp:
+        return Path(profile_path), ""
+    base = wp["level_base"]
+    if not (isinstance(base, dict) and isinstance(base.get("profile"), str) and base.get("sha256")):
+        raise InputError(f"{profile_path}: whole_pass.level_base must name a profile and sha256")
+    base_path = Path(profile_path).parent / base["profile"]  # relative to the version's folder
+    if not base_path.is_file():
+        raise InputError(f"{profile_path}: whole_pass.level_base: {base['profile']}: no such file")
+    if _sha256(base_path) != base["sha256"]:
+        raise InputError(
+            f"{profile_path}: whole_pass.level_base: {base['profile']} does not have the "
+            f"sha256 {str(base['sha256'])[:16]} it names"
+        )
+    want = json.loads(base_path.read_text())
+    have = json.loads(json.dumps(raw))
+    for k in LEVEL_KEYS:
+        have["whole_pass"].pop(k, None)
+        want.get("whole_pass", {}).pop(k, None)
+    if have != want:
+        raise InputError(
+            f"{profile_path}: differs from its level_base {base['profile']} beyond "
+            f"whole_pass.level (a level version changes nothing else)"
+        )
+    return base_path, (
+        f"; the profile scored is that prediction with the level measured beside the runs "
+        f"(whole_pass.level {wp.get('level')})"
+    )
 
 
 def _shown(path: str | Path) -> str:
