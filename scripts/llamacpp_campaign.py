@@ -307,6 +307,43 @@ def run_unit(
     return out
 
 
+def redesign(
+    table: dict[str, Config], names: Sequence[str], depths: str | None, design: str | None
+) -> dict[str, Config]:
+    """The named configurations with only ``depths`` (comma-separated, each one of the
+    configuration's) and the throughput ``design`` ("P,R,T", positive integers) at every depth;
+    a ValueError naming the flag when either is not that."""
+    out = {}
+    ds = thr = None
+    if depths is not None:
+        try:
+            ds = tuple(int(x) for x in depths.split(","))
+        except ValueError:
+            raise ValueError(
+                f"--depths: {depths!r} is not a comma-separated list of depths"
+            ) from None
+    if design is not None:
+        try:
+            thr = tuple(int(x) for x in design.split(","))
+        except ValueError:
+            thr = ()
+        if len(thr) != 3 or min(thr) < 1:
+            raise ValueError(f"--throughput-design: {design!r} is not P,R,T (positive integers)")
+    for c in names:
+        cfg = table[c]
+        if ds is not None:
+            bad = [d for d in ds if d not in cfg.depths]
+            if bad:
+                raise ValueError(f"--depths: {c} has the depths {list(cfg.depths)}, not {bad[0]}")
+            cfg = dataclasses.replace(
+                cfg, depths=ds, throughput_at=tuple(x for x in cfg.throughput_at if x[0] in ds)
+            )
+        if thr is not None:
+            cfg = dataclasses.replace(cfg, throughput=thr, throughput_at=())
+        out[c] = cfg
+    return out
+
+
 def level_probe(engine: Any, tokens: Sequence[int], depth: int) -> dict[str, Any]:
     """One cell of the whole-pass benchmark (:func:`specmoe.engines.llamacpp_ops.
     time_llamacpp_operations`: one repetition of every n at ``depth``, its cache the first
@@ -399,6 +436,18 @@ def main(argv: list[str] | None = None) -> int:
         "passes after one of their own size), recorded in the unit as level_probe (protocol, "
         "round 7: the benchmark's level beside the runs)",
     )
+    ap.add_argument(
+        "--depths",
+        default=None,
+        help="comma-separated: run only these of the configurations' depths (protocol, round 8)",
+    )
+    ap.add_argument(
+        "--throughput-design",
+        default=None,
+        metavar="P,R,T",
+        help="the throughput design at every depth run: prompts, repeats, tokens (protocol, "
+        "round 8), instead of the configuration's",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
@@ -406,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c in names if c not in table]
     if bad:
         print(f"llamacpp_campaign: error: --configs: unknown {bad[0]!r}", file=sys.stderr)
+        return 2
+    try:
+        table = {**table, **redesign(table, names, args.depths, args.throughput_design)}
+    except ValueError as e:
+        print(f"llamacpp_campaign: error: {e}", file=sys.stderr)
         return 2
     ggufs = {"bundled": args.bundled_gguf, "lifted": args.lifted_gguf}
     for c in names:
@@ -421,6 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     if record_path.exists():  # one way of timing the verify passes per folder
         before = read_json(record_path, "campaign record").get("design", {})
         for c in names:
+            if c in before and any(
+                before[c].get(k) is not None and before[c][k] != want
+                for k, want in (
+                    ("depths", list(table[c].depths)),
+                    (
+                        "throughput_at_depth",
+                        {str(d): list(table[c].at(d).throughput) for d in table[c].depths},
+                    ),
+                )
+            ):
+                print(
+                    f"llamacpp_campaign: error: --depths/--throughput-design: {record_path}: "
+                    f"{c}'s units were run with another design",
+                    file=sys.stderr,
+                )
+                return 2
             for key, flag, now in (
                 ("verify_primed", "--verify-graph-reuse", args.verify_graph_reuse),
                 ("level_probe", "--level-probe", args.level_probe),

@@ -73,16 +73,17 @@ def anova(x: np.ndarray) -> tuple[float, float, int, int]:
     return sp, msw, P - 1, P * (R - 1)
 
 
-def verify_variance(records: list[dict]) -> dict:
+def verify_variance(records: list[dict], settings: tuple[str, ...] = ("per_slot", "dedup")) -> dict:
     """Per kernel setting and n: the prompt and repeat components of log t, and their pooled
-    values (weighted by degrees of freedom)."""
+    values (weighted by degrees of freedom). ``settings``: the kernel settings the records
+    hold (llama.cpp's runs: dedup alone)."""
     prompts = sorted({r["prompt_id"] for r in records})
     reps = sorted({r["repetition"] for r in records})
     out: dict = {"prompts": len(prompts), "repeats": len(reps), "per_n": {}}
     tau: dict = {}
     num_p = num_e = df_p = df_e = 0.0
     worst_p = worst_e = 0.0
-    for setting in ("per_slot", "dedup"):
+    for setting in settings:
         rows = []
         for n in range(1, 10):
             x = np.full((len(prompts), len(reps)), np.nan)

@@ -234,3 +234,33 @@ def test_bench_graph_reuse_is_for_a_measured_llamacpp_whole_pass(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--graph-reuse" in err[0]
+
+
+def test_a_throughput_design_and_depths_of_its_own(lc, gguf, tmp_path, capsys):
+    """--throughput-design P,R,T and --depths: the units and the recorded design are that
+    design's; a folder run with one design refuses another; bad values are one line, exit 2,
+    and write nothing."""
+    out = tmp_path / "q"
+    base = ["--quick", "--out", str(out), "--bundled-gguf", str(gguf)]
+    assert lc.main([*base, "--throughput-design", "1,1,4", "--depths", "64"]) == 0
+    capsys.readouterr()
+    rec = json.loads((out / "runs_campaign.json").read_text())["design"]["llamacpp-bundled"]
+    assert rec["throughput_at_depth"] == {"64": [1, 1, 4]} and rec["depths"] == [64]
+    names = sorted(p.stem for p in (out / "llamacpp-bundled" / "units").glob("*.json"))
+    cfg = lc.QUICK["llamacpp-bundled"]
+    want = [f"verify-d64-p{p:02d}" for p in range(cfg.verify[0])] + ["oracle-d64-r0-p00"]
+    assert names == sorted(want)
+    gens = json.loads((out / "llamacpp-bundled" / "units" / "oracle-d64-r0-p00.json").read_text())
+    assert {g["tokens"] for g in gens["generations"]} == {4}
+    before = (out / "runs_campaign.json").read_text()
+    for flags, name in (
+        (["--throughput-design", "2,1,8"], "--depths/--throughput-design"),  # another design
+        (["--throughput-design", "1,0,4"], "--throughput-design"),
+        (["--throughput-design", "1,4"], "--throughput-design"),
+        (["--depths", "512"], "--depths"),
+        (["--depths", "x"], "--depths"),
+    ):
+        assert lc.main([*base, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0], (flags, err)
+        assert (out / "runs_campaign.json").read_text() == before
