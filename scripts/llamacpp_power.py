@@ -290,23 +290,22 @@ def main(argv: list[str] | None = None) -> int:
         except InputError as e:
             print(f"llamacpp_power: error: {e}", file=sys.stderr)
             return 2
-        text = own_summary(res)
-        print(text, end="")
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "power-own.json").write_text(json.dumps(res, indent=1) + "\n")
-            (args.out / "power-own.txt").write_text(text)
-        return 0
+        return _emit(res, own_summary(res), args.out, "power-own")
     steps = dict(STEPS)
     if args.steps is not None:
         steps.update(json.loads(args.steps.read_text()))
     res = analyse(steps, args.seed)
-    text = summary(res)
+    return _emit(res, summary(res), args.out, "power")
+
+
+def _emit(res: dict, text: str, out: Path | None, stem: str) -> int:
+    """Print the summary; with ``out``, write STEM.json and STEM.txt there."""
+    from specmoe._io import atomic_write_text
+
     print(text, end="")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "power.json").write_text(json.dumps(res, indent=1) + "\n")
-        (args.out / "power.txt").write_text(text)
+    if out is not None:
+        atomic_write_text(out / f"{stem}.json", json.dumps(res, indent=1) + "\n")
+        atomic_write_text(out / f"{stem}.txt", text)
     return 0
 
 
