@@ -842,7 +842,7 @@ def test_a_pinned_kernel_source_is_built_and_named_in_the_profile(tmp_path):
     assert "calling convention is version 2" in _run_err(code, env, tmp_path / "abi2.c")
 
 
-def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
+def test_bf16_dot_default_and_the_amd_flag_sets(tmp_path, monkeypatch):
     """The AVX-512 BF16 path is on by default, $SPECMOE_BF16_DOT=0/1 decides instead and any
     other value is refused naming it; the native flag sets gain the L2 prefetch hint and the
     AVX-512F fp32 path on AMD family 25 with AVX-512 BF16 only (an AVX2-only EPYC and an
@@ -854,6 +854,7 @@ def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
         DP_HINT_T2,
         PF_HINT_T2,
         ZEN4_FLAGS,
+        ZEN5_FLAGS,
         bf16_dot_default,
         flag_sets,
     )
@@ -871,10 +872,16 @@ def test_bf16_dot_default_and_the_zen4_prefetch_hint(tmp_path, monkeypatch):
     assert DP_HINT_T2 in hints and PF_HINT_T2 in hints
     assert all(all(h in f for h in hints) == ("-march=native" in f) for f in zen4)
     assert [tuple(x for x in f if x not in hints) for f in zen4] == list(_FLAG_SETS)
+    zen5 = flag_sets(info("AuthenticAMD", "26", ["avx2", "avx512f", "avx512_bf16"]))
+    assert DP_HINT_T2 not in ZEN5_FLAGS and PF_HINT_T2 not in ZEN5_FLAGS
+    assert all(all(h in f for h in ZEN5_FLAGS) == ("-march=native" in f) for f in zen5)
+    assert not any(h in f for f in zen5 for h in set(ZEN4_FLAGS) - set(ZEN5_FLAGS))
+    assert [tuple(x for x in f if x not in ZEN5_FLAGS) for f in zen5] == list(_FLAG_SETS)
     for other in (
         info("AuthenticAMD", "25", ["avx2", "fma"]),
+        info("AuthenticAMD", "26", ["avx2", "fma"]),
+        info("AuthenticAMD", "27", ["avx2", "avx512f", "avx512_bf16"]),
         info("GenuineIntel", "6", ["avx2", "avx512f", "avx512_bf16"]),
-        info("AuthenticAMD", "26", ["avx2", "avx512f", "avx512_bf16"]),
         str(tmp_path / "missing"),
     ):
         assert flag_sets(other) == _FLAG_SETS

@@ -247,6 +247,7 @@ F32_ZMM = "-DSM_F32Z=1"
 FAR_ROWS = "-DSM_ZFAR=1"
 READ_PF = "-DSM_READ_PF=4096"
 ZEN4_FLAGS = (DP_HINT_T2, PF_HINT_T2, F32_ZMM, FAR_ROWS, READ_PF)
+ZEN5_FLAGS = (F32_ZMM, READ_PF)
 
 
 def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
@@ -262,13 +263,21 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     prefetching its row 8 KiB ahead (bf16 11-21% faster, fp32 6-16%), and ``-DSM_READ_PF=4096``:
     the read ceiling's eight streams prefetch 4 KiB ahead too (median 29-30 GB/s where the plain
     streams read 20-24 and the kernels with their prefetches already read more).
+    On AMD family 26 with AVX-512 BF16 (Zen 5) they add only ``-DSM_F32Z=1`` (fp32 per-slot
+    5-12% faster there, dedup 0-5%) and ``-DSM_READ_PF=4096`` (the prefetching probe reads
+    36-37 GB/s where the plain one reads 33, below the fp32 kernels): the two L2 hints and the
+    far rows measured 0-7% slower or within noise there (``results/cpu/kernels/
+    ab-2026-12-04-zen5/``).
     Elsewhere (an Intel Xeon measured the path ahead with the
     L1 hint; a processor without AVX-512 BF16 does not build the path) the sets are as they
     were, so a build's flags there do not change."""
     vendor, family, flags = _cpu_fields(cpuinfo)
-    if not (vendor == "AuthenticAMD" and family == "25" and "avx512_bf16" in flags):
+    if not (vendor == "AuthenticAMD" and "avx512_bf16" in flags):
         return _FLAG_SETS
-    return tuple((*f, *ZEN4_FLAGS) if "-march=native" in f else f for f in _FLAG_SETS)
+    extra = {"25": ZEN4_FLAGS, "26": ZEN5_FLAGS}.get(family)
+    if extra is None:
+        return _FLAG_SETS
+    return tuple((*f, *extra) if "-march=native" in f else f for f in _FLAG_SETS)
 
 
 def bf16_dot_default() -> bool:
