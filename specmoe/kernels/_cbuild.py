@@ -248,7 +248,8 @@ FAR_ROWS = "-DSM_ZFAR=1"
 READ_PF = "-DSM_READ_PF=4096"
 ZEN4_FLAGS = (DP_HINT_T2, PF_HINT_T2, F32_ZMM, FAR_ROWS, READ_PF)
 PF1_OFF = "-DSM_PF1=0"
-ZEN5_FLAGS = (F32_ZMM, READ_PF, PF1_OFF)
+READ_ZMM4 = ("-DSM_READ_PF=-1", "-DSM_READ_STREAMS=4")
+ZEN5_FLAGS = (F32_ZMM, *READ_ZMM4, PF1_OFF)
 
 
 def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
@@ -265,11 +266,12 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     the read ceiling's eight streams prefetch 4 KiB ahead too (median 29-30 GB/s where the plain
     streams read 20-24 and the kernels with their prefetches already read more).
     On AMD family 26 with AVX-512 BF16 (Zen 5) they add only ``-DSM_F32Z=1`` (fp32 per-slot
-    5-12% faster there, dedup 0-5%), ``-DSM_READ_PF=4096`` (the prefetching probe reads
-    35-38 GB/s where the plain one reads 31-34, below the fp32 kernels) and ``-DSM_PF1=0``:
-    the one-token AVX-512 blocks leave the prefetching to the hardware (bf16 and fp32 7-11%
-    faster; the blocks of more tokens keep their prefetch, which still pays there). The two L2
-    hints and the far rows measured 0-7% slower or within noise there
+    5-12% faster there, dedup 0-5%), ``-DSM_PF1=0``: the one-token AVX-512 blocks leave the
+    prefetching to the hardware (bf16 and fp32 5-10% faster; the blocks of more tokens keep
+    their prefetch, which still pays there), and ``-DSM_READ_PF=-1 -DSM_READ_STREAMS=4``: the
+    read ceiling's streams are four, on 16-lane loads with no software prefetch (39.5-39.8
+    GB/s, where eight plain streams read 31-34, eight prefetching ones 34-38, and the fp32
+    kernels 37-40). The two L2 hints and the far rows measured 0-7% slower or within noise there
     (``results/cpu/kernels/ab-2026-12-04-zen5/``).
     Elsewhere (an Intel Xeon measured the path ahead with the
     L1 hint; a processor without AVX-512 BF16 does not build the path) the sets are as they

@@ -955,9 +955,14 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
    SM_READ_PF > 0: each stream also prefetches (into L2: prefetcht2) the line SM_READ_PF bytes
    ahead, as the kernels' blocks do; on a Zen 4 core the kernels with their prefetches read
    faster than the plain streams (results/cpu/kernels/many-tokens/), which then were no
-   ceiling. */
+   ceiling. SM_READ_PF < 0: the same 16-lane loads with no prefetch; SM_READ_STREAMS streams
+   (8 by default; on a Zen 5 core 4 of them on 16-lane loads read fastest, above the kernels:
+   results/cpu/kernels/ab-2026-12-04-zen5/). */
 #ifndef SM_READ_PF
 #define SM_READ_PF 0
+#endif
+#ifndef SM_READ_STREAMS
+#define SM_READ_STREAMS 8
 #endif
 double specmoe_read(const float *buf, long long count, int threads) {
     double total = 0.0;
@@ -979,18 +984,19 @@ double specmoe_read(const float *buf, long long count, int threads) {
            system idle between the prefetcher's requests on some cores (a single stream read
            about 12 GB/s where the kernels, whose register blocks read several weight rows at
            once, moved 14); eight streams reach the ceiling the kernels can. */
-        enum { SM_STREAMS = 8, SM_W = 16 };
+        enum { SM_STREAMS = SM_READ_STREAMS, SM_W = 16 };
         float acc[SM_STREAMS][SM_W];
         memset(acc, 0, sizeof acc);
         long long per = (e - s) / SM_STREAMS / SM_W * SM_W;
 #if defined(__AVX512F__)
-        if (SM_READ_PF) {  /* one 64-byte line per stream per step, and its prefetch */
+        if (SM_READ_PF) {  /* one 64-byte line per stream per step, and its prefetch (< 0:
+                              the same 16-lane loads without one) */
             __m512 va[SM_STREAMS];
             for (int q = 0; q < SM_STREAMS; q++) va[q] = _mm512_setzero_ps();
             for (long long i = 0; i < per; i += SM_W)
                 for (int q = 0; q < SM_STREAMS; q++) {
                     const float *p = buf + s + (long long)q * per + i;
-                    _mm_prefetch((const char *)p + SM_READ_PF, _MM_HINT_T2);
+                    if (SM_READ_PF > 0) _mm_prefetch((const char *)p + SM_READ_PF, _MM_HINT_T2);
                     va[q] = _mm512_add_ps(va[q], _mm512_loadu_ps(p));
                 }
             for (int q = 0; q < SM_STREAMS; q++) _mm512_storeu_ps(acc[q], va[q]);
