@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from specmoe.bench.machine import last_level_cache_bytes
+from specmoe.bench.machine import huge_pages, last_level_cache_bytes
 from specmoe.errors import InputError
 from specmoe.kernels import _cbuild
 from specmoe.kernels._contract import torch_dtype
@@ -258,6 +258,7 @@ def _run(a, libs, dtype, ns, modes) -> int:
         "variants": {k: " ".join(v.flags) for k, v in libs.items()},
         "loadavg_before": load0,
         "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
+        "huge_pages": huge_pages(),
         "cells": {},
     }
     print(f"{out['dtype']} threads={th} load {load0} -> {out['loadavg_after']}")

@@ -42,6 +42,7 @@ import json
 import sys
 from pathlib import Path
 
+from specmoe.bench.machine import huge_pages
 from specmoe.bench.run import Settings, benchmark
 from specmoe.spec import resolve_spec
 
@@ -49,6 +50,14 @@ PEERS = {
     "per_slot": ["per_slot_torch", "hf_batched_mm", "ggml"],
     "dedup": ["dedup_torch", "grouped_mm", "hf_grouped_mm", "hf_eager", "ggml"],
 }
+
+
+def _c_build() -> dict:
+    """The C kernels' build: its flags and source hash (the Zen 4 and Zen 5 sets differ)."""
+    from specmoe.kernels.cpu import c_status
+
+    st = c_status()
+    return {k: st.get(k) for k in ("status", "flags", "source_sha256")}
 
 
 def _loadavg() -> list[str] | None:
@@ -189,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": p.extra["wall_s"],
         "loadavg": _loadavg(),
         "loadavg_before": load_before,
+        "huge_pages": huge_pages(),
+        "c_kernels": _c_build(),
     }
     if a.out:
         p.save(Path(a.out) / "profile.json")
@@ -292,6 +303,7 @@ def _ggml_q8(a: argparse.Namespace, spec) -> dict:
         },
         "loadavg_before": load_before,
         "loadavg": _loadavg(),
+        "huge_pages": huge_pages(),
     }
 
 

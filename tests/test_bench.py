@@ -222,6 +222,30 @@ def test_cpu_identity_reads_the_first_processors_block(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
+    "mode_line,env,want",
+    [
+        ("always [madvise] never\n", "1", {"mode": "madvise", "on": True}),
+        ("always [madvise] never\n", None, {"mode": "madvise", "on": False}),
+        ("always [madvise] never\n", "0", {"mode": "madvise", "on": False}),
+        ("[always] madvise never\n", None, {"mode": "always", "on": True}),
+        ("always madvise [never]\n", "1", {"mode": "never", "on": False}),
+    ],
+)
+def test_huge_pages_reads_the_kernels_mode_and_torchs_switch(
+    tmp_path, monkeypatch, mode_line, env, want
+):
+    f = tmp_path / "enabled"
+    f.write_text(mode_line)
+    if env is None:
+        monkeypatch.delenv(machine.THP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(machine.THP_ENV, env)
+    got = machine.huge_pages(str(f))
+    assert {k: got[k] for k in ("mode", "on")} == want and got["torch_env"] == env
+    assert set(machine.huge_pages(str(tmp_path / "absent"))) == {"torch_env"}
+
+
+@pytest.mark.parametrize(
     "dtype,rates,want",
     [
         (torch.bfloat16, {torch.bfloat16: 0.9e9, torch.float32: 60e9}, (60e9, "float32")),

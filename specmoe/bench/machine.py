@@ -18,6 +18,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -113,6 +114,29 @@ def cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> dict[str, object]:
         out["llc_bytes"] = llc
     out["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {k: v for k, v in out.items() if v is not None}
+
+
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def huge_pages(sysfs: str = "/sys/kernel/mm/transparent_hugepage/enabled") -> dict[str, object]:
+    """Whether this process's large tensors can sit on transparent huge pages: the kernel's
+    mode (``always``, ``madvise`` or ``never``, the bracketed word of ``sysfs``; absent where
+    the file is not there) and PyTorch's own switch ``$THP_MEM_ALLOC_ENABLE`` (with it set to 1
+    before torch is imported, CPU allocations of 2 MiB and more are aligned to 2 MiB and asked
+    for huge pages with ``madvise``). On a Zen 5 core the C kernels read 5-12% faster from such
+    pages (``results/cpu/kernels/beside-2026-12-04-zen5/``), so a benchmark's record says which
+    it had."""
+    out: dict[str, object] = {"torch_env": os.environ.get(THP_ENV)}
+    try:
+        text = Path(sysfs).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    if m := re.search(r"\[(\w+)\]", text):
+        out["mode"] = m.group(1)
+    mode = out.get("mode")
+    out["on"] = mode == "always" or (mode == "madvise" and out["torch_env"] == "1")
+    return out
 
 
 def check_device(device: str) -> str:
