@@ -249,7 +249,8 @@ READ_PF = "-DSM_READ_PF=4096"
 ZEN4_FLAGS = (DP_HINT_T2, PF_HINT_T2, F32_ZMM, FAR_ROWS, READ_PF)
 PF1_OFF = "-DSM_PF1=0"
 READ_ZMM4 = ("-DSM_READ_PF=-1", "-DSM_READ_STREAMS=4")
-ZEN5_FLAGS = (F32_ZMM, *READ_ZMM4, PF1_OFF)
+WEIGHTS_PINNED = "-DSM_WPIN=1"
+ZEN5_FLAGS = (F32_ZMM, *READ_ZMM4, PF1_OFF, WEIGHTS_PINNED)
 
 
 def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
@@ -271,7 +272,10 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     their prefetch, which still pays there), and ``-DSM_READ_PF=-1 -DSM_READ_STREAMS=4``: the
     read ceiling's streams are four, on 16-lane loads with no software prefetch (39.5-39.8
     GB/s, where eight plain streams read 31-34, eight prefetching ones 34-38, and the fp32
-    kernels 37-40). The two L2 hints and the far rows measured 0-7% slower or within noise there
+    kernels 37-40), and ``-DSM_WPIN=1``: the blocks of 2-9 tokens keep each weight vector in a
+    register for all their tokens instead of loading it once per token (dedup 1-5% faster at
+    n = 5-9, 2-18% with every token on the same experts). The two L2 hints and the far rows
+    measured 0-7% slower or within noise there
     (``results/cpu/kernels/ab-2026-12-04-zen5/``).
     Elsewhere (an Intel Xeon measured the path ahead with the
     L1 hint; a processor without AVX-512 BF16 does not build the path) the sets are as they

@@ -272,6 +272,18 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
         t += tb;                                                                        \
     }                                                                                   \
 }
+/* SM_WPIN=1: the weight vectors a step loaded are kept in registers for all its tokens. Without
+   it GCC 12 may load each weight line once per token (it takes the vector as equal to its
+   memory and reloads it rather than keep RB registers), so a block of TB tokens issues RB * TB
+   weight loads a step where RB would do. An empty asm that "changes" each vector stops that.
+   Only in blocks of 2 or more tokens: with one, an FMA's weight operand straight from memory
+   is the better code (pinned, the fp32 one-token blocks were 3-4% slower on a Zen 5 core). */
+#ifndef SM_WPIN
+#define SM_WPIN 0
+#endif
+#define SM_PIN(V, RB, TB)                                                                   \
+    if (SM_WPIN && (TB) > 1)                                                                \
+        for (int r_ = 0; r_ < (RB); r_++) __asm__("" : "+v"(V[r_]));
 /* An AVX-512 register block PFX_<RB>x<TB> for weights of type T (bf16 or fp32): RB rows (row
    stride ldw) by TB tokens, 16-lane fp32 accumulators, STEP(RB, TB, column, masked) on L
    weights of each row per step, a masked STEP for the tail. Each step prefetches (PFON) with
@@ -330,6 +342,7 @@ static inline __attribute__((always_inline)) void PFX##_##RB##x##TB(            
         for (int r = 0; r < RB; r++)                                                        \
             wv[r] = MASKED ? _mm512_maskz_loadu_epi16(mk, w + (size_t)r * ldw + (cc))       \
                            : _mm512_loadu_si512((const void *)(w + (size_t)r * ldw + (cc))); \
+        SM_PIN(wv, RB, TB)                                                                  \
         for (int t = 0; t < TB; t++) {                                                      \
             __m512i xv = _mm512_load_si512((const void *)(xp[t] + (cc)));                   \
             for (int r = 0; r < RB; r++)                                                    \
@@ -395,6 +408,7 @@ static void sm_rows_dp(const uint16_t *w, size_t ldw, int r0, int r1, const uint
         for (int r = 0; r < RB; r++)                                                        \
             wv[r] = MASKED ? _mm512_maskz_loadu_ps(mk, w + (size_t)r * ldw + (cc))          \
                            : _mm512_loadu_ps(w + (size_t)r * ldw + (cc));                   \
+        SM_PIN(wv, RB, TB)                                                                  \
         for (int t = 0; t < TB; t++) {                                                      \
             __m512 xv = MASKED ? _mm512_maskz_loadu_ps(mk, xp[t] + (cc))                    \
                                : _mm512_loadu_ps(xp[t] + (cc));                             \
