@@ -266,7 +266,7 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     prefetching its row 8 KiB ahead (bf16 11-21% faster, fp32 6-16%), and ``-DSM_READ_PF=4096``:
     the read ceiling's eight streams prefetch 4 KiB ahead too (median 29-30 GB/s where the plain
     streams read 20-24 and the kernels with their prefetches already read more).
-    On AMD family 26 with AVX-512 BF16 (Zen 5) they add only ``-DSM_F32Z=1`` (fp32 per-slot
+    On AMD family 26 with AVX-512 BF16 (Zen 5) they add ``-DSM_F32Z=1`` (fp32 per-slot
     5-12% faster there, dedup 0-5%), ``-DSM_PF1=0``: the one-token AVX-512 blocks leave the
     prefetching to the hardware (bf16 and fp32 5-10% faster; the blocks of more tokens keep
     their prefetch, which still pays there), and ``-DSM_READ_PF=-1 -DSM_READ_STREAMS=4``: the
