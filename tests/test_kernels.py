@@ -877,6 +877,7 @@ def test_bf16_dot_default_and_the_amd_flag_sets(tmp_path, monkeypatch):
     assert "-DSM_PF1=0" in ZEN5_FLAGS and "-DSM_PF1=0" not in ZEN4_FLAGS
     assert "-DSM_READ_STREAMS=4" in ZEN5_FLAGS and "-DSM_READ_PF=4096" not in ZEN5_FLAGS
     assert "-DSM_WPIN=1" in ZEN5_FLAGS and "-DSM_WPIN=1" not in ZEN4_FLAGS
+    assert "-DSM_PFHEAD=1" in ZEN5_FLAGS and "-DSM_PFHEAD=1" not in ZEN4_FLAGS
     assert all(all(h in f for h in ZEN5_FLAGS) == ("-march=native" in f) for f in zen5)
     assert not any(h in f for f in zen5 for h in set(ZEN4_FLAGS) - set(ZEN5_FLAGS))
     assert [tuple(x for x in f if x not in ZEN5_FLAGS) for f in zen5] == list(_FLAG_SETS)

@@ -215,6 +215,14 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
                      blocks of 2 or more tokens still gain from it: results/cpu/kernels/
                      ab-2026-12-04-zen5/) */
 #endif
+#ifndef SM_PFHEAD
+#define SM_PFHEAD 0  /* > 0: a block that does not prefetch as it goes (SM_PF1=0) asks, as it
+                        starts, for the first SM_PFHEAD lines of each row of the next block: a
+                        bf16 row of 2048 weights is one 4 KiB page, which the hardware's
+                        prefetchers do not cross, so each row's stream starts cold without it
+                        (one line: 7-11% faster on a Zen 5 core, results/cpu/kernels/
+                        ab-2026-12-04-zen5/) */
+#endif
 /* AVX-512 blocks of 1-4 tokens with SM_ZFAR: as many far-apart rows as 32 registers hold */
 static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? 6 : 0); }
 /* AVX-512 blocks (bf16 and fp32), rows per block of tb tokens: as many as the 32 vector
@@ -298,6 +306,10 @@ static inline __attribute__((always_inline)) void PFX##_##RB##x##TB(            
     int cl = cols & ~(L - 1);                                                           \
     MT mk = (MT)~0ull;                                                                  \
     for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++) acc[r][t] = _mm512_setzero_ps();\
+    if (!(PFON) && SM_PFHEAD > 0)                                                       \
+        for (int r = 0; r < RB; r++)                                                    \
+            for (int l = 0; l < SM_PFHEAD; l++)                                         \
+                _mm_prefetch(pf + (size_t)r * ldw * sizeof(T) + (size_t)l * 64, _MM_HINT_T0); \
     for (int c = 0; c < cl; c += L) {                                                   \
         if (PFON)                                                                       \
             for (int r = 0; r < RB; r++)                                                \
