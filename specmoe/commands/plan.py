@@ -759,10 +759,11 @@ def _write_engine_files(plan: Any, out: Path) -> list[Path]:
 
 
 def _row(label: str, values, fmt: str | None = None, width: int = 24) -> str:
-    """One table row; without ``fmt``, fixed-point with 4 significant digits of the largest."""
+    """One table row; without ``fmt``, fixed-point with 4 significant digits of the largest
+    finite value (an infinite one, e.g. a bound whose error reaches 1, prints as inf)."""
     values = list(values)
     if fmt is None:
-        big = max((abs(v) for v in values if v is not None), default=0.0)
+        big = max((abs(v) for v in values if v is not None and np.isfinite(v)), default=0.0)
         dec = 3 if big == 0 else min(5, max(0, 3 - int(np.floor(np.log10(big)))))
         fmt = f"{{:8.{dec}f}}"
     cells = [(" " * 8 if v is None else fmt.format(v)) for v in values]
