@@ -15,6 +15,8 @@
 # round 2).
 #
 # GRAPH_REUSE=1 (round 6): the benchmark times each pass after an untimed one of its own size.
+# PASS_TRAIN=M (round 9): each pass the median of M in a row of its size on moving windows,
+# before the profiled passes (`specmoe bench --pass-train M`).
 #
 # OUT=DIR (round 3, measured on another machine): the predictions written to DIR/<config>/
 # instead, with FIT=FORM the fresh benchmark's fit form (default step1), and REFIT read from
@@ -29,6 +31,7 @@ REFIT=${REFIT:-}
 OUT=${OUT:-}
 FIT=${FIT:-step1}
 GRAPH_REUSE=${GRAPH_REUSE:-}  # 1: the benchmark's passes after a pass of their own size (round 6)
+PASS_TRAIN=${PASS_TRAIN:-}  # M: the benchmark's passes the medians of trains of M (round 9)
 P=${OUT:-results/cpu/llamacpp/whole-pass/predictions${REFIT:+-$REFIT}}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
@@ -45,7 +48,8 @@ predict() {  # name, GGUF, reps, plan --model
       --fit "$REFIT" --out "$out/bench"
   else
     nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
-      --reps "$reps" --fit "$FIT" ${GRAPH_REUSE:+--graph-reuse} --out "$out/bench"
+      --reps "$reps" --fit "$FIT" ${GRAPH_REUSE:+--graph-reuse} \
+      ${PASS_TRAIN:+--pass-train "$PASS_TRAIN"} --out "$out/bench"
   fi
   if [ -n "$OUT" ]; then  # the processor beyond its name, checked before each campaign unit
     if [ -n "$REFIT" ] && [ -f "$P0/$name/machine.json" ]; then

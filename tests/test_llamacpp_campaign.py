@@ -236,6 +236,29 @@ def test_bench_graph_reuse_is_for_a_measured_llamacpp_whole_pass(capsys):
         assert len(err) == 1 and "--graph-reuse" in err[0]
 
 
+def test_bench_pass_train_is_for_a_measured_llamacpp_whole_pass_of_2_to_64(capsys, tmp_path):
+    from specmoe.cli import main
+
+    lc = ["bench", "--model", "bundled", "--engine", "llama.cpp", "--whole-pass"]
+    for argv in (
+        ["bench", "--model", "bundled", "--pass-train", "8"],
+        [*lc, "--from", "p.json", "--pass-train", "8"],
+        [*lc, "--pass-train", "1"],
+        [*lc, "--pass-train", "65"],
+        [*lc, "--pass-train", "8", "--graph-reuse"],
+        [*lc, "--pass-train", "x"],
+    ):
+        out = tmp_path / "o"
+        try:
+            code = main([*argv, "--out", str(out)])
+        except SystemExit as exc:  # argparse's own type check
+            code = exc.code
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "--pass-train" in err[-1]
+        assert not out.exists()
+
+
 def test_a_throughput_design_and_depths_of_its_own(lc, gguf, tmp_path, capsys):
     """--throughput-design P,R,T and --depths: the units and the recorded design are that
     design's; a folder run with one design refuses another; bad values are one line, exit 2,

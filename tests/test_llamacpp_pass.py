@@ -356,6 +356,64 @@ def test_primed_benchmark_times_a_pass_after_one_of_its_own_window(engine, ids):
         assert prof == ("profile", 64, timed[2]) and routing == ("forward", 64, timed[2])
 
 
+def test_a_benchmark_with_trains_times_each_pass_after_passes_of_its_size(engine, ids):
+    """time_llamacpp_operations(train=3): every n's three passes on windows one token apart
+    come first, each at the cell's depth; the recorded pass is the median of the last two;
+    the profiled and routing passes of each n follow after all the trains, on each train's
+    first window."""
+    from specmoe.engines import llamacpp_ops as LO
+
+    spy = _Spy(engine)
+    seen = []
+    forward = spy.forward
+
+    def timed(kv, tokens):
+        v = forward(kv, tokens)
+        seen.append(v.t_ms)
+        return v
+
+    object.__setattr__(spy, "forward", timed)
+    rec, _ = LO.time_llamacpp_operations(
+        spy, ids[:200], n_values=[1, 2], depths=[64], reps=1, warmup=0, progress=False, train=3
+    )
+    log = spy.log
+    assert [x[0] for x in log] == ["forward"] * 6 + ["profile", "forward"] * 2
+    assert all(x[1] == 64 for x in log)
+    trains = [log[0:3], log[3:6]]
+    toks = [int(t) for t in ids[:200]]
+    for ni, (tr, n) in enumerate(zip(trains, (1, 2), strict=True)):
+        s = 64 + ni  # d + (r * 7 + ni) % (tail - n + 1) at r = 0: the windows after the cache
+        assert [x[2] for x in tr] == [toks[s + i : s + i + n] for i in range(3)]
+        assert log[6 + 2 * ni][2] == tr[0][2] == log[7 + 2 * ni][2]
+    L = engine.num_layers
+    calls = {op: 1 if op in LO.MODEL_OPS else L * (2 if op == "norm" else 1) for op in LO.GROUPS}
+    for i in range(2):
+        fwd = rec.ms["fwd"][0, i, 0]
+        assert fwd == pytest.approx(float(np.median(seen[3 * i + 1 : 3 * i + 3])))
+        # the profiled pass apportions the trained one: the ops (per call, times their calls)
+        # sum to it, the engine's overhead is 0, the experts' layers sum to the experts' op
+        total = sum(rec.ms[op][0, i, 0] * calls[op] for op in LO.GROUPS)
+        assert total == pytest.approx(fwd, rel=1e-9)
+        assert rec.ms["engine_overhead"][0, i, 0] == pytest.approx(0.0, abs=1e-9)
+        scale = rec.ms["scale"][0, i, 0]
+        assert 0 < scale and scale == pytest.approx(fwd / rec.ms["prof"][0, i, 0])
+        assert rec.experts[0, i].sum() == pytest.approx(rec.ms["experts"][0, i, 0] * L)
+    for bad in (1, -1, True, 2.0):
+        with pytest.raises(InputError, match="train"):
+            LO.time_llamacpp_operations(
+                engine, ids[:200], n_values=[1], depths=[64], reps=1, progress=False, train=bad
+            )
+    with pytest.raises(InputError, match="train"):
+        LO.time_llamacpp_operations(
+            engine, ids[:200], n_values=[1], depths=[64], reps=1, progress=False, train=2,
+            prime=True,
+        )  # fmt: skip
+    with pytest.raises(InputError, match="tokens"):  # the trains' windows run past the tokens
+        LO.time_llamacpp_operations(
+            engine, ids[:70], n_values=[1, 4], depths=[64], reps=1, progress=False, train=4
+        )
+
+
 def test_bench_vs_sweep_benchmark_pairs_the_two_sides_and_refuses_bad_input(gguf, tmp_path, capsys):
     import json
 
@@ -375,3 +433,46 @@ def test_bench_vs_sweep_benchmark_pairs_the_two_sides_and_refuses_bad_input(gguf
         assert np.asarray(rec["samples_ms"][side]).shape == (2, 9)
         assert min(rec[f"{side}_ms"]) > 0
     _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
+
+
+def test_round_passes_benchmark_pairs_each_variant_with_the_sweep(gguf, tmp_path, capsys):
+    """benchmarks/llamacpp_round_passes.py: the ratios are paired by repetition (a variant at
+    0.5, 1 and 2 times the sweep in three repetitions has the median ratio 1); a small run
+    gives every variant and n it names; bad options are one line, exit 2."""
+    import json
+
+    from _scripts import load_script
+
+    mod = load_script("llamacpp_round_passes", "benchmarks")
+    times = {
+        "sweep": [{2: [1.0]}, {2: [2.0]}, {2: [4.0]}],
+        "gen-k1-a1": [{2: [0.5, 0.5]}, {2: [2.0, 2.0, 2.0]}, {2: [8.0]}],
+    }
+    s = mod.summarize(times)
+    assert s["gen-k1-a1"]["2"]["over_sweep"]["median"] == 1.0
+    assert s["gen-k1-a1"]["2"]["passes"] == 6 and s["gen-k1-a1"]["2"]["median_ms"] == 2.0
+    out = tmp_path / "rp.json"
+    argv = ["--gguf", str(gguf), "--depth", "32", "--reps", "2", "--ks", "1", "--acceptance",
+            "1", "--tokens", "8", "--repeat", "3", "--out", str(out)]  # fmt: skip
+    assert mod.main(argv) == 0
+    rec = json.loads(out.read_text())
+    v = rec["variants"]
+    assert set(v) == {"sweep", "repeat", "train", "benchmark", "benchmark-train", "cell",
+                      "cell-profile", "cell-routing", "gen-k0", "gen-k1-a1", "fixed-k1-a1"}  # fmt: skip
+    assert set(v["sweep"]) == {"1", "2", "3", "4"} and set(v["gen-k1-a1"]) == {"2"}
+    assert v["repeat"]["3"]["passes"] == 2 * 2  # all but the first of 3, two repetitions
+    assert v["fixed-k1-a1"]["2"]["passes"] == v["gen-k1-a1"]["2"]["passes"] > 0
+    assert all(x["median_ms"] > 0 for row in v.values() for x in row.values())
+    _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
+    for bad, name in [
+        (["--ks", "0"], "--ks"),
+        (["--ks", "1.5"], "--ks"),
+        (["--acceptance", "1.2"], "--acceptance"),
+        (["--acceptance", "x"], "--acceptance"),
+        (["--tokens", "4"], "--tokens"),
+        (["--n-ctx", "40"], "--n-ctx"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            mod.main(["--gguf", str(gguf), "--depth", "32", *bad])
+        assert exc.value.code == 2
+        assert name in capsys.readouterr().err.strip().splitlines()[-1]

@@ -261,6 +261,7 @@ def run_whole_pass(args: argparse.Namespace) -> int:
             gguf, ids, n_values=list(range(1, n_max + 1)), depths=depths, reps=reps,
             source={**source, "gguf": str(args.model)}, fit=form,
             prime=bool(getattr(args, "graph_reuse", False)),
+            train=int(getattr(args, "pass_train", None) or 0),
         )  # fmt: skip
     files = []
     if args.out:

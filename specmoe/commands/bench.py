@@ -118,6 +118,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one draft length (default: after a pass of another size, which builds its graph)",
     )
     parser.add_argument(
+        "--pass-train",
+        type=int,
+        default=None,
+        metavar="M",
+        help="--engine llama.cpp --whole-pass: time each un-profiled pass as the median of M "
+        "passes in a row of the same size, each on the window one token after the one before "
+        "(the first untimed), before any profiled pass, as the verification passes of "
+        "speculative rounds at one draft length follow each other (at least 2; not with "
+        "--graph-reuse)",
+    )
+    parser.add_argument(
         "--draft-model",
         default=None,
         metavar="DIR_OR_GGUF",
@@ -317,6 +328,20 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(
             "--graph-reuse: only with --engine llama.cpp --whole-pass, measuring (not --from)"
         )
+    train = getattr(args, "pass_train", None)
+    if train is not None:
+        if not (
+            args.engine == "llama.cpp"
+            and getattr(args, "whole_pass", False)
+            and getattr(args, "from_profile", None) is None
+        ):
+            raise InputError(
+                "--pass-train: only with --engine llama.cpp --whole-pass, measuring (not --from)"
+            )
+        if train < 2 or train > 64:
+            raise InputError(f"--pass-train: {train}: must be 2..64 passes")
+        if getattr(args, "graph_reuse", False):
+            raise InputError("--pass-train: not with --graph-reuse (a train's passes reuse it)")
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench

@@ -300,7 +300,7 @@ class _Records:
 
     def __post_init__(self) -> None:
         z = np.zeros(self.shape)
-        for k in (*GROUPS, "engine_overhead", "fwd", "prof", "raw", "launch"):
+        for k in (*GROUPS, "engine_overhead", "fwd", "prof", "raw", "launch", "scale"):
             self.ms[k] = z.copy()
         self.experts = np.zeros((*self.shape, self.layers))
         self.union = np.zeros((*self.shape, self.layers))
@@ -327,6 +327,7 @@ def time_llamacpp_operations(
     warmup: int = 1,
     progress: bool = True,
     prime: bool = False,
+    train: int = 0,
 ) -> tuple[_Records, Dims]:
     """Profile a llama.cpp engine's verify passes (module docstring): for each depth d
     (ascending) the cache is ``tokens[:d]``; each repetition runs every n in a rotated order,
@@ -336,14 +337,31 @@ def time_llamacpp_operations(
     the prefix (a different window each repetition), cropping back to d after each.
     ``prime``: the un-profiled forward follows an untimed one of the same window, so that it is
     a pass after one of its own size (llama.cpp reuses that graph), as in speculative rounds of
-    one draft length; otherwise it follows a pass of another n and builds its graph."""
+    one draft length; otherwise it follows a pass of another n and builds its graph.
+
+    ``train`` (>= 2; 0: off, the cell above): each repetition first times, for every n in the
+    rotated order, ``train`` passes of n tokens in a row, each on the window one token after
+    the one before (cropped back to d between), and records the median of all but the first
+    as the cell's un-profiled pass; the profiled and routing passes of every n follow after
+    all of them, on each train's first window. So each timed pass follows a pass of its own
+    size on other tokens, as the verification passes of speculative rounds at one draft length
+    do, and never a profiled or routing pass (which cost the passes after them up to 35% on
+    the bundled model: results/cpu/llamacpp/round-passes/). The profiled pass, whose nodes
+    run one by one, then only apportions the trained pass: each op's time and each layer's
+    expert time is the profiled one times ``scale`` = trained pass / corrected profiled sum
+    (``ms["scale"]``), so the ops sum to the trained pass and ``engine_overhead`` is 0."""
     from specmoe.engine.speculative import crop_cache, new_cache
 
     ns, ds = _ints("n_values", n_values, 1), _ints("depths", depths, 1)
     for name, v, low in (("reps", reps, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise InputError(f"must be an integer >= {low}, got {v!r}", argument=name)
-    tail = len(tokens) - ds[-1]
+    if isinstance(train, bool) or not isinstance(train, int) or train < 0 or train == 1:
+        raise InputError(f"must be 0 (off) or an integer >= 2, got {train!r}", argument="train")
+    if train and prime:
+        raise InputError("train: a train's passes already follow passes of their size")
+    span = max(train, 1) - 1  # a train's windows run this many tokens past its first
+    tail = len(tokens) - ds[-1] - span
     if tail < ns[-1]:
         raise InputError(
             f"{len(tokens)} tokens: need the deepest depth {ds[-1]} plus {ns[-1]}",
@@ -364,16 +382,29 @@ def time_llamacpp_operations(
         have = d
         for rep in range(-warmup, reps):
             r = max(rep, 0)
-            for j in range(len(ns)):
-                ni = (j + r) % len(ns)
+            order = [(j + r) % len(ns) for j in range(len(ns))]
+            starts = {ni: d + (r * 7 + ni) % (tail - ns[ni] + 1) for ni in order}
+            trained = {}
+            if train:
+                for ni in order:
+                    ts = []
+                    for i in range(train):  # the first untimed: it may build the graph
+                        s = starts[ni] + i
+                        ts.append(engine.forward(kv, [int(t) for t in tokens[s : s + ns[ni]]]).t_ms)
+                        crop_cache(kv, d)
+                    trained[ni] = float(np.median(ts[1:]))
+            for ni in order:
                 n = ns[ni]
-                s = d + (r * 7 + ni) % (tail - n + 1)
+                s = starts[ni]
                 window = [int(t) for t in tokens[s : s + n]]
-                if prime:  # untimed: the timed pass then follows a pass of its own size
-                    engine.forward(kv, window)
+                if train:
+                    t_fwd = trained[ni]
+                else:
+                    if prime:  # untimed: the timed pass then follows a pass of its own size
+                        engine.forward(kv, window)
+                        crop_cache(kv, d)
+                    t_fwd = engine.forward(kv, window).t_ms  # else after a pass of another n
                     crop_cache(kv, d)
-                t_fwd = engine.forward(kv, window).t_ms  # else after a pass of another n
-                crop_cache(kv, d)
                 prof = engine.profile(kv, window)
                 crop_cache(kv, d)
                 engine.record_routing = True  # untimed: the experts of the same tokens
@@ -386,14 +417,17 @@ def time_llamacpp_operations(
                     continue
                 g = group_pass([(x.name, x.op, x.ms) for x in prof.nodes], L)
                 cell = (di, ni, r)
+                # with trains the profiled pass only apportions the trained pass among the ops
+                f = t_fwd / g.corrected_ms if train and g.corrected_ms > 0 else 1.0
                 for op, v in _per_call(g, L).items():
-                    rec.ms[op][cell] = v
+                    rec.ms[op][cell] = f * v
                 rec.ms["fwd"][cell] = t_fwd
                 rec.ms["prof"][cell] = g.corrected_ms
                 rec.ms["raw"][cell] = g.raw_ms
                 rec.ms["launch"][cell] = g.launch_ms
-                rec.ms["engine_overhead"][cell] = t_fwd - g.corrected_ms
-                rec.experts[cell] = g.experts_layer_ms
+                rec.ms["scale"][cell] = f
+                rec.ms["engine_overhead"][cell] = t_fwd - f * g.corrected_ms
+                rec.experts[cell] = f * g.experts_layer_ms
                 rec.union[cell] = [np.unique(routing[:, li]).size for li in range(L)]
                 rec.count = g.count
         say(f"d={d}: n=1 pass {np.median(rec.ms['fwd'][di, 0]):.3f} ms")
@@ -468,6 +502,7 @@ def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Seq
         "model_ms": med["prof"].tolist(),
         "pass_ms": med["fwd"].tolist(),
         "profiled_raw_ms": med["raw"].tolist(),
+        "profile_scale": med["scale"].tolist(),
         "overhead_ms_per_layer": med["overhead"].tolist(),
         "launch_ms": {
             "median": float(np.median(launch)),
@@ -657,6 +692,7 @@ def benchmark_profile(
     progress: bool = True,
     fit: str = "step1",
     prime: bool = False,
+    train: int = 0,
 ) -> Any:
     """The whole benchmark of one GGUF: a :class:`~specmoe.formats.profile.BandwidthProfile`
     whose kernel fields are llama.cpp's MUL_MAT_ID fit and whose ``whole_pass`` is every other
@@ -674,11 +710,11 @@ def benchmark_profile(
         c = measure_ceiling("cpu", clock="cpu", threads=[1])
         gbps, method = float(c.gbps), c.method
         notes.append(f"read ceiling {c.gbps:.2f} GB/s ({c.method})")
-    n_ctx = ds[-1] + ns[-1] + 16
+    n_ctx = ds[-1] + ns[-1] + max(train - 1, 0) + 16
     with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
         rec, dims = time_llamacpp_operations(
             engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
-            prime=prime,
+            prime=prime, train=train,
         )  # fmt: skip
     wp = refit(summarize(rec, dims, n_values=ns, depths=ds), fit)
     exp = expert_fit(rec, dims, n_values=ns)
@@ -705,7 +741,7 @@ def benchmark_profile(
         notes=notes, weight_bytes=weight_bytes, llc_bytes=llc, reps=reps, warmup=warmup,
         attention=f"llama.cpp's non-flash attention (K·Q, softmax, V·P) on a {kv_type} KV cache",
         engine="llama.cpp", llama_cpp=llamacpp.VERSION, kv_type=kv_type, wall_s=wall,
-        primed=bool(prime),
+        primed=bool(prime), train=int(train),
     )  # fmt: skip
     impl = {
         k: {"device": "cpu", "requested": "ggml", "ran": "ggml", "kernel": "dedup",
