@@ -364,7 +364,7 @@ def time_llamacpp_operations(
     tail = len(tokens) - ds[-1] - span
     if tail < ns[-1]:
         raise InputError(
-            f"{len(tokens)} tokens: need the deepest depth {ds[-1]} plus {ns[-1]}",
+            f"{len(tokens)} tokens: need the deepest depth {ds[-1]} plus {ns[-1] + span}",
             argument="tokens",
         )
     if engine.clock != "cpu" or engine.threads != 1:
