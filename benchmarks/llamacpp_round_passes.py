@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--acceptance: {args.acceptance}: rates must be in [0, 1]")
     if args.tokens < 8 or args.repeat < 2:
         ap.error("--tokens must be at least 8 and --repeat at least 2")
+    if args.n_ctx < args.depth + args.tokens + 16:
+        ap.error(f"--n-ctx: {args.n_ctx} does not hold --depth + --tokens + 16 tokens")
     llamacpp.require_built()
     from specmoe.engine.models import load_tokenizer
     from specmoe.engine.runner import validation_prompts
@@ -296,8 +298,6 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer("bundled")
     docs = validation_prompts(tok, count=8, context=args.depth + 256)
     load0, t0 = os.getloadavg(), time.time()
-    if args.n_ctx < args.depth + args.tokens + 16:
-        ap.error(f"--n-ctx: {args.n_ctx} does not hold --depth + --tokens + 16 tokens")
     with LlamaCppEngine(args.gguf, n_ctx=args.n_ctx, threads=1, clock="cpu") as eng:
         times = measure(eng, docs, args)
     record = {
