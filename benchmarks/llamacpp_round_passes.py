@@ -32,12 +32,17 @@ an order rotated from one repetition to the next, on one prompt of ``--depth`` t
   as the generation drew them) replayed at the prompt's depth, each after the one before as
   in the generation, so that the depth's growth and the tokens' content are told apart.
 
+With ``--settle``, also: after each of several passes that differ from a one-token pass (the
+prefill, one pass of 2 or 9 tokens, a greedy decode in the scratch context, a profiled pass),
+``--repeat`` one-token passes in a row, and their median time by position (``settle``): how
+many passes the one-token pass takes to come back to its settled time.
+
 Prints one JSON record: for every variant and n, the median pass (ms) pooled over
 repetitions, the median over repetitions of each repetition's median over the sweep's of the
 same repetition, and its 10th/90th percentiles.
 
     python benchmarks/llamacpp_round_passes.py --gguf MODEL.gguf [--depth 512] [--reps 12]
-        [--ks 1,2,3] [--acceptance 0.668,1.0] [--tokens 64] [--repeat 12] [--out FILE]
+        [--ks 1,2,3] [--acceptance 0.668,1.0] [--tokens 64] [--repeat 12] [--settle] [--out FILE]
 """
 
 from __future__ import annotations
@@ -236,6 +241,38 @@ def measure(eng, docs, args) -> dict[str, list[dict[int, list[float]]]]:
     return out
 
 
+SETTLE_AFTER = ("prefill", "n=2", "n=9", "scratch greedy", "profile", "settled")
+
+
+def settle(eng, prompt: list[int], times: int) -> dict[str, list[float]]:
+    """One-token passes in a row at the prompt's depth after each kind of other pass
+    (:data:`SETTLE_AFTER`; ``settled``: right after the previous row), by position."""
+    from specmoe.engine.speculative import crop_cache, new_cache
+
+    cont = eng.greedy(prompt, times + 9)
+    seq = [prompt[-1], *cont]
+    kv = new_cache(eng.model)
+    ctx = len(prompt) - 1
+    out: dict[str, list[float]] = {}
+    for kind in SETTLE_AFTER:
+        if kind == "prefill":
+            eng.prefill(kv, prompt[:-1])
+        elif kind in ("n=2", "n=9"):
+            eng.forward(kv, seq[: int(kind[2:])])
+            crop_cache(kv, ctx)
+        elif kind == "scratch greedy":
+            eng.greedy(prompt[:64], 2)
+        elif kind == "profile":
+            eng.profile(kv, seq[:1])
+            crop_cache(kv, ctx)
+        row = []
+        for i in range(times):
+            row.append(eng.forward(kv, seq[i : i + 1]).t_ms)
+            crop_cache(kv, ctx)
+        out[kind] = row
+    return out
+
+
 def summarize(times: dict[str, list[dict[int, list[float]]]]) -> dict:
     """Per variant and n: pooled median, and the paired per-repetition ratio to the sweep."""
     res: dict = {}
@@ -275,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="tokens a generation (default 64)")
     ap.add_argument("--repeat", type=int, default=12, help="passes in a row, `repeat` (12)")
     ap.add_argument(
+        "--settle", action="store_true", help="also the one-token passes after other passes"
+    )
+    ap.add_argument(
         "--n-ctx", type=int, default=4096, help="the context's size (default 4096, the campaigns')"
     )
     args = ap.parse_args(argv)
@@ -300,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     load0, t0 = os.getloadavg(), time.time()
     with LlamaCppEngine(args.gguf, n_ctx=args.n_ctx, threads=1, clock="cpu") as eng:
         times = measure(eng, docs, args)
+        settled = None
+        if args.settle:
+            rows = [settle(eng, [int(t) for t in docs[r % len(docs)][1][: args.depth]],
+                           args.repeat) for r in range(args.reps)]  # fmt: skip
+            settled = {
+                k: np.median([row[k] for row in rows], axis=0).tolist() for k in SETTLE_AFTER
+            }
     record = {
         "benchmark": "llamacpp_round_passes",
         "gguf": Path(args.gguf).name,
@@ -314,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "clock": "cpu",
         "reps": args.reps,
         "variants": summarize(times),
+        "settle": settled,
         "samples_ms": {
             name: [{str(n): v for n, v in rep.items()} for rep in reps]
             for name, reps in times.items()

@@ -453,7 +453,7 @@ def test_round_passes_benchmark_pairs_each_variant_with_the_sweep(gguf, tmp_path
     assert s["gen-k1-a1"]["2"]["passes"] == 6 and s["gen-k1-a1"]["2"]["median_ms"] == 2.0
     out = tmp_path / "rp.json"
     argv = ["--gguf", str(gguf), "--depth", "32", "--reps", "2", "--ks", "1", "--acceptance",
-            "1", "--tokens", "8", "--repeat", "3", "--out", str(out)]  # fmt: skip
+            "1", "--tokens", "8", "--repeat", "3", "--settle", "--out", str(out)]  # fmt: skip
     assert mod.main(argv) == 0
     rec = json.loads(out.read_text())
     v = rec["variants"]
@@ -463,6 +463,8 @@ def test_round_passes_benchmark_pairs_each_variant_with_the_sweep(gguf, tmp_path
     assert v["repeat"]["3"]["passes"] == 2 * 2  # all but the first of 3, two repetitions
     assert v["fixed-k1-a1"]["2"]["passes"] == v["gen-k1-a1"]["2"]["passes"] > 0
     assert all(x["median_ms"] > 0 for row in v.values() for x in row.values())
+    assert list(rec["settle"]) == list(mod.SETTLE_AFTER)
+    assert all(len(row) == 3 and min(row) > 0 for row in rec["settle"].values())
     _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
     for bad, name in [
         (["--ks", "0"], "--ks"),
