@@ -273,11 +273,14 @@ def run_unit(
     *,
     seed: int,
     prime: bool = False,
+    train: int = 0,
 ) -> dict:
     """One unit on ``engine``: a verify sweep (the dedup setting alone) or one prompt's
     repeat of every (k, a) with the oracle draft, as ``whole_pass_campaign.run_unit``.
     ``prime``: each timed verify pass follows an untimed pass of its own tokens
-    (``verify_passes(prime=True)``: llama.cpp reuses the graph, as in speculative rounds)."""
+    (``verify_passes(prime=True)``: llama.cpp reuses the graph, as in speculative rounds).
+    ``train``: each timed verify pass the median of a train of passes of its size
+    (``verify_passes(train=...)``)."""
     from specmoe.engine.measure import verify_passes
 
     count = cfg.verify[0] if unit.kind == "verify" else cfg.throughput[0]
@@ -292,6 +295,7 @@ def run_unit(
             repeats=cfg.verify[1],
             warmup=1,
             prime=prime,
+            train=train,
         )
     else:
         gens = oracle_generations(
@@ -423,6 +427,16 @@ def main(argv: list[str] | None = None) -> int:
         "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
     )
     ap.add_argument(
+        "--verify-train",
+        type=int,
+        default=0,
+        metavar="M",
+        help="time each verify pass as the median of the last M - 1 of M passes of its size "
+        "in a row on windows one token apart, as speculative rounds of one draft length make "
+        "them (at least 2; not with --verify-graph-reuse); recorded in the design, and a "
+        "folder's units are all run one way",
+    )
+    ap.add_argument(
         "--verify-graph-reuse",
         action="store_true",
         help="time each verify pass after an untimed pass of its own tokens, so that llama.cpp "
@@ -450,6 +464,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_run_args(ap)
     args = ap.parse_args(argv)
+    if args.verify_train and (args.verify_train < 2 or args.verify_graph_reuse):
+        print(
+            f"llamacpp_campaign: error: --verify-train: {args.verify_train}: must be at least 2, "
+            "and not with --verify-graph-reuse",
+            file=sys.stderr,
+        )
+        return 2
     table = QUICK if args.quick else CONFIGS
     names = list(QUICK) if args.quick else [c for c in args.configs.split(",") if c]
     bad = [c for c in names if c not in table]
@@ -494,12 +515,14 @@ def main(argv: list[str] | None = None) -> int:
             for key, flag, now in (
                 ("verify_primed", "--verify-graph-reuse", args.verify_graph_reuse),
                 ("level_probe", "--level-probe", args.level_probe),
+                ("verify_train", "--verify-train", args.verify_train),
             ):
                 was = before.get(c, {}).get(key, False) if c in before else None
-                if was is not None and bool(was) != now:
+                if was is not None and was != now:  # (a missing key: False, == 0)
+                    how = "without it" if not was else "with it" if was is True else f"with {was}"
                     print(
                         f"llamacpp_campaign: error: {flag}: {record_path}: "
-                        f"{c}'s units were run {'with' if was else 'without'} it",
+                        f"{c}'s units were run {how}",
                         file=sys.stderr,
                     )
                     return 2
@@ -518,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                 "kernel_settings": [s for s, _ in SETTINGS],
                 "verify_primed": args.verify_graph_reuse,
                 "level_probe": args.level_probe,
+                "verify_train": args.verify_train,
             }
             for c in names
         },
@@ -566,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
                 info, t0 = start_unit(record, record_path, key)
                 result = run_unit(
                     unit, cfg.at(unit.depth), engine, models, folder, seed=args.seed,
-                    prime=args.verify_graph_reuse,
+                    prime=args.verify_graph_reuse, train=args.verify_train,
                 )  # fmt: skip
                 if probe is not None:
                     result["level_probe"] = probe

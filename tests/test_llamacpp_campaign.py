@@ -175,6 +175,33 @@ def test_a_folder_times_its_verify_passes_one_way(lc, gguf, tmp_path, capsys, ke
         assert rec.read_text() == before and not (out / "llamacpp-bundled").exists()
 
 
+def test_verify_trains_are_recorded_and_a_folder_keeps_its_way(lc, gguf, tmp_path, capsys):
+    """--verify-train M: the design records M and the verify units run; a folder run with
+    another M (or without) refuses it, bad values are one line, exit 2, nothing written."""
+    out = tmp_path / "q"
+    base = ["--quick", "--out", str(out), "--bundled-gguf", str(gguf)]
+    assert lc.main([*base, "--verify-train", "3"]) == 0
+    record = json.loads((out / "runs_campaign.json").read_text())
+    assert record["design"]["llamacpp-bundled"]["verify_train"] == 3
+    verify = [u for u in lc.units_of_config(lc.QUICK["llamacpp-bundled"]) if u.kind == "verify"]
+    for u in verify:
+        got = json.loads((out / "llamacpp-bundled" / "units" / f"{u.name}.json").read_text())
+        assert got["records"] and min(r["t_ms"] for r in got["records"]) > 0
+    capsys.readouterr()
+    before = (out / "runs_campaign.json").read_text()
+    for flags in ([], ["--verify-train", "4"]):
+        assert lc.main([*base, *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--verify-train" in err[0] and "with 3" in err[0]
+        assert (out / "runs_campaign.json").read_text() == before
+    other = tmp_path / "r"
+    for flags in (["--verify-train", "1"], ["--verify-train", "3", "--verify-graph-reuse"]):
+        assert lc.main(["--quick", "--out", str(other), "--bundled-gguf", str(gguf), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--verify-train" in err[0]
+        assert not other.exists()
+
+
 def test_level_probes_are_the_benchmark_s_passes_before_each_unit(lc, gguf, tmp_path):
     """--level-probe: every unit holds one benchmark cell at its depth (every n, positive
     times), taken before the unit; the units' own results are those of a campaign without it

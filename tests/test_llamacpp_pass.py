@@ -339,6 +339,50 @@ def test_primed_verify_passes_follow_a_pass_of_their_own_tokens(engine, ids):
     assert len(plain.log) == 2 + 2 * 3
 
 
+def test_verify_passes_in_trains_time_the_windows_after_the_first(engine, ids):
+    """train=3: each record's time is the median of the last two of three passes of n tokens
+    at the same cache length, on windows one token apart along the prompt's last token and
+    its greedy continuation; the first is the window timed without trains."""
+    from specmoe.engine.measure import verify_passes
+
+    spy = _Spy(engine)
+    seen = []
+    forward = spy.forward
+
+    def timed(kv, tokens):
+        v = forward(kv, tokens)
+        seen.append(v.t_ms)
+        return v
+
+    object.__setattr__(spy, "forward", timed)
+    prompt = [int(t) for t in ids[:PROMPT]]
+    out = verify_passes(
+        spy, [("p0", prompt)], settings=("dedup",), n_values=(1, 2), repeats=2, warmup=0,
+        train=3,
+    )  # fmt: skip
+    cont_passes = 2 - 1 + 2  # the greedy continuation: max_n - 1 + train - 1 tokens
+    assert spy.log[0][2] == [prompt[-1]]
+    # each continuation pass's input is the one before's output: all but the last token
+    cont = [spy.log[i + 1][2][0] for i in range(cont_passes - 1)]
+    sweep, times = spy.log[cont_passes:], seen[cont_passes:]
+    assert len(sweep) == 2 * 2 * 3 and len(out["records"]) == 2 * 2
+    for j, rec in enumerate(out["records"]):
+        n = rec["n"]
+        block = sweep[3 * j : 3 * j + 3]
+        assert all(x[1] == PROMPT - 1 for x in block)
+        seq = [prompt[-1], *cont]
+        assert [x[2] for x in block[:2]] == [seq[0:n], seq[1 : 1 + n]]
+        assert block[2][2][: n - 1] == seq[2 : 1 + n] and len(block[2][2]) == n
+        assert rec["t_ms"] == pytest.approx(float(np.median(times[3 * j + 1 : 3 * j + 3])))
+    for bad in (1, -2, True):
+        with pytest.raises(ValueError, match="train"):
+            verify_passes(engine, [("p0", prompt)], settings=("dedup",), n_values=(1,), train=bad)
+    with pytest.raises(ValueError, match="train"):
+        verify_passes(
+            engine, [("p0", prompt)], settings=("dedup",), n_values=(1,), train=2, prime=True
+        )
+
+
 def test_primed_benchmark_times_a_pass_after_one_of_its_own_window(engine, ids):
     """time_llamacpp_operations(prime=True): each timed forward follows an untimed forward of
     the same window at the same depth; then the profile and the routing pass, as before."""

@@ -22,6 +22,7 @@ positive up to the largest n measured (paper 002 Section 2), None where there is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,7 @@ def verify_passes(
     progress: Any = None,
     on_prompt: Any = None,
     prime: bool = False,
+    train: int = 0,
 ) -> dict[str, Any]:
     """Time passes of n tokens under each kernel setting; returns records and agreement.
 
@@ -52,6 +54,15 @@ def verify_passes(
     pass after one of its own size, as the passes of speculative rounds of one draft length
     are (llama.cpp reuses the graph of a pass of the same shape; without it every pass here
     but the first n = 1 follows a pass of another size).
+
+    ``train`` (>= 2; 0: off): each timed pass is instead the median of the last ``train - 1``
+    of ``train`` passes of n tokens in a row at the same cache length, each on the window one
+    token after the one before along the prompt's last token and its greedy continuation (the
+    first window the one timed otherwise): passes after passes of their own size on other
+    tokens, as the verification passes of speculative rounds at one draft length are, and not
+    the second after a pass of another size, which can cost twice a settled pass
+    (results/cpu/llamacpp/round-passes/). A record's argmax and routing statistics are those
+    of the train's first, untimed pass, on the window timed without ``train``.
 
     ``prompts``: (prompt id, tokens) pairs, every prompt at least 2 tokens; ``on_prompt(id)``
     is called before each (e.g. to point forced routing at the prompt's document). Returns
@@ -64,7 +75,12 @@ def verify_passes(
 
     if repeats < 1 or warmup < 0:
         raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if isinstance(train, bool) or not isinstance(train, int) or train < 0 or train == 1:
+        raise ValueError(f"train must be 0 (off) or an integer >= 2, got {train!r}")
+    if train and prime:
+        raise ValueError("train: a train's passes already follow passes of their size")
     max_n = max(n_values)
+    span = max(train, 1) - 1  # a train's windows run this many tokens past its first
     records: list[dict[str, Any]] = []
     agree = rows = 0
     near: list[dict[str, Any]] = []
@@ -80,7 +96,7 @@ def verify_passes(
             engine.prefill(kv, tokens[:-1])
             depth, ctx = len(tokens), len(tokens) - 1  # prompt tokens; cached before a pass
             cont, cur = [], tokens[-1]
-            for _ in range(max_n - 1):  # the greedy continuation
+            for _ in range(max_n - 1 + span):  # the greedy continuation
                 cur = engine.forward(kv, [cur]).tokens[0]
                 cont.append(cur)
             crop_cache(kv, ctx)
@@ -100,6 +116,17 @@ def verify_passes(
                             crop_cache(kv, ctx)
                         v = engine.forward(kv, window)
                         crop_cache(kv, ctx)
+                        if train:
+                            seq = [tokens[-1], *cont]
+                            runs = []
+                            for i in range(1, train):
+                                runs.append(engine.forward(kv, seq[i : i + n]))
+                                crop_cache(kv, ctx)
+                            v = dataclasses.replace(
+                                v,
+                                t_ms=float(np.median([x.t_ms for x in runs])),
+                                wall_ms=float(np.median([x.wall_ms for x in runs])),
+                            )
                         argmax[s] = v
                         if rep >= warmup:
                             u, e = pass_stats(v.routing, engine.num_experts)
