@@ -301,10 +301,13 @@ class _Spy:
     def __init__(self, engine):
         object.__setattr__(self, "_e", engine)
         object.__setattr__(self, "log", [])
+        object.__setattr__(self, "times", [])  # each forward's t_ms, in order
 
     def forward(self, kv, tokens):
         self.log.append(("forward", kv.get_seq_length(), [int(t) for t in tokens]))
-        return self._e.forward(kv, tokens)
+        v = self._e.forward(kv, tokens)
+        self.times.append(v.t_ms)
+        return v
 
     def profile(self, kv, tokens, **kw):
         self.log.append(("profile", kv.get_seq_length(), [int(t) for t in tokens]))
@@ -346,15 +349,7 @@ def test_verify_passes_in_trains_time_the_windows_after_the_first(engine, ids):
     from specmoe.engine.measure import verify_passes
 
     spy = _Spy(engine)
-    seen = []
-    forward = spy.forward
-
-    def timed(kv, tokens):
-        v = forward(kv, tokens)
-        seen.append(v.t_ms)
-        return v
-
-    object.__setattr__(spy, "forward", timed)
+    seen = spy.times
     prompt = [int(t) for t in ids[:PROMPT]]
     out = verify_passes(
         spy, [("p0", prompt)], settings=("dedup",), n_values=(1, 2), repeats=2, warmup=0,
@@ -408,15 +403,7 @@ def test_a_benchmark_with_trains_times_each_pass_after_passes_of_its_size(engine
     from specmoe.engines import llamacpp_ops as LO
 
     spy = _Spy(engine)
-    seen = []
-    forward = spy.forward
-
-    def timed(kv, tokens):
-        v = forward(kv, tokens)
-        seen.append(v.t_ms)
-        return v
-
-    object.__setattr__(spy, "forward", timed)
+    seen = spy.times
     rec, _ = LO.time_llamacpp_operations(
         spy, ids[:200], n_values=[1, 2], depths=[64], reps=1, warmup=0, progress=False, train=3
     )
