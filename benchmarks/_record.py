@@ -18,6 +18,19 @@ def run_fields(load_before: tuple[float, ...], t0: float) -> dict:
     }
 
 
+def pass_fields(name: str, args) -> dict:
+    """The fields every record of a one-thread llama.cpp pass benchmark starts with: its
+    name, the GGUF's file name and size, the prompt depth, one thread on the CPU clock."""
+    return {
+        "benchmark": name,
+        "gguf": Path(args.gguf).name,
+        "gguf_bytes": Path(args.gguf).stat().st_size,
+        "depth": args.depth,
+        "threads": 1,
+        "clock": "cpu",
+    }
+
+
 def emit(record: dict, out: str | None) -> None:
     """``record`` as indented JSON on stdout, and in the file ``out`` when given (its folder
     made)."""

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import add_pass_args, check_pass_args, emit, run_fields  # noqa: E402
+from _record import add_pass_args, check_pass_args, emit, pass_fields, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 
@@ -99,13 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     with LlamaCppEngine(args.gguf, n_ctx=args.depth + 512, threads=1, clock="cpu") as eng:
         times = measure(eng, bench_tokens, docs, args.depth, args.reps, args.prime)
     record = {
-        "benchmark": "llamacpp_bench_vs_sweep",
-        "gguf": Path(args.gguf).name,
-        "gguf_bytes": Path(args.gguf).stat().st_size,
-        "depth": args.depth,
+        **pass_fields("llamacpp_bench_vs_sweep", args),
         "prime": args.prime,
-        "threads": 1,
-        "clock": "cpu",
         "reps": args.reps,
         **summarize(times),
         "samples_ms": {k: v.tolist() for k, v in times.items()},

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import emit, run_fields  # noqa: E402
+from _record import emit, pass_fields, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 from specmoe.engines.llamacpp_pass import LlamaCppEngine  # noqa: E402
@@ -71,13 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         times = measure(eng, args.depth, ns, args.blocks, args.block)
         vocab = eng.vocab_size
     record = {
-        "benchmark": "llamacpp_output_rows",
-        "gguf": Path(args.gguf).name,
-        "gguf_bytes": Path(args.gguf).stat().st_size,
+        **pass_fields("llamacpp_output_rows", args),
         "vocab": vocab,
-        "depth": args.depth,
-        "threads": 1,
-        "clock": "cpu",
         "blocks": args.blocks,
         "block": args.block,
         "rows": summarize(times),

@@ -59,7 +59,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
     sys.path.insert(0, str(HERE))
 
-from _record import add_pass_args, check_pass_args, emit, run_fields  # noqa: E402
+from _record import add_pass_args, check_pass_args, emit, pass_fields, run_fields  # noqa: E402
 
 from specmoe.engines import llamacpp  # noqa: E402
 
@@ -348,17 +348,12 @@ def main(argv: list[str] | None = None) -> int:
                 k: np.median([row[k] for row in rows], axis=0).tolist() for k in SETTLE_AFTER
             }
     record = {
-        "benchmark": "llamacpp_round_passes",
-        "gguf": Path(args.gguf).name,
-        "gguf_bytes": Path(args.gguf).stat().st_size,
-        "depth": args.depth,
+        **pass_fields("llamacpp_round_passes", args),
         "ks": args.ks,
         "acceptance": args.acceptance,
         "tokens": args.tokens,
         "repeat": args.repeat,
         "n_ctx": args.n_ctx,
-        "threads": 1,
-        "clock": "cpu",
         "reps": args.reps,
         "variants": summarize(times),
         "settle": settled,

@@ -254,13 +254,15 @@ def test_output_rows_benchmark_pairs_blocks_and_refuses_bad_input(gguf, tmp_path
         assert name in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def _refuses_bad_pass_args(mod, gguf, tmp_path, capsys):
-    """A benchmark of passes on prompts: each bad option is one line naming it, exit 2."""
+def _refuses_bad_pass_args(mod, gguf, tmp_path, capsys, more=()):
+    """A benchmark of passes on prompts: each bad option is one line naming it, exit 2;
+    ``more``: (options after --gguf GGUF --depth 32, the option named) of its own."""
     capsys.readouterr()
     for bad, name in [
         (["--gguf", str(gguf), "--depth", "1"], "--depth"),
         (["--gguf", str(gguf), "--reps", "1"], "--reps"),
         (["--gguf", str(tmp_path / "missing.gguf")], "--gguf"),
+        *[(["--gguf", str(gguf), "--depth", "32", *tail], name) for tail, name in more],
     ]:
         with pytest.raises(SystemExit) as exc:
             mod.main(bad)
@@ -496,16 +498,11 @@ def test_round_passes_benchmark_pairs_each_variant_with_the_sweep(gguf, tmp_path
     assert all(x["median_ms"] > 0 for row in v.values() for x in row.values())
     assert list(rec["settle"]) == list(mod.SETTLE_AFTER)
     assert all(len(row) == 3 and min(row) > 0 for row in rec["settle"].values())
-    _refuses_bad_pass_args(mod, gguf, tmp_path, capsys)
-    for bad, name in [
+    _refuses_bad_pass_args(mod, gguf, tmp_path, capsys, more=[
         (["--ks", "0"], "--ks"),
         (["--ks", "1.5"], "--ks"),
         (["--acceptance", "1.2"], "--acceptance"),
         (["--acceptance", "x"], "--acceptance"),
         (["--tokens", "4"], "--tokens"),
         (["--n-ctx", "40"], "--n-ctx"),
-    ]:
-        with pytest.raises(SystemExit) as exc:
-            mod.main(["--gguf", str(gguf), "--depth", "32", *bad])
-        assert exc.value.code == 2
-        assert name in capsys.readouterr().err.strip().splitlines()[-1]
+    ])  # fmt: skip
