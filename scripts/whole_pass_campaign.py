@@ -506,6 +506,7 @@ def aggregate(
             pidx = sorted({u["prompt_index"] for u in tu})
             rset = sorted({u["repeat"] for u in tu})
             grid = np.full((len(ACCEPTANCE), len(KS), len(pidx), len(rset)), np.nan)
+            rgrid = np.full_like(grid, np.nan)  # each generation's median verification pass
             for u in tu:
                 p, r = pidx.index(u["prompt_index"]), rset.index(u["repeat"])
                 for g in u["generations"]:
@@ -515,6 +516,8 @@ def aggregate(
                     ]  # fmt: skip
                     for i in rows:
                         grid[i, j, p, r] = g["tokens_per_s"]
+                        if g.get("median_t_verify_ms") is not None:
+                            rgrid[i, j, p, r] = g["median_t_verify_ms"]
             if not np.isnan(grid).any():
                 flat = grid.reshape(len(ACCEPTANCE), len(KS), -1)
                 entry["throughput_tokens_per_s"] = np.median(flat, axis=2).tolist()
@@ -544,6 +547,8 @@ def aggregate(
                         "dedup": True,
                     }
                 )
+                if not np.isnan(rgrid).any():  # the rounds' own passes (rules-*-rounds.json)
+                    tconf[-1]["per_prompt_round_verify_ms"] = rgrid.tolist()
                 if gens and all("tokens" in g for g in gens):  # each generation's new tokens
                     tconf[-1]["tokens"] = int(np.median([g["tokens"] for g in gens]))
         tables[str(d)] = entry

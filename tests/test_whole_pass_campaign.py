@@ -106,7 +106,8 @@ def _fake_units(wc, folder, cfg, rng):
                     v = float(rng.uniform(100, 200))
                     tps[(k, a, p, r)] = v
                     gens.append({"k": k, "acceptance": a, "tokens_per_s": v, "decode_ms": 10.0,
-                                 "sum_t_verify_ms": 8.0, "rounds": 4, "tokens": 16})  # fmt: skip
+                                 "sum_t_verify_ms": 8.0, "rounds": 4, "tokens": 16,
+                                 "median_t_verify_ms": v / 100})  # fmt: skip
             unit = {"kind": "oracle", "depth": d, "prompt_index": p, "prompt_id": f"doc{p}",
                     "repeat": r, "generations": gens}  # fmt: skip
             (folder / "units" / f"oracle-d{d}-r{r}-p{p:02d}.json").write_text(json.dumps(unit))
@@ -134,8 +135,24 @@ def test_aggregate_writes_the_runs_format_with_brute_force_statistics(wc, tmp_pa
             assert [x for row in t["per_prompt_tokens_per_s"][ai][k] for x in row] == cells
     assert v["draft_ms"] == [0.5] * len(wc.KS)  # (decode - sum T_T) / rounds
     assert v["context_len"] == 63 and t["tokens"] == 16  # the cache lengths the passes ran at
+    # each generation's median verification pass, laid out as its tokens per second
+    assert np.array_equal(
+        np.asarray(t["per_prompt_round_verify_ms"]), np.asarray(t["per_prompt_tokens_per_s"]) / 100
+    )
     (m,) = load_runs(tmp_path)
     assert m.depth == 64 and m.throughput.shape == (len(wc.ACCEPTANCE), len(wc.KS))
+    # the rounds' verify side: per prompt, the median over its generations at k = n - 1
+    from specmoe.formats.runs import rounds_verify_side
+
+    r = rounds_verify_side(m)
+    for k in wc.KS:
+        accs = [None] if k == 0 else wc.ACCEPTANCE
+        meds = [
+            np.median([tps[(k, a, p, q)] / 100 for a in accs for q in range(2)]) for p in range(2)
+        ]
+        assert r.per_prompt_on_ms[:, k] == pytest.approx(meds, rel=1e-15)
+        assert r.verify_on_ms[k] == pytest.approx(np.mean(meds), rel=1e-15)
+    assert r.verify_prompts == ("doc0", "doc1") and r.verify_off_ms is None
 
 
 def test_an_incomplete_depth_writes_tables_only(wc, tmp_path):

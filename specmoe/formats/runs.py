@@ -46,6 +46,10 @@ without them load and score as before:
   [A][K][P][R]``, each generation's tokens per second (acceptance value, draft length, prompt,
   repeat); the k = 0 column holds the same k = 0 generations at every acceptance value.
   ``tokens_per_s`` [A, K] stays (the median over prompts x repeats).
+* ``throughput.json`` configuration: ``"per_prompt_round_verify_ms": [A][K][P][R]``, each of
+  those generations' median verification-pass time (the pass that verifies k drafted tokens,
+  n = k + 1), laid out as ``per_prompt_tokens_per_s``. :func:`rounds_verify_side` makes the
+  verify side of a rule set whose ``definitions.measured.verify_side`` is ``"rounds"`` from it.
 
 The cache lengths the passes ran at, both optional (then the whole-pass version is summed at
 the configuration's depth, as before): ``"context_len"`` in a ``verify.json`` configuration,
@@ -65,6 +69,7 @@ score another plan or profile against those runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +87,7 @@ __all__ = [
     "RecordedPrediction",
     "load_runs",
     "recorded_prediction",
+    "rounds_verify_side",
 ]
 
 VERIFY_FILE = "verify.json"
@@ -117,6 +123,7 @@ class Measured:
     per_prompt_tokens_per_s: np.ndarray | None = None  # [A, K, P_t, R], NaN-padded
     context_len: int | None = None  # tokens cached before each timed verify pass
     throughput_tokens: int | None = None  # tokens each throughput generation adds
+    per_prompt_round_verify_ms: np.ndarray | None = None  # [A, K, P_t, R], NaN-padded
 
     @property
     def kernels(self) -> tuple[str, ...]:
@@ -372,6 +379,21 @@ def _load_folder(folder: Path) -> list[Measured]:
         if samples is not None:
             P_t = len(t_ids) if t_ids is not None else _second_level(samples)
             samples = _samples(tpath, "per_prompt_tokens_per_s", samples, (len(acc), len(ks), P_t))
+        rounds = t.get("per_prompt_round_verify_ms")
+        if rounds is not None:
+            if samples is None:
+                raise InputError(
+                    f"{tpath}: per_prompt_round_verify_ms needs per_prompt_tokens_per_s "
+                    "(the generations it belongs to)"
+                )
+            rounds = _samples(tpath, "per_prompt_round_verify_ms", rounds, samples.shape[:3])
+            if rounds.shape != samples.shape or not np.array_equal(
+                np.isnan(rounds), np.isnan(samples)
+            ):
+                raise InputError(
+                    f"{tpath}: per_prompt_round_verify_ms must hold one time per generation "
+                    "of per_prompt_tokens_per_s"
+                )
         if off is None and not bool(t.get("dedup", True)):
             raise InputError(
                 f"{tpath}: throughput runs with deduplication off need verify_ms.off in {vpath}"
@@ -416,12 +438,54 @@ def _load_folder(folder: Path) -> list[Measured]:
                 per_prompt_tokens_per_s=samples,
                 context_len=ctx,
                 throughput_tokens=gen,
+                per_prompt_round_verify_ms=rounds,
             )
         )
     names = [m.name for m in out]
     if len(set(names)) != len(names):
         raise InputError(f"{folder}: two configurations share a name", argument="runs")
     return out
+
+
+def rounds_verify_side(m: Measured) -> Measured:
+    """``m`` with its verify side taken from the speculative rounds' own passes
+    (``rules-llamacpp-rounds.json``, ``definitions.measured.tau``): for each throughput prompt
+    and n = 1..k_max + 1, the repetitions are the medians of the verification passes of every
+    oracle generation at k = n - 1 (every acceptance value and repeat; the k = 0 generations,
+    which ``per_prompt_tokens_per_s`` repeats at every acceptance value, once), and the
+    per-prompt time is their median. The verify sweep's times and the per-slot arrays are
+    dropped (the rounds run the dedup kernel alone); the prompts are the throughput runs'."""
+    r = m.per_prompt_round_verify_ms
+    if r is None:
+        where = m.sources.get("throughput", "throughput.json")
+        raise InputError(
+            f"{where}: has no per_prompt_round_verify_ms (each generation's median verification "
+            "pass), which a rule set with verify_side 'rounds' scores"
+        )
+    if not m.throughput_dedup:
+        raise InputError(
+            f"{m.sources.get('throughput', 'throughput.json')}: the rounds' passes of runs with "
+            "deduplication off are not the dedup kernel's"
+        )
+    A, K, P, R = r.shape
+    cols = [r[0, 0]] + [r[:, k].transpose(1, 0, 2).reshape(P, A * R) for k in range(1, K)]
+    width = max(c.shape[1] for c in cols)
+    rep = np.full((P, K, width), np.nan)
+    for k, c in enumerate(cols):
+        rep[:, k, : c.shape[1]] = c
+    pp = np.nanmedian(rep, axis=2)
+    return dataclasses.replace(
+        m,
+        n=list(range(1, K + 1)),
+        verify_off_ms=None,
+        verify_on_ms=pp.mean(axis=0),
+        per_prompt_off_ms=None,
+        per_prompt_on_ms=pp,
+        per_prompt_repeats_off_ms=None,
+        per_prompt_repeats_on_ms=rep,
+        verify_prompts=m.throughput_prompts,
+        sources={**m.sources, "verify": m.sources.get("throughput", "") + " (rounds' passes)"},
+    )
 
 
 # ------------------------------------------------------------------------------------------

@@ -199,6 +199,14 @@ class RuleSet:
         return m if isinstance(m, dict) else None
 
     @property
+    def verify_side(self) -> str:
+        """Where tau_p(n) is measured: ``"sweep"`` (the verify runs, the default) or
+        ``"rounds"`` (``definitions.measured.verify_side``: the oracle generations' own
+        verification passes, :func:`specmoe.formats.runs.rounds_verify_side`)."""
+        m = self.measured_side
+        return str(m.get("verify_side", "sweep")) if m is not None else "sweep"
+
+    @property
     def interval_settings(self) -> tuple[float, int, int]:
         """(level, resamples, seed) of ``definitions.intervals``, else of ``sign_interval``."""
         iv = self.definitions.get("intervals")
@@ -258,6 +266,15 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     if not isinstance(d, dict) or d.get("schema") != RULES_SCHEMA:
         raise _bad(name, f"not a rule set (schema must be {RULES_SCHEMA!r})")
     defs = _get(d, "definitions", name, dict)
+    side = (
+        defs.get("measured", {}).get("verify_side")
+        if isinstance(defs.get("measured"), dict)
+        else None
+    )
+    if side is not None and side not in ("sweep", "rounds"):
+        raise _bad(
+            name, f"definitions.measured.verify_side must be 'sweep' or 'rounds', got {side!r}"
+        )
     ps = _get(defs, "pass_sizes", name, dict, "definitions.")
     n_min = _get(ps, "min", name, int, "definitions.pass_sizes.")
     n_max = _get(ps, "max", name, int, "definitions.pass_sizes.")

@@ -173,7 +173,11 @@ def score_configuration(
     """Every score of one configuration for the three versions (and the whole-pass version
     when ``plan`` carries it), and each rule's verdict."""
     from specmoe.cost.step import crossover
+    from specmoe.formats.runs import rounds_verify_side
 
+    rounds = rules.verify_side == "rounds"
+    if rounds:  # tau_p(n) from the oracle generations' own passes (rules-llamacpp-rounds.json)
+        m = rounds_verify_side(m)
     n_top = min(max(m.n), max(profile.n))
     n_hi = min(n_top, rules.n_max)
     if n_hi < rules.n_min:
@@ -182,6 +186,12 @@ def score_configuration(
             f"n = {rules.n_min}..{rules.n_max}"
         )
     notes: list[str] = []
+    if rounds:
+        notes.append(
+            "verify side: the oracle generations' own verification passes (median per "
+            "generation, k = n - 1), not the verify sweep; the prediction is summed over the "
+            "generations' cache lengths"
+        )
     K = len(m.k) - 1
     if K + 1 > n_top:
         notes.append(f"draft lengths cut to k <= {n_top - 1}: verify times reach n = {n_top}")
@@ -213,7 +223,13 @@ def score_configuration(
         if m.context_len is not None and m.throughput_tokens is not None:
             steps = range(m.context_len, m.context_len + m.throughput_tokens)
         wpv, note = whole_pass_version(
-            plan, profile, m.depth, n_top, context=m.context_len, step_contexts=steps
+            plan,
+            profile,
+            m.depth,
+            n_top,
+            context=m.context_len,
+            step_contexts=steps,
+            verify_contexts=steps if rounds else None,
         )
         if wpv is not None:
             versions["whole_pass"] = wpv

@@ -52,6 +52,7 @@ def whole_pass_version(
     *,
     context: int | None = None,
     step_contexts: Sequence[int] | None = None,
+    verify_contexts: Sequence[int] | None = None,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """The whole-pass version at n = 1..n_max, {verify_ms, expert_ms} per kernel and its
     combined error ``epsilon`` (the largest of the plan's), with a note; (None, note) when the
@@ -64,6 +65,10 @@ def whole_pass_version(
     the mean over them of the verify time, the step time's verify part that picks k̂*; it
     differs from ``verify_ms`` only where a profile's ``kv_pad`` makes the cells read step with
     the cache (otherwise ``verify_ms`` is used for both, as before).
+
+    ``verify_contexts`` (a rule set whose verify side is the rounds' own passes,
+    ``rules-llamacpp-rounds.json``): ``verify_ms`` is the mean over those cache lengths of the
+    sum (``definitions.measured.tau_prediction``), and the step time the same.
 
     A profile ``whole_pass.level`` (``{"<depth>": s}``, ``scripts/llamacpp_level.py``) scales
     every time of the version at ``depth`` by s: the level of the benchmark's own passes
@@ -86,7 +91,15 @@ def whole_pass_version(
         ops = np.array(
             [whole_pass_time(prof_wp, n, d0, wp.num_layers)[0] for n in range(1, n_max + 1)]
         )
-        if step_contexts is not None and prof_wp.get("kv_pad") is not None:
+        if verify_contexts is not None:
+            cs = [int(c) for c in verify_contexts]
+            ops = np.array(
+                [
+                    np.mean([whole_pass_time(prof_wp, n, c, wp.num_layers)[0] for c in cs])
+                    for n in range(1, n_max + 1)
+                ]
+            )
+        elif step_contexts is not None and prof_wp.get("kv_pad") is not None:
             cs = [int(c) for c in step_contexts]
             step = np.array(
                 [
