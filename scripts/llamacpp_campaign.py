@@ -462,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the throughput design at every depth run: prompts, repeats, tokens (protocol, "
         "round 8), instead of the configuration's",
     )
+    ap.add_argument(
+        "--aggregate-only",
+        action="store_true",
+        help="rewrite the named configurations' verify.json, throughput.json and tables.json "
+        "from their finished units (e.g. after the runs format gained a field) and stop: no "
+        "unit runs, the campaign record is not touched",
+    )
     add_run_args(ap)
     args = ap.parse_args(argv)
     if args.verify_train and (args.verify_train < 2 or args.verify_graph_reuse):
@@ -493,6 +500,15 @@ def main(argv: list[str] | None = None) -> int:
         "out/llamacpp-whole-pass-quick" if args.quick else "results/cpu/llamacpp/whole-pass"
     )
     record_path = out / "runs_campaign.json"
+    if args.aggregate_only:
+        models = Models({}, args.seed)  # prompts only: the bundled tokenizer
+        for c in names:
+            if not (out / c / "units").is_dir():
+                print(f"llamacpp_campaign: error: --out: {out / c}: has no units", file=sys.stderr)
+                return 2
+            _aggregate(out / c, table[c], _have(table[c], models))
+            print(f"{out / c}: runs files rewritten from its units", file=sys.stderr)
+        return 0
     if record_path.exists():  # one way of timing the verify passes per folder
         before = read_json(record_path, "campaign record").get("design", {})
         for c in names:

@@ -83,8 +83,23 @@ def test_quick_campaign_writes_runs_that_load_and_resumes(lc, gguf, tmp_path):
     ]
     assert len(gens) == cfg.throughput[0] * (1 + 8 * len(lc.ACCEPTANCE))
     assert all(g["tokens_per_s"] > 0 for g in gens)
+    # each generation's median verification pass is in the runs, as its tokens per second are
+    r = m.per_prompt_round_verify_ms
+    assert r.shape == m.per_prompt_tokens_per_s.shape
+    assert sorted(r[:, 1:].ravel().tolist()) == sorted(
+        g["median_t_verify_ms"] for g in gens if g["k"] >= 1
+    )
     record = json.loads((out / "runs_campaign.json").read_text())
     assert record["engines"]["llamacpp-bundled"]["threads"] == 1
+    # --aggregate-only rewrites the runs files from the units and leaves the record alone
+    tfile = folder / "throughput.json"
+    kept, rec_before = tfile.read_text(), (out / "runs_campaign.json").read_text()
+    tfile.unlink()
+    assert lc.main([*args, "--aggregate-only"]) == 0
+    assert tfile.read_text() == kept
+    assert (out / "runs_campaign.json").read_text() == rec_before
+    assert lc.main(["--quick", "--out", str(tmp_path / "none"), "--bundled-gguf", str(gguf),
+                    "--aggregate-only"]) == 2  # fmt: skip
     assert record["engines"]["llamacpp-bundled"]["kv_type"] == "f16"
 
     # resumed: nothing reruns
