@@ -132,10 +132,37 @@ QUICK = {
 }  # fmt: skip
 
 
-def units_of_config(cfg: Config) -> list[Unit]:
+def units_of_config(cfg: Config, *, interleave: bool = False) -> list[Unit]:
     """The protocol's units in run order (``whole_pass_campaign.units_of`` depth by depth,
-    each with its own throughput design)."""
-    return [u for d in cfg.depths for u in units_of(cfg.at(d))]
+    each with its own throughput design). ``interleave``: at each depth the verify units are
+    spread evenly among the throughput units (:func:`interleave_verify`) instead of all
+    running first."""
+    out: list[Unit] = []
+    for d in cfg.depths:
+        units = units_of(cfg.at(d))
+        out += interleave_verify(units) if interleave else units
+    return out
+
+
+def interleave_verify(units: Sequence[Unit]) -> list[Unit]:
+    """One depth's units with its V verify units spread evenly among its T throughput units:
+    verify unit i (in its own order) runs right before throughput unit floor(i * T / V), so
+    each stretch of the campaign holds both kinds and the two measured sides share the
+    machine's level (round 11 found the verify units' first minutes 9-25% slower than the
+    throughput units' next 26 on one core: results/cpu/llamacpp/round-passes/). Each kind
+    keeps its own order; with no throughput unit the order is unchanged."""
+    verify = [u for u in units if u.kind == "verify"]
+    rest = [u for u in units if u.kind != "verify"]
+    if not verify or not rest:
+        return list(units)
+    at: dict[int, list[Unit]] = {}
+    for i, u in enumerate(verify):
+        at.setdefault(i * len(rest) // len(verify), []).append(u)
+    out: list[Unit] = []
+    for j, u in enumerate(rest):
+        out += at.get(j, [])
+        out.append(u)
+    return out
 
 
 def _have(cfg: Config, models: Models) -> dict[int, tuple[int, int]]:
@@ -444,6 +471,13 @@ def main(argv: list[str] | None = None) -> int:
         "recorded in the design, and a folder's units are all run one way",
     )
     ap.add_argument(
+        "--interleave-verify",
+        action="store_true",
+        help="at each depth, spread the verify units evenly among the throughput units "
+        "instead of running them all first, so that both measured sides share the machine's "
+        "level; recorded in the design, and a folder's units are all run one way",
+    )
+    ap.add_argument(
         "--level-probe",
         action="store_true",
         help="before each unit, one cell of the whole-pass benchmark at the unit's depth (its "
@@ -532,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("verify_primed", "--verify-graph-reuse", args.verify_graph_reuse),
                 ("level_probe", "--level-probe", args.level_probe),
                 ("verify_train", "--verify-train", args.verify_train),
+                ("verify_interleaved", "--interleave-verify", args.interleave_verify),
             ):
                 was = before.get(c, {}).get(key, False) if c in before else None
                 if was is not None and was != now:  # (a missing key: False, == 0)
@@ -558,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 "verify_primed": args.verify_graph_reuse,
                 "level_probe": args.level_probe,
                 "verify_train": args.verify_train,
+                "verify_interleaved": args.interleave_verify,
             }
             for c in names
         },
@@ -592,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = None
         probe_ids = probe_tokens(cfg.depths) if args.level_probe else None
         try:
-            for unit in units_of_config(cfg):
+            for unit in units_of_config(cfg, interleave=args.interleave_verify):
                 key = f"{c}/{unit.name}"
                 done = folder / "units" / f"{unit.name}.json"
                 if skip_unit(status, key, done, start, args.budget):

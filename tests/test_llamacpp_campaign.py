@@ -174,7 +174,8 @@ def test_the_gguf_epsilon_is_the_stored_float(lc, gguf, tmp_path):
 
 
 @pytest.mark.parametrize("key, name", [("verify_primed", "--verify-graph-reuse"),
-                                       ("level_probe", "--level-probe")])  # fmt: skip
+                                       ("level_probe", "--level-probe"),
+                                       ("verify_interleaved", "--interleave-verify")])  # fmt: skip
 def test_a_folder_times_its_verify_passes_one_way(lc, gguf, tmp_path, capsys, key, name):
     """A folder whose units ran without --verify-graph-reuse (or --level-probe) refuses it
     (and the other way round), before anything is written."""
@@ -215,6 +216,23 @@ def test_verify_trains_are_recorded_and_a_folder_keeps_its_way(lc, gguf, tmp_pat
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--verify-train" in err[0]
         assert not other.exists()
+
+
+def test_interleaved_verify_units_run_among_the_throughput_units(lc, gguf, tmp_path):
+    """--interleave-verify: the design records it, and the units start in the interleaved
+    order (each verify unit before the throughput unit its position names), not verify first;
+    the runs files hold the same units as a plain campaign's."""
+    out = tmp_path / "q"
+    assert lc.main(["--quick", "--out", str(out), "--bundled-gguf", str(gguf),
+                    "--interleave-verify"]) == 0  # fmt: skip
+    record = json.loads((out / "runs_campaign.json").read_text())
+    assert record["design"]["llamacpp-bundled"]["verify_interleaved"] is True
+    cfg = lc.QUICK["llamacpp-bundled"]
+    want = lc.units_of_config(cfg, interleave=True)
+    assert [u.kind for u in want] != [u.kind for u in lc.units_of_config(cfg)]
+    started = {k.split("/", 1)[1]: v["started"] for k, v in record["units"].items()}
+    assert sorted(started, key=started.get) == [u.name for u in want]
+    assert sorted(_mtimes(out / "llamacpp-bundled")) == sorted(f"{u.name}.json" for u in want)
 
 
 def test_level_probes_are_the_benchmark_s_passes_before_each_unit(lc, gguf, tmp_path):
