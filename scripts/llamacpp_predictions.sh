@@ -18,6 +18,8 @@
 # PASS_TRAIN=M (round 9): each pass the median of M in a row of its size on moving windows,
 # before the profiled passes (`specmoe bench --pass-train M`).
 #
+# DEPTHS=D1,D2,... (round 12): the benchmark's depths instead of 256,512,1024,2048.
+#
 # OUT=DIR (round 3, measured on another machine): the predictions written to DIR/<config>/
 # instead, with FIT=FORM the fresh benchmark's fit form (default step1), and REFIT read from
 # FROM=DIR (default: results/cpu/llamacpp/whole-pass/predictions). Each benchmark also writes
@@ -35,7 +37,7 @@ PASS_TRAIN=${PASS_TRAIN:-}  # M: the benchmark's passes the medians of trains of
 P=${OUT:-results/cpu/llamacpp/whole-pass/predictions${REFIT:+-$REFIT}}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
-DEPTHS=256,512,1024,2048
+DEPTHS=${DEPTHS:-256,512,1024,2048}  # the benchmark's depths (round 12: one past the runs' deepest KV view)
 
 predict() {  # name, GGUF, reps, plan --model
   local name=$1 gguf=$2 reps=$3 spec=$4
