@@ -30,7 +30,10 @@ pass asks for the last row's only; the bench times both in libllama, ``output_ro
 ``--last-row-only``; the plan from llama-bench's passes alone is scored beside it (``last_row``). The bench runs
 again after the cells, and the plan from the mean of the two benches' pass times (and rows) is
 scored too (``bracketed``: the passes bracket the cells as the calibration does; the cells are
-picked by the first bench's plan).
+picked by the first bench's plan). ``--rows-fit`` sets the plan's r_T(n) (``plan
+--llamacpp-rows``): the paired median at each n (default) or a line in n over n >= 2; the other
+form is scored beside it, from the first bench (``rows_<form>``) and bracketed
+(``bracketed_rows_<form>``).
 
 Before the checked cells, and again after them, a calibration measures the server's time beyond
 llama-bench's passes (CPU ms per plain token minus V(0); CPU ms per round minus V(k) at k = 1
@@ -376,7 +379,17 @@ def main(argv: list[str] | None = None) -> int:
         "--no-output-rows, plan --llamacpp-last-row-only), as the checks before the fifth did; "
         "by default the plan holds it and the last-row plan is scored beside it",
     )
+    ap.add_argument(
+        "--rows-fit",
+        default="median",
+        choices=("median", "line"),
+        help="the plan's r_T(n) (plan --llamacpp-rows): the paired median at each n, or a line "
+        "in n on n >= 2; the plan picks the cells, and the other form is scored beside it "
+        "(first bench and bracketed)",
+    )
     args = ap.parse_args(argv)
+    if args.last_row_only and args.rows_fit != "median":
+        ap.error("--rows-fit: the rows' form needs the rows (not with --last-row-only)")
     if args.lifted_layers < 4:
         ap.error(f"--lifted-layers: {args.lifted_layers} is fewer than the bundled model's 4")
     for name in ("depth", "reps", "k_max", "num_prompts", "repeats", "tokens"):
@@ -417,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         plan_argv += ["--draft-model", str(draft)]
         if args.last_row_only:
             plan_argv.append("--llamacpp-last-row-only")
+        other_fit = "line" if args.rows_fit == "median" else "median"
+        if not args.last_row_only:
+            plan_argv += ["--llamacpp-rows", args.rows_fit]
         plans = {}
         for stat in ("min", "median"):
             argv_s = [*plan_argv, "--llamacpp-statistic", stat, "--out", str(Path(tmp) / stat)]
@@ -425,9 +441,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = plans[args.statistic]
         # the plan without the rows (llama-bench's passes alone), scored beside it
         argv_l = [*plan_argv, "--llamacpp-statistic", args.statistic, "--llamacpp-last-row-only"]
+        if not args.last_row_only:  # the rows' form is refused without the rows
+            i = argv_l.index("--llamacpp-rows")
+            del argv_l[i : i + 2]
         assert specmoe([*argv_l, "--out", str(Path(tmp) / "last_row")]) == 0
         plan_l = json.loads((Path(tmp) / "last_row" / "plan.json").read_text())
         s_l = plan_l["engine"]["settings"]["llama.cpp"]
+        # the plan with the rows' other form (first bench), scored beside it
+        plan_f = None
+        if not args.last_row_only:
+            argv_f = [*plan_argv, "--llamacpp-statistic", args.statistic]
+            argv_f[argv_f.index("--llamacpp-rows") + 1] = other_fit
+            assert specmoe([*argv_f, "--out", str(Path(tmp) / "rows_other")]) == 0
+            plan_f = json.loads((Path(tmp) / "rows_other" / "plan.json").read_text())
         other = plans["median" if args.statistic == "min" else "min"]
         so = other["engine"]["settings"]["llama.cpp"]
         s = plan["engine"]["settings"]["llama.cpp"]
@@ -534,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
             assert specmoe([*argv_b, "--out", str(Path(tmp) / "bracketed")]) == 0
             plan_b = json.loads((Path(tmp) / "bracketed" / "plan.json").read_text())
             s_b = plan_b["engine"]["settings"]["llama.cpp"]
+            plan_bf = None
+            if plan_f is not None:  # bracketed, the rows' other form
+                argv_bf = list(argv_b)
+                argv_bf[argv_bf.index("--llamacpp-rows") + 1] = other_fit
+                assert specmoe([*argv_bf, "--out", str(Path(tmp) / "bracketed_other")]) == 0
+                plan_bf = json.loads((Path(tmp) / "bracketed_other" / "plan.json").read_text())
             calibration = _bracket(cal_before, cal_after)
             over = [calibration[f"overhead_{x}_ms"] for x in ("plain", "round", "token")]
             argv_o = [*plan_argv, "--llamacpp-statistic", args.statistic]
@@ -554,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
                 row.update(_scored("with_emit", s_e, a, k, measured))
                 row.update(_scored("last_row", s_l, a, k, measured))
                 row.update(_scored("bracketed", s_b, a, k, measured))
+                if plan_f is not None:
+                    s_f = plan_f["engine"]["settings"]["llama.cpp"]
+                    s_bf = plan_bf["engine"]["settings"]["llama.cpp"]
+                    row.update(_scored(f"rows_{other_fit}", s_f, a, k, measured))
+                    row.update(_scored(f"bracketed_rows_{other_fit}", s_bf, a, k, measured))
                 print(
                     f"a={a:g} k={k}{'*' if row['is_plan_k'] else ' '} predicted "
                     f"{row['predicted_speedup']:.3f} (last row only "
@@ -601,6 +638,11 @@ def main(argv: list[str] | None = None) -> int:
                 "output_rows": bool(s.get("output_rows")),
                 "plan_last_row": json.loads(json.dumps(plan_l).replace(tmp, "<tmp>")),
                 "plan_bracketed": json.loads(json.dumps(plan_b).replace(tmp, "<tmp>")),
+                "rows_fit": None if args.last_row_only else args.rows_fit,
+                f"plan_rows_{other_fit}": json.loads(json.dumps(plan_f).replace(tmp, "<tmp>")),
+                f"plan_bracketed_rows_{other_fit}": json.loads(
+                    json.dumps(plan_bf).replace(tmp, "<tmp>")
+                ),
                 "plan_with_overhead": json.loads(json.dumps(plan_o).replace(tmp, "<tmp>")),
                 "plan_with_overhead_command": "specmoe " + " ".join(argv_o).replace(tmp, "<tmp>"),
                 "plan_with_emit": json.loads(json.dumps(plan_e).replace(tmp, "<tmp>")),

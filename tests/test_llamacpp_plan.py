@@ -15,13 +15,19 @@ import socket
 import subprocess
 import time
 import urllib.request
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specmoe.cli import main
-from specmoe.cost.llamacpp_plan import llamacpp_plan, load_llamacpp_profile, server_flags
+from specmoe.cost.llamacpp_plan import (
+    extra_ms,
+    llamacpp_plan,
+    load_llamacpp_profile,
+    server_flags,
+)
 from specmoe.engines import llamacpp
 from specmoe.errors import InputError
 
@@ -480,6 +486,72 @@ def test_output_rows_move_k_down_and_the_cli_can_leave_them_out(tmp_path, capsys
     rc = main(["plan", "--llamacpp-last-row-only"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--llamacpp-last-row-only" in err[0]
+
+
+def _ols(ns, ys):
+    """Least squares c0 + c1 n by its closed form in exact fractions."""
+    ns, ys = [Fraction(n) for n in ns], [Fraction(y) for y in ys]
+    nb, yb = sum(ns) / len(ns), sum(ys) / len(ys)
+    c1 = sum((n - nb) * (y - yb) for n, y in zip(ns, ys)) / sum((n - nb) ** 2 for n in ns)
+    return yb - c1 * nb, c1
+
+
+@settings(max_examples=60, deadline=None)
+@given(medians=st.lists(st.integers(-2000, 30000).map(lambda v: v / 1000), min_size=2, max_size=11))
+def test_rows_line_is_the_least_squares_line_on_two_rows_and_more(medians):
+    """``line``: r(1) = 0 and r(n) = max(0, c0 + c1 n), (c0, c1) the least-squares line through
+    the medians at n >= 2 (checked against the closed form in exact fractions); ``median``:
+    the clamped medians. With one median past n = 1 the line is that median."""
+    rows = [{"n": i + 1, "extra_ms": {"median": v}} for i, v in enumerate(medians)]
+    got = extra_ms(rows, "line")
+    ns = list(range(2, len(medians) + 1))
+    if len(ns) >= 2:
+        c0, c1 = _ols(ns, [Fraction(v).limit_denominator(1000) for v in medians[1:]])
+        want = [0.0] + [max(0.0, float(c0 + c1 * n)) for n in ns]
+    else:
+        want = [0.0, max(0.0, medians[1])]
+    assert got == pytest.approx(want, abs=1e-9)
+    assert extra_ms(rows, "median") == [0.0] + [max(0.0, v) for v in medians[1:]]
+
+
+def test_rows_line_worked_example_and_a_line_is_kept():
+    """Medians 1, 5, 3 ms at n = 2, 3, 4 (by hand: mean n 3, mean r 3, slope 2 / 2 = 1,
+    intercept 0) give 2, 3, 4 ms; medians on a line stay as they are."""
+    rows = [{"n": n, "extra_ms": {"median": v}} for n, v in [(1, 0.4), (2, 1), (3, 5), (4, 3)]]
+    assert extra_ms(rows, "line") == pytest.approx([0.0, 2.0, 3.0, 4.0], abs=1e-12)
+    rows = [{"n": n, "extra_ms": {"median": 0.5 + 2.5 * n}} for n in range(1, 10)]
+    assert extra_ms(rows, "line") == pytest.approx(
+        [0.0] + [0.5 + 2.5 * n for n in range(2, 10)], abs=1e-9
+    )
+    with pytest.raises(ValueError, match="median, line"):
+        extra_ms(rows, "spline")
+
+
+def test_rows_line_moves_k_and_is_a_flag_of_the_llamacpp_plan_only(tmp_path, capsys):
+    """Worked by hand: target 10, 11, 12, 13 ms, draft 0.1 ms, rows' medians 0, 0, 9, 3 at
+    n = 1..4. By median r = 0, 9, 3 at n = 2..4: V = 10, 11.2, 21.3, 16.4, and at a = 0.6
+    (G = 1.6, 1.96, 2.176 at k = 1..3) S = 1.429, 0.920, 1.327, so k* = 1. By line (on
+    n = 2..4: mean n 3, mean r 4, slope 3 / 2, intercept -0.5) r = 2.5, 4, 5.5: V = 10, 13.7,
+    16.3, 18.9, S = 1.168, 1.202, 1.151, so k* = 2. A plan outside --llamacpp-profile refuses
+    the flag."""
+    path = _profile(tmp_path / "v.json", [10.0, 11.0, 12.0, 13.0], [0.1] * 4)
+    _with_rows(path, [0.0, 0.0, 9.0, 3.0])
+    base = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(path)]
+    base += ["--acceptance", "0.6", "--k-max", "3", "--json"]
+    want = {"median": ([10.0, 11.2, 21.3, 16.4], 1), "line": ([10.0, 13.7, 16.3, 18.9], 2)}
+    for fit, (V, k_star) in want.items():
+        assert main([*base, "--llamacpp-rows", fit]) == 0
+        s = json.loads(capsys.readouterr().out)["engine"]["settings"]["llama.cpp"]
+        assert s["step_ms"] == pytest.approx(V, rel=1e-12), fit
+        assert s["output_rows_fit"] == fit
+        G = [(1 - 0.6 ** (k + 1)) / 0.4 for k in range(4)]
+        assert s["plans"][0]["speedup_by_k"] == pytest.approx(
+            [G[k] * V[0] / V[k] for k in range(4)], rel=1e-12
+        )
+        assert s["plans"][0]["draft_length"] == k_star, fit
+    rc = main(["plan", "--llamacpp-rows", "line"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--llamacpp-rows" in err[0]
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ def test_a_lifted_target_of_fewer_layers_than_the_bundled_model_is_refused(pc, c
         (["--reps", "0"], ("--reps", "0")),
         (["--k-max", "-1"], ("--k-max", "-1")),
         (["--tokens", "0"], ("--tokens", "0")),
+        (["--last-row-only", "--rows-fit", "line"], ("--rows-fit",)),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_built(pc, capsys, monkeypatch, argv, names):

@@ -183,6 +183,14 @@ def add_arguments(parser) -> None:
         "every row (the profile's output_rows), as llama-bench times it; by default V(k) holds "
         "it, as llama-server's verification asks for all k + 1 rows",
     )
+    parser.add_argument(
+        "--llamacpp-rows",
+        default=None,
+        choices=("median", "line"),
+        help="with --llamacpp-profile: the target's extra time for every row's logits, r_T(n), "
+        "as the profile's paired median at each n (median, the default) or a line in n fitted "
+        "on n >= 2 (line: steadier where the medians are noisy)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
     parser.add_argument(
         "--out", default=None, metavar="DIR", help="write plan.json and figures to DIR"
@@ -573,7 +581,7 @@ def _run(args) -> int:
     check_out_dir(args.out)
     if getattr(args, "llamacpp_profile", None) is not None:
         return _run_llamacpp(args)
-    for flag in ("llamacpp_overhead", "llamacpp_last_row_only"):
+    for flag in ("llamacpp_overhead", "llamacpp_last_row_only", "llamacpp_rows"):
         if getattr(args, flag, None) not in (None, False):
             raise InputError(f"--{flag.replace('_', '-')}: only with --llamacpp-profile")
     plan, data = make_plan(args)
@@ -620,7 +628,8 @@ def make_llamacpp_plan(args) -> dict[str, Any]:
     acceptance = parse_acceptance(args.acceptance)
     try:
         stat = f"{getattr(args, 'llamacpp_statistic', 'median') or 'median'}_ms"
-        prof = load_llamacpp_profile(args.llamacpp_profile, statistic=stat)
+        rows_fit = getattr(args, "llamacpp_rows", "median") or "median"
+        prof = load_llamacpp_profile(args.llamacpp_profile, statistic=stat, rows_fit=rows_fit)
     except InputError as exc:
         raise exc.as_flag("--llamacpp-profile") from None
     overhead: tuple[float, ...] = (0.0, 0.0)

@@ -63,10 +63,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specmoe.cost import theory
 from specmoe.errors import InputError
 
 __all__ = [
+    "ROWS_FITS",
     "STATISTICS",
     "LlamaCppProfile",
     "extra_ms",
@@ -77,6 +80,7 @@ __all__ = [
 ]
 
 STATISTICS = ("median_ms", "min_ms", "mean_ms")
+ROWS_FITS = ("median", "line")
 MAX_PROFILE_BYTES = 64 << 20
 
 
@@ -139,20 +143,41 @@ def _times(section: Any, path: str, where: str, statistic: str) -> dict[int, lis
     return out
 
 
-def extra_ms(rows: Sequence[dict[str, Any]]) -> list[float]:
+def extra_ms(rows: Sequence[dict[str, Any]], fit: str = "median") -> list[float]:
     """The extra ms at n = 1..N from the rows of
     :func:`specmoe.engines.llamacpp_rows.summarize` (n = 1..N, each once): 0 at n = 1,
-    where both variants ask for the same row, and the measured median clamped at 0 elsewhere
-    (more rows are more work; a negative median is noise)."""
+    where both variants ask for the same row, and elsewhere, by ``fit``:
+
+    ``median``: the measured median at each n, clamped at 0 (more rows are more work; a
+    negative median is noise).
+
+    ``line``: r(n) = c0 + c1 n, fitted by least squares on the medians at n = 2..N, clamped
+    at 0. What the extra rows cost is the last layer's work on the rows the last-row pass
+    drops before its FFN (``inp_out_ids``), the lm_head on n rows instead of one, and the
+    copy of n rows of logits: each grows by the same amount a row, so a line in n; the
+    intercept is free because the one-row lm_head goes through ggml's ``vec_dot`` loop and
+    n >= 2 rows through tinyBLAS (``llamafile_sgemm`` refuses fewer than two), a step no
+    line through n = 1 follows. A paired median of a few blocks moves by several ms from
+    one bench to the next at a pass size (results/cpu/llamacpp/README.md, the seventh plan
+    check); the line takes all of them at once. Needs n = 2, 3 at least; with N = 2 the
+    line is the one median."""
+    if fit not in ROWS_FITS:
+        raise ValueError(f"fit must be one of {', '.join(ROWS_FITS)}, got {fit!r}")
     by_n = {int(r["n"]): float(r["extra_ms"]["median"]) for r in rows}
     top = max(by_n, default=0)
     if sorted(by_n) != list(range(1, top + 1)):
         raise ValueError(f"rows must hold n = 1..N once each, got n = {sorted(by_n)}")
+    if fit == "line" and top >= 3:
+        ns = np.arange(2, top + 1, dtype=float)
+        c1, c0 = np.polyfit(ns, [by_n[int(n)] for n in ns], 1)
+        return [0.0] + [max(0.0, float(c0 + c1 * n)) for n in range(2, top + 1)]
     return [0.0 if n == 1 else max(0.0, by_n[n]) for n in range(1, top + 1)]
 
 
-def _rows(section: Any, path: str, target: dict[int, list[float]]) -> dict[int, list[float]]:
-    """r_T(n) per depth from ``output_rows`` (:func:`extra_ms`); {} when absent."""
+def _rows(
+    section: Any, path: str, target: dict[int, list[float]], fit: str = "median"
+) -> dict[int, list[float]]:
+    """r_T(n) per depth from ``output_rows`` (:func:`extra_ms` in ``fit``); {} when absent."""
     if section is None:
         return {}
     depths = section.get("depths") if isinstance(section, dict) else None
@@ -165,7 +190,7 @@ def _rows(section: Any, path: str, target: dict[int, list[float]]) -> dict[int, 
             vals = [float(r["extra_ms"]["median"]) for r in rows]
             if not all(math.isfinite(v) for v in vals):
                 raise ValueError("a median that is not finite")
-            out[d] = extra_ms(rows)
+            out[d] = extra_ms(rows, fit)
         except (TypeError, ValueError, KeyError) as exc:
             why = str(exc) if isinstance(exc, ValueError) else "a row without extra_ms.median"
             raise _bad(path, f"output_rows[{key}]: {why}") from None
@@ -175,13 +200,18 @@ def _rows(section: Any, path: str, target: dict[int, list[float]]) -> dict[int, 
 
 
 def load_llamacpp_profile(
-    path: str | os.PathLike, *, statistic: str = "median_ms"
+    path: str | os.PathLike, *, statistic: str = "median_ms", rows_fit: str = "median"
 ) -> LlamaCppProfile:
     """Read ``llamacpp_verify.json`` (``specmoe bench --engine llama.cpp``); any fault is one
-    ``InputError`` line naming the file."""
+    ``InputError`` line naming the file. ``rows_fit``: how r_T(n) follows from the measured
+    ``output_rows`` (:func:`extra_ms`)."""
     if statistic not in STATISTICS:
         raise InputError(
             f"unknown {statistic!r} (choose from {', '.join(STATISTICS)})", argument="statistic"
+        )
+    if rows_fit not in ROWS_FITS:
+        raise InputError(
+            f"unknown {rows_fit!r} (choose from {', '.join(ROWS_FITS)})", argument="rows_fit"
         )
     p = Path(path)
     name = str(path)
@@ -212,11 +242,12 @@ def load_llamacpp_profile(
             if bad:
                 raise _bad(name, f"draft.verify_rebuilt[{bad[0]}] has not the passes of "
                            "draft.verify")  # fmt: skip
-    rows = _rows(data.get("output_rows"), name, target)
+    rows = _rows(data.get("output_rows"), name, target, rows_fit)
     threads = data.get("threads", 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise _bad(name, f"threads {threads!r} is not a positive integer")
     meta = {k: data.get(k) for k in ("llama_cpp", "model", "dtype", "reps", "flash_attn")}
+    meta["rows_fit"] = rows_fit
     if isinstance(data.get("draft"), dict):
         meta["draft_model"] = data["draft"].get("model")
         meta["draft_dtype"] = data["draft"].get("dtype")
@@ -365,6 +396,7 @@ def llamacpp_plan(
         "staircase": [{"a_from": lo, "a_to": hi, "k": k} for lo, hi, k in stairs.levels],
         "graph_builds": bool(profile.draft_rebuilt.get(depth)),
         "output_rows": with_rows,
+        "output_rows_fit": profile.meta.get("rows_fit", "median") if with_rows else None,
         "model": (
             "V(k) = tau_T(k+1) + tau_D^b(k+1) + tau_D^b(1) + (k-1) tau_D(1) (tau_D^b: the draft's "
             "passes with the graph built anew)"
