@@ -501,3 +501,89 @@ def test_step1_width_recovers_attention_over_the_padded_view_and_step1_depth_can
     assert miss > 0.05
     with pytest.raises(InputError, match="kv_pad"):
         whole_pass_from_dict({**v4, "kv_pad": 0})
+
+
+def _tile_cost(n: int) -> float:
+    """ms a KV cell of a K·Q product of n columns, in tinyBLAS's tiles of BLOCK_SIZE<6>(n)
+    columns (``ggml-cpu/llamafile/sgemm.cpp``: ceil(n / ceil(n / 6)) columns a tile), where a
+    4-column tile costs twice a column what a 5- or 6-column one does: the shape measured on
+    the Zen 4 core (results/cpu/llamacpp/kv-width/)."""
+    if n == 1:
+        return 6e-4  # ggml's vec_dot path
+    tiles = -(-n // 6)
+    width = -(-n // tiles)
+    per_col = 2e-5 if width == 4 else 1e-5
+    return per_col * n
+
+
+def test_pern_width_follows_each_pass_size_where_a_line_in_n_cannot():
+    """Attention whose per-cell cost depends on n through the kernel's tile choice (n = 4 and
+    8 dearer a column than 5 and 9, not monotone in n): pern-width reproduces every n at
+    every cache length, on the grid and off it, with a held-out ε of 0 (each n's line over
+    the depths, scored leaving one depth out); step1-width, a line in n past n = 1, misses
+    n = 4 at 2048 by more than 10% (12%). Its fits survive the profile's reader, and an n it has no
+    fit of its own for falls back to the step1-width fit."""
+    from specmoe.cost.ops_fit import op_time, whole_pass_time
+    from specmoe.formats.profile import whole_pass_from_dict
+
+    def att(n, d):
+        return 0.2 + _tile_cost(n) * _cells(d, n)
+
+    assert att(4, 2048) > att(5, 2048) and att(8, 2048) > att(9, 2048)
+    wp = _stored(att, terms=("t0", "bytes", "tokens"), shape={"bytes_nd": 2.0},
+                 ds=(256, 512, 1024, 2048, 2304))  # fmt: skip
+    wp = {**wp, "model": "m", "dtype": "f32", "clock": "cpu"}
+    v9 = LO.refit(wp, "pern-width")
+    assert v9["fit_form"] == "pern-width" and v9["kv_pad"] == 256
+    whole_pass_from_dict(v9)
+    op = v9["ops"]["qkv"]
+    assert sorted(op["fits_n"], key=int) == [str(n) for n in range(1, 10)]
+    assert op["eps"] == pytest.approx(0.0, abs=1e-9)
+    for n in range(1, 10):
+        assert op["fits_n"][str(n)]["terms"] == ["t0", "bytes"]  # tokens is flat at one n
+        for d in (*wp["d"], 511, 767, 2047, 2175):
+            assert op_time(op, n, d, 256) == pytest.approx(att(n, d), rel=1e-9)
+    total, _ = whole_pass_time(v9, 4, 2047, 1)
+    assert total == pytest.approx(att(4, 2047), rel=1e-9, abs=1e-12)
+    v8 = LO.refit(wp, "step1-width")
+    assert (
+        "fits_n" not in v8["ops"]["qkv"]
+        and "fits_n" not in LO.refit(v9, "step1-width")["ops"]["qkv"]
+    )
+    miss = abs(op_time(v8["ops"]["qkv"], 4, 2048, 256) - att(4, 2048)) / att(4, 2048)
+    assert miss > 0.1
+    fallback = {**op, "fits_n": {k: v for k, v in op["fits_n"].items() if k != "4"}}
+    assert op_time(fallback, 4, 2048, 256) == pytest.approx(op_time(v8["ops"]["qkv"], 4, 2048, 256))
+
+
+def test_pern_width_scores_a_depth_it_did_not_see():
+    """ε of the per-n fits is scored leaving one depth out: a cell off every line (a bump at
+    d = 1024, n = 3 of 30%) gives a positive ε, and the step1-width fit stays the fallback."""
+
+    def att(n, d):
+        return (0.2 + 1e-4 * n * _cells(d, n)) * (1.3 if (n, d) == (3, 1024) else 1.0)
+
+    wp = _stored(att, terms=("t0", "bytes", "tokens"), shape={"bytes_nd": 2.0},
+                 ds=(256, 512, 1024, 2048, 2304))  # fmt: skip
+    op = LO.refit({**wp, "model": "m", "dtype": "f32", "clock": "cpu"}, "pern-width")["ops"]["qkv"]
+    assert op["eps_max"] > 0.1 and op["eps"] >= 0.0
+
+
+@pytest.mark.parametrize(
+    "fits_n, words",
+    [
+        ([], "non-empty object"),
+        ({"0": {"terms": ["t0"], "fit": {"t0_ms": 1.0}}}, "pass size"),
+        ({"2": {"terms": ["nope"], "fit": {}}}, "terms must list"),
+        ({"2": {"terms": ["t0"], "fit": {"t0_ms": float("nan")}}}, "fits_n"),
+    ],
+)
+def test_bad_per_n_fits_are_refused_naming_the_op(fits_n, words):
+    from specmoe.formats.profile import whole_pass_from_dict
+
+    wp = _stored(lambda n, d: 1.0 + 0.1 * n)
+    wp = LO.refit({**wp, "model": "m", "dtype": "f32", "clock": "cpu"}, "pern-width")
+    bad = {**wp, "ops": {**wp["ops"], "qkv": {**wp["ops"]["qkv"], "fits_n": fits_n}}}
+    with pytest.raises(InputError, match=words) as exc:
+        whole_pass_from_dict(bad)
+    assert "qkv" in str(exc.value)

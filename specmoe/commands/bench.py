@@ -100,13 +100,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fit",
         default=None,
-        choices=("step1", "step1-depth", "step1-width", "linear"),
+        choices=("step1", "step1-depth", "step1-width", "pern-width", "linear"),
         help="--engine llama.cpp --whole-pass: the form of each operation's fit in n; step1 "
         "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
         "products take another path for one row); step1-depth: step1 with a time per token "
         "of context in the engine's overhead outside its graph; step1-width: step1-depth on "
-        "the KV cells a pass reads (llama.cpp pads its cache view to 256 cells); linear: one "
-        "fit over every n. "
+        "the KV cells a pass reads (llama.cpp pads its cache view to 256 cells); pern-width: "
+        "step1-width with a fit of its own over the depths at every benchmarked n (its kernels' "
+        "tiles make the pass not monotone in n); linear: one fit over every n. "
         "With --from "
         "PROFILE (a llama.cpp whole-pass profile): refit its medians, measure nothing",
     )

@@ -186,8 +186,15 @@ def op_time(op: Mapping[str, Any], n: float, d: float, pad: int | None = None) -
     """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied).
     An op with a one-row fit (``fit_n1``, ``terms_n1``: an engine whose kernels take another
     path for a single row, :func:`specmoe.engines.llamacpp_ops.refit`) uses it at n = 1 and
-    ``fit`` at n >= 2. ``pad``: as :func:`op_features`."""
-    if n == 1 and op.get("fit_n1") is not None:
+    ``fit`` at n >= 2. An op with fits of its own per n (``fits_n``: ``{"n": {"terms",
+    "fit"}}``, the ``pern-width`` form) uses the one at n where it has one. ``pad``: as
+    :func:`op_features`."""
+    per_n = op.get("fits_n")
+    key = str(int(n)) if float(n) == int(n) else None
+    if per_n is not None and key in per_n:
+        terms = tuple(per_n[key]["terms"])
+        fit = OpFit(terms, coef_from_fit(per_n[key]["fit"], terms))
+    elif n == 1 and op.get("fit_n1") is not None:
         terms = tuple(op["terms_n1"])
         fit = OpFit(terms, coef_from_fit(op["fit_n1"], terms))
     else:

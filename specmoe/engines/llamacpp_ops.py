@@ -517,7 +517,7 @@ def summarize(rec: _Records, dims: Dims, *, n_values: Sequence[int], depths: Seq
     }
 
 
-FIT_FORMS = ("linear", "step1", "step1-depth", "step1-width")
+FIT_FORMS = ("linear", "step1", "step1-depth", "step1-width", "pern-width")
 # the ops whose fits take the depth term in the step1-depth and step1-width forms (versions 3, 4)
 DEPTH_OPS = ("engine_overhead",)
 # llama.cpp's KV view padding (llama_kv_cache::get_n_kv: max(n_pad, 256)), the step1-width form's
@@ -556,7 +556,20 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
     AVX-512 EPYC (bundled f32 GGUF, per-node profile, 15 alternating repetitions): one-token
     attention 0.243 ms a layer after 511 tokens against 0.292 after 512, the pass 1.46 against
     1.68 ms. The benchmark's depths (multiples of 256) read d + 256 cells at every n; the
-    verify runs' passes after depth - 1 tokens read depth cells at n = 1."""
+    verify runs' passes after depth - 1 tokens read depth cells at n = 1.
+
+    ``pern-width`` (version 9): ``step1-width``, and besides it a fit of its own at every
+    benchmarked n over the depths (``fits_n``: per n, ``terms`` (``t0`` and the terms that
+    vary with the KV width at that n, at most one fewer than the depths) and ``fit``), which
+    :func:`specmoe.cost.ops_fit.op_time` takes at those n; the ``step1-width`` fits stay for
+    any other n. ``eps`` is the median of the per-n fits' errors, each scored leaving one depth
+    out. What it follows that a line in n does not: tinyBLAS (``llamafile_sgemm``) splits a
+    pass's n columns into tiles of ``BLOCK_SIZE<6>(n)`` (4 for n = 4, 7, 8; 5 for 5 and 9; 6
+    for 6), and in the f16 K·Q product of a one-thread pass on a Zen 4 core the 4-column tiles
+    cost about twice as much a column as the 5-column ones (the ``kq`` node at n = 4: 0.78-0.98
+    ms over 4 layers against 0.40-0.53 at n = 5, 1536-2304 KV cells;
+    results/cpu/llamacpp/kv-width/), so K·Q, and the pass, is not monotone in n at long
+    contexts."""
     if form not in FIT_FORMS:
         raise InputError(f"must be one of {', '.join(FIT_FORMS)}, got {form!r}", argument="fit")
     ns, ds = [int(v) for v in whole_pass["n"]], [int(v) for v in whole_pass["d"]]
@@ -565,15 +578,16 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
         "layer": np.asarray(whole_pass["layer_ms"], float),
         "pass": np.asarray(whole_pass["pass_ms"], float),
     }
-    step = form in ("step1", "step1-depth", "step1-width")
-    pad = KV_PAD if form == "step1-width" else None
+    step = form in ("step1", "step1-depth", "step1-width", "pern-width")
+    pern = form == "pern-width"
+    pad = KV_PAD if form in ("step1-width", "pern-width") else None
     rows = [v for v in ns if v >= 2] if step else ns
     fit_n, held_n = OF.held_out_split(rows)
     ops: dict[str, Any] = {}
     for name, op in whole_pass["ops"].items():
         m = np.asarray(op["median_ms"], float)
         terms = tuple(t for t in op["terms"] if t != "depth")  # the form decides the depth term
-        if form in ("step1-depth", "step1-width") and name in DEPTH_OPS:
+        if form in ("step1-depth", "step1-width", "pern-width") and name in DEPTH_OPS:
             terms += ("depth",)
         feats = OF.op_features({"shape": op["shape"]}, nn_, dd_, pad)
         feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
@@ -596,7 +610,7 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
             "fit_n": list(fit_n),
             "held_n": list(held_n),
         }
-        for k in ("fit_n1", "terms_n1", "eps_n1"):
+        for k in ("fit_n1", "terms_n1", "eps_n1", "fits_n"):
             entry.pop(k, None)
         if step and 1 in ns:
             one = nn_ == 1
@@ -618,6 +632,32 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
                 a1.append(float(a[0]))
             errs, absd = np.concatenate([errs, e1]), np.concatenate([absd, a1])
             entry.update(fit_n1=fit1.fit, terms_n1=list(t1), eps_n1=float(np.median(e1)))
+        if pern:  # a fit of its own at every n, over the depths, scored leaving one out
+            fits_n, en, an = {}, [], []
+            for v in ns:
+                at = nn_ == v
+                tv = ["t0"] + [
+                    t
+                    for t in terms
+                    if t in ("bytes", "flops", "depth") and np.ptp(feats[t][at]) > 0
+                ]
+                tv = tv[: max(1, int(at.sum()) - 1)]
+                fv = OF.fit_op(tv, {k: x[at] for k, x in feats.items()}, m[at], signed=signed)
+                fits_n[str(v)] = {"terms": list(tv), "fit": fv.fit}
+                for j in np.flatnonzero(at.ravel()):
+                    keep = at.copy().ravel()
+                    keep[j] = False
+                    keep = keep.reshape(at.shape)
+                    f = OF.fit_op(
+                        tv, {k: x[keep] for k, x in feats.items()}, m[keep], signed=signed
+                    )
+                    sel = np.zeros(at.size, bool)
+                    sel[j] = True
+                    e, a = errors(f, sel.reshape(at.shape))
+                    en.append(float(e[0]))
+                    an.append(float(a[0]))
+            errs, absd = np.asarray(en), np.asarray(an)
+            entry["fits_n"] = fits_n
         entry["eps"] = float(min(np.median(errs), 0.999))
         entry["eps_max"] = float(np.max(errs))
         entry["err_ms"] = float(np.median(absd)) if signed else None

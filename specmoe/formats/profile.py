@@ -215,6 +215,20 @@ def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
             if not isinstance(f1, dict):
                 raise InputError(f"{path}: {where}.fit_n1 must be an object")
             _finite_list(f"{where}.fit_n1", path, [v for v in f1.values() if v is not None])
+        if op.get("fits_n") is not None:  # fits of their own per n (llama.cpp's pern form)
+            fn = op["fits_n"]
+            if not isinstance(fn, dict) or not fn:
+                raise InputError(f"{path}: {where}.fits_n must be a non-empty object of n: fit")
+            for key, e in fn.items():
+                w = f"{where}.fits_n[{key!r}]"
+                if not (isinstance(key, str) and key.isdigit() and int(key) >= 1):
+                    raise InputError(f"{path}: {w}: the key is not a pass size n >= 1")
+                if not isinstance(e, dict) or not isinstance(e.get("fit"), dict):
+                    raise InputError(f"{path}: {w} must be an object with terms and fit")
+                t = e.get("terms")
+                if not isinstance(t, list) or not t or any(x not in WHOLE_PASS_TERMS for x in t):
+                    raise InputError(f"{path}: {w}.terms must list terms of {WHOLE_PASS_TERMS}")
+                _finite_list(f"{w}.fit", path, [v for v in e["fit"].values() if v is not None])
         (eps,) = _finite_list(f"{where}.eps", path, [op.get("eps")])
         if eps < 0:
             raise InputError(f"{path}: {where}.eps must be >= 0, got {eps}")
