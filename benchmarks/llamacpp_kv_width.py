@@ -17,12 +17,16 @@ for each n a train of ``--train`` passes of n tokens on the next windows of the 
 back to the depth after each, so every pass follows one of its own size, as a generation's
 rounds at one draft length do; the two-token train first: a one-token pass after a prefill
 takes several passes to settle, after a two-token pass one: results/cpu/llamacpp/round-passes/).
-The first ``--drop`` passes of a train are not counted. Prints one JSON record: per depth
+The first ``--drop`` passes of a train are not counted. With ``--profile P``, each train is
+followed by P passes with every graph node timed alone
+(:meth:`~specmoe.engines.llamacpp_pass.LlamaCppEngine.profile`), summed by node name over the
+layers (``kq-0``, ``kq-1``, ... as ``kq``): which of the pass's nodes steps where. Prints one
+JSON record: per depth
 and n, the median of each repetition's train median, with the 10th and 90th percentiles over
 repetitions, the cells the view reads, and the load average before and after.
 
     python benchmarks/llamacpp_kv_width.py --gguf MODEL.gguf [--depths 255,256,...]
-        [--ns 2,1] [--reps 8] [--train 12] [--drop 2] [--out FILE]
+        [--ns 2,1] [--reps 8] [--train 12] [--drop 2] [--profile 0] [--out FILE]
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=8, help="repetitions (default 8)")
     ap.add_argument("--train", type=int, default=12, help="passes a train (default 12)")
     ap.add_argument("--drop", type=int, default=2, help="a train's uncounted passes (2)")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="profiled passes after each train (default 0)"
+    )
     ap.add_argument("--out", default=None, help="also write the record to this file")
     args = ap.parse_args(argv)
     try:
@@ -73,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--depths/--ns: not a list of integers: {args.depths!r}, {args.ns!r}")
     if not depths or min(depths) < 1 or not ns or min(ns) < 1:
         ap.error("--depths and --ns must hold positive integers")
+    if args.profile < 0:
+        ap.error(f"--profile: must be >= 0, got {args.profile}")
     if args.reps < 1 or args.train < 1 or not 0 <= args.drop < args.train:
         ap.error("--reps and --train must be >= 1 and --drop in [0, --train)")
     if not Path(args.gguf).is_file():
@@ -83,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     text = _text_tokens(need)
     load0, t0 = os.getloadavg(), time.time()
     times: dict[tuple[int, int], list[float]] = {(d, n): [] for d in depths for n in ns}
+    nodes: dict[tuple[int, int], dict[str, list[float]]] = {(d, n): {} for d in depths for n in ns}
     with LlamaCppEngine(args.gguf, n_ctx=need + KV_PAD, threads=1, clock="cpu") as e:
         for r in range(args.reps):
             order = depths[r % len(depths) :] + depths[: r % len(depths)]
@@ -96,6 +106,15 @@ def main(argv: list[str] | None = None) -> int:
                         ts.append(e.time_pass(kv, window, all_rows=False))
                         kv.crop(-n)
                     times[(d, n)].append(float(np.median(ts[args.drop :])))
+                    for j in range(args.profile):
+                        window = text[d + j : d + j + n]
+                        by_name: dict[str, float] = {}
+                        for x in e.profile(kv, window).nodes:
+                            key = x.name.rsplit("-", 1)[0] if x.name[-1:].isdigit() else x.name
+                            by_name[key] = by_name.get(key, 0.0) + x.ms
+                        kv.crop(-n)
+                        for key, ms in by_name.items():
+                            nodes[(d, n)].setdefault(key, []).append(ms)
             print(f"repetition {r + 1}/{args.reps}", file=sys.stderr, flush=True)
     rows = []
     for (d, n), v in times.items():
@@ -109,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                 "p10_ms": float(q10),
                 "p90_ms": float(q90),
                 "train_medians_ms": v,
+                **(
+                    {"nodes_ms": {k: float(np.median(x)) for k, x in nodes[(d, n)].items()}}
+                    if args.profile
+                    else {}
+                ),
             }
         )
     record = {
@@ -119,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": args.train,
         "drop": args.drop,
         "kv_pad": KV_PAD,
+        "profile": args.profile,
         "rows": sorted(rows, key=lambda x: (x["n"], x["depth"])),
         "load_before": load0,
         "load_after": os.getloadavg(),

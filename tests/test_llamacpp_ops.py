@@ -504,21 +504,17 @@ def test_step1_width_recovers_attention_over_the_padded_view_and_step1_depth_can
 
 
 def _tile_cost(n: int) -> float:
-    """ms a KV cell of a K·Q product of n columns, in tinyBLAS's tiles of BLOCK_SIZE<6>(n)
-    columns (``ggml-cpu/llamafile/sgemm.cpp``: ceil(n / ceil(n / 6)) columns a tile), where a
-    4-column tile costs twice a column what a 5- or 6-column one does: the shape measured on
-    the Zen 4 core (results/cpu/llamacpp/kv-width/)."""
+    """ms a KV cell of a K·Q product of n tokens, not monotone in n: n = 3, 4 and 8 dearer a
+    token than 5-7 and 9, the shape measured on the Zen 4 core (results/cpu/llamacpp/kv-width/),
+    and the one-token path dearest."""
     if n == 1:
-        return 6e-4  # ggml's vec_dot path
-    tiles = -(-n // 6)
-    width = -(-n // tiles)
-    per_col = 2e-5 if width == 4 else 1e-5
-    return per_col * n
+        return 6e-4
+    per_token = {2: 1.5e-5, 3: 3e-5, 4: 2.3e-5, 8: 1.6e-5}.get(n, 1e-5)
+    return per_token * n
 
 
 def test_pern_width_follows_each_pass_size_where_a_line_in_n_cannot():
-    """Attention whose per-cell cost depends on n through the kernel's tile choice (n = 4 and
-    8 dearer a column than 5 and 9, not monotone in n): pern-width reproduces every n at
+    """Attention whose per-cell cost is not monotone in n (n = 4 and 8 dearer than 5 and 9): pern-width reproduces every n at
     every cache length, on the grid and off it, with a held-out ε of 0 (each n's line over
     the depths, scored leaving one depth out); step1-width, a line in n past n = 1, misses
     n = 4 at 2048 by more than 10% (12%). Its fits survive the profile's reader, and an n it has no

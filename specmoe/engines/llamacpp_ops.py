@@ -563,13 +563,11 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
     vary with the KV width at that n, at most one fewer than the depths) and ``fit``), which
     :func:`specmoe.cost.ops_fit.op_time` takes at those n; the ``step1-width`` fits stay for
     any other n. ``eps`` is the median of the per-n fits' errors, each scored leaving one depth
-    out. What it follows that a line in n does not: tinyBLAS (``llamafile_sgemm``) splits a
-    pass's n columns into tiles of ``BLOCK_SIZE<6>(n)`` (4 for n = 4, 7, 8; 5 for 5 and 9; 6
-    for 6), and in the f16 K·Q product of a one-thread pass on a Zen 4 core the 4-column tiles
-    cost about twice as much a column as the 5-column ones (the ``kq`` node at n = 4: 0.78-0.98
-    ms over 4 layers against 0.40-0.53 at n = 5, 1536-2304 KV cells;
-    results/cpu/llamacpp/kv-width/), so K·Q, and the pass, is not monotone in n at long
-    contexts."""
+    out. What it follows that a line in n does not: in a one-thread pass on a Zen 4 core the f16
+    K·Q product (tinyBLAS for n >= 2) is not monotone in n, by a growing margin as the cache
+    grows: its ``kq`` nodes over 4 layers after 2047 tokens took 0.92 and 0.93 ms at n = 3
+    and 4 against 0.45 at n = 5, and 1.26 ms at n = 8 against 0.82 at n = 9
+    (results/cpu/llamacpp/kv-width/); the pass follows it at long contexts."""
     if form not in FIT_FORMS:
         raise InputError(f"must be one of {', '.join(FIT_FORMS)}, got {form!r}", argument="fit")
     ns, ds = [int(v) for v in whole_pass["n"]], [int(v) for v in whole_pass["d"]]
