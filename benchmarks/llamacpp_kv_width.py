@@ -26,7 +26,7 @@ and n, the median of each repetition's train median, with the 10th and 90th perc
 repetitions, the cells the view reads, and the load average before and after.
 
     python benchmarks/llamacpp_kv_width.py --gguf MODEL.gguf [--depths 255,256,...]
-        [--ns 2,1] [--reps 8] [--train 12] [--drop 2] [--profile 0] [--out FILE]
+        [--ns 2,1] [--reps 8] [--train 12] [--drop 2] [--profile 0] [--n-ctx N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", type=int, default=12, help="passes a train (default 12)")
     ap.add_argument("--drop", type=int, default=2, help="a train's uncounted passes (2)")
     ap.add_argument(
+        "--n-ctx",
+        type=int,
+        default=0,
+        help="the context's size (default 0: the deepest cache and its trains, plus 256)",
+    )
+    ap.add_argument(
         "--profile", type=int, default=0, help="profiled passes after each train (default 0)"
     )
     ap.add_argument("--out", default=None, help="also write the record to this file")
@@ -80,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--depths/--ns: not a list of integers: {args.depths!r}, {args.ns!r}")
     if not depths or min(depths) < 1 or not ns or min(ns) < 1:
         ap.error("--depths and --ns must hold positive integers")
+    if args.n_ctx < 0:
+        ap.error(f"--n-ctx: must be >= 0, got {args.n_ctx}")
     if args.profile < 0:
         ap.error(f"--profile: must be >= 0, got {args.profile}")
     if args.reps < 1 or args.train < 1 or not 0 <= args.drop < args.train:
@@ -89,11 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     from specmoe.engines.llamacpp_pass import LlamaCppEngine
 
     need = max(depths) + args.train * max(ns) + max(ns) + 16
+    n_ctx = args.n_ctx or need + KV_PAD
+    if n_ctx < need:
+        ap.error(f"--n-ctx: {n_ctx} does not hold the deepest cache and its trains ({need})")
     text = _text_tokens(need)
     load0, t0 = os.getloadavg(), time.time()
     times: dict[tuple[int, int], list[float]] = {(d, n): [] for d in depths for n in ns}
     nodes: dict[tuple[int, int], dict[str, list[float]]] = {(d, n): {} for d in depths for n in ns}
-    with LlamaCppEngine(args.gguf, n_ctx=need + KV_PAD, threads=1, clock="cpu") as e:
+    with LlamaCppEngine(args.gguf, n_ctx=n_ctx, threads=1, clock="cpu") as e:
         for r in range(args.reps):
             order = depths[r % len(depths) :] + depths[: r % len(depths)]
             for d in order:
@@ -143,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "train": args.train,
         "drop": args.drop,
         "kv_pad": KV_PAD,
+        "n_ctx": n_ctx,
         "profile": args.profile,
         "rows": sorted(rows, key=lambda x: (x["n"], x["depth"])),
         "load_before": load0,
