@@ -227,9 +227,12 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
 static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? 6 : 0); }
 /* AVX-512 blocks (bf16 and fp32), rows per block of tb tokens: as many as the 32 vector
    registers hold (RB * TB accumulators + RB weight vectors + one activation vector). */
+#ifndef SM_DP_RB24
+#define SM_DP_RB24 4  /* rows per block of 2-4 tokens: 2, 3 or 4 (results/cpu/kernels/) */
+#endif
 static inline int sm_dp_rb(int tb) {
     if (tb == 1) return 4;
-    if (tb <= 4) return 4;
+    if (tb <= 4) return SM_DP_RB24;
     if (tb <= 7) return 3;
     return 2;
 }
