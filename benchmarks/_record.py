@@ -18,6 +18,14 @@ def run_fields(load_before: tuple[float, ...], t0: float) -> dict:
     }
 
 
+def command_line(script: str, argv: list[str]) -> str:
+    """The command that made a record, the user's home directory written ``~``: a record names
+    no particular machine's paths."""
+    home = os.path.expanduser("~").rstrip("/")
+    words = [("~" + a[len(home) :]) if home and a.startswith(home + "/") else a for a in argv]
+    return " ".join(["python", script, *words])
+
+
 def pass_fields(name: str, args) -> dict:
     """The fields every record of a one-thread llama.cpp pass benchmark starts with: its
     name, the GGUF's file name and size, the prompt depth, one thread on the CPU clock."""

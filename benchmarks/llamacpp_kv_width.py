@@ -40,6 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # its sibling modules, when loaded from a file
+    sys.path.insert(0, str(HERE))
+
+from _record import command_line  # noqa: E402
+
 DEPTHS = "255,256,383,511,512,639,767,768,1023,1024,1535,2047,2048,2175,2303"
 KV_PAD = 256
 
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     record = {
         "gguf": Path(args.gguf).name,
-        "command": "python benchmarks/llamacpp_kv_width.py " + " ".join(argv or sys.argv[1:]),
+        "command": command_line("benchmarks/llamacpp_kv_width.py", list(argv or sys.argv[1:])),
         "clock": "thread CPU, one thread",
         "reps": args.reps,
         "train": args.train,

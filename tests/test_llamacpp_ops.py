@@ -583,3 +583,17 @@ def test_bad_per_n_fits_are_refused_naming_the_op(fits_n, words):
     with pytest.raises(InputError, match=words) as exc:
         whole_pass_from_dict(bad)
     assert "qkv" in str(exc.value)
+
+
+def test_benchmark_records_write_the_home_directory_as_a_tilde(monkeypatch, tmp_path):
+    """A record's command names no particular machine's home: ``$HOME/x`` becomes ``~/x``;
+    other paths, and a word that only starts with the home's name, are kept."""
+    from _scripts import load_script
+
+    rec = load_script("_record", "benchmarks")
+    home = tmp_path / "home" / "u"
+    monkeypatch.setenv("HOME", str(home))
+    got = rec.command_line(
+        "benchmarks/b.py", ["--gguf", f"{home}/m.gguf", f"{home}x/m.gguf", "/srv/m.gguf", "3"]
+    )
+    assert got == f"python benchmarks/b.py --gguf ~/m.gguf {home}x/m.gguf /srv/m.gguf 3"
