@@ -84,7 +84,7 @@ from specmoe._io import atomic_write_json, read_json  # noqa: E402
 PROTOCOL = "docs/runs-protocol-llamacpp.md"
 CLOCK = "cpu"
 THREADS = 1
-KV_TYPE = "f16"  # llama.cpp's default
+KV_TYPE = "f16"  # llama.cpp's default; a prediction benchmarked on another sets its own
 N_CTX = 4096  # d = 2048 + 256 generated + the drafts of the last round fit
 SETTINGS = (("dedup", "on"),)  # the one kernel setting and its key in the runs format
 EPS_KEY = "olmoe.attention.layer_norm_rms_epsilon"
@@ -264,14 +264,16 @@ def _checkpoint_eps(model_dir: Path) -> float | None:
         return None
 
 
-def open_engine(cfg: Config, gguf: Path, *, lifted_model: Path | None) -> tuple[Any, dict]:
-    """The configuration's engine (one thread, flash attention off, f16 KV cache, thread CPU
-    clock) and what the record says of it. The lifted GGUF gets the checkpoint's RMSNorm
+def open_engine(
+    cfg: Config, gguf: Path, *, lifted_model: Path | None, kv_type: str = KV_TYPE
+) -> tuple[Any, dict]:
+    """The configuration's engine (one thread, flash attention off, the KV cache in
+    ``kv_type``, thread CPU clock) and what the record says of it. The lifted GGUF gets the checkpoint's RMSNorm
     epsilon as an override only when the file holds another value (``specmoe export`` writes
     the checkpoint's)."""
     from specmoe.engines.llamacpp_pass import LlamaCppEngine
 
-    info: dict[str, Any] = {"gguf": _gguf_record(gguf), "threads": THREADS, "kv_type": KV_TYPE}
+    info: dict[str, Any] = {"gguf": _gguf_record(gguf), "threads": THREADS, "kv_type": kv_type}
     info.update(n_ctx=N_CTX, clock=CLOCK, flash_attention=False, kernel="dedup")
     overrides: dict[str, float] = {}
     file_eps = gguf_eps(gguf)
@@ -282,7 +284,7 @@ def open_engine(cfg: Config, gguf: Path, *, lifted_model: Path | None) -> tuple[
         overrides = {EPS_KEY: want}  # float32 in the file: equal to 1e-3 counts as the same
     info["overrides"] = overrides
     engine = LlamaCppEngine(
-        gguf, n_ctx=N_CTX, threads=THREADS, kv_type=KV_TYPE, clock=CLOCK, overrides=overrides
+        gguf, n_ctx=N_CTX, threads=THREADS, kv_type=kv_type, clock=CLOCK, overrides=overrides
     )
     return PromptCache(engine), info
 
@@ -410,6 +412,18 @@ def probe_tokens(depths: Sequence[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------
+
+
+def prediction_kv_type(cfg: str, folder: Path) -> str:
+    """The KV cache type configuration ``cfg``'s prediction (in ``folder``) was benchmarked
+    with (its profile's ``whole_pass.kv_type``; llama.cpp's default f16 where it says none):
+    the units run the engine as the prediction timed it."""
+    path = Path(folder) / cfg / "profile.json"
+    try:
+        wp = json.loads(path.read_text()).get("whole_pass") or {}
+    except (OSError, ValueError, AttributeError):
+        return KV_TYPE
+    return str(wp.get("kv_type") or KV_TYPE)
 
 
 def check_llamacpp_machine(cfg: str, folder: Path) -> str | None:
@@ -636,7 +650,10 @@ def main(argv: list[str] | None = None) -> int:
                 if too_few_prompts(status, key, unit, have):
                     continue
                 if engine is None:
-                    engine, info = open_engine(cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model)
+                    kv = KV_TYPE if args.quick else prediction_kv_type(c, args.predictions)
+                    engine, info = open_engine(
+                        cfg, ggufs[cfg.gguf], lifted_model=args.lifted_model, kv_type=kv
+                    )
                     record.setdefault("engines", {})[c] = info
                 probe = level_probe(engine, probe_ids, unit.depth) if probe_ids else None
                 info, t0 = start_unit(record, record_path, key)

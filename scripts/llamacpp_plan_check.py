@@ -207,7 +207,13 @@ def _calibrate(plain, s, target, draft, prompts, args, ctx) -> dict[str, Any]:
     runs_p, cells = [], []
     for a in CALIBRATION_ACCEPTANCE:
         for k in CALIBRATION_K:
-            flags = server_flags(k=k, target=str(target), draft=str(draft), threads=s["threads"])
+            flags = server_flags(
+                k=k,
+                target=str(target),
+                draft=str(draft),
+                threads=s["threads"],
+                kv_type=s.get("kv_type", "f16"),
+            )
             spec = Server(_synthetic(flags, a, k), ctx=ctx)
             runs_s = []
             try:
@@ -463,7 +469,13 @@ def main(argv: list[str] | None = None) -> int:
         # V(k) without the draft's re-evaluation of the target's batch, for comparison
         parts = s["step_parts_ms"]
         V_noreeval = [tau_t[0]] + [tau_t[k] + parts["draft_tokens"][k] for k in range(1, k_max + 1)]
-        plain_argv = server_flags(k=0, target=str(target), draft=None, threads=s["threads"])
+        plain_argv = server_flags(
+            k=0,
+            target=str(target),
+            draft=None,
+            threads=s["threads"],
+            kv_type=s.get("kv_type", "f16"),
+        )
         plain = Server(plain_argv, ctx=ctx)
         results, plain_runs = [], []
         try:
@@ -476,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
                         p["command"][1:]
                         if k == k_best
                         else server_flags(
-                            k=k, target=str(target), draft=str(draft), threads=s["threads"]
+                            k=k,
+                            target=str(target),
+                            draft=str(draft),
+                            threads=s["threads"],
+                            kv_type=s.get("kv_type", "f16"),
                         )
                     )
                     flags = _synthetic(flags, a, k)

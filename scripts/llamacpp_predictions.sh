@@ -20,6 +20,9 @@
 #
 # DEPTHS=D1,D2,... (round 12): the benchmark's depths instead of 256,512,1024,2048.
 #
+# KV_TYPE=q8_0 (round 14): the benchmark's KV cache keys in q8_0 (`specmoe bench --kv-type`);
+# the campaign then runs its units with the same cache (its profile's whole_pass.kv_type).
+#
 # OUT=DIR (round 3, measured on another machine): the predictions written to DIR/<config>/
 # instead, with FIT=FORM the fresh benchmark's fit form (default step1), and REFIT read from
 # FROM=DIR (default: results/cpu/llamacpp/whole-pass/predictions). Each benchmark also writes
@@ -34,6 +37,7 @@ OUT=${OUT:-}
 FIT=${FIT:-step1}
 GRAPH_REUSE=${GRAPH_REUSE:-}  # 1: the benchmark's passes after a pass of their own size (round 6)
 PASS_TRAIN=${PASS_TRAIN:-}  # M: the benchmark's passes the medians of trains of M (round 9)
+KV_TYPE=${KV_TYPE:-}  # q8_0: the KV cache's keys in q8_0 (round 14; default llama.cpp's f16)
 P=${OUT:-results/cpu/llamacpp/whole-pass/predictions${REFIT:+-$REFIT}}
 CACHE=${SPECMOE_CACHE:-$HOME/.cache/specmoe}
 VAL=specmoe/data/traces/validation.npz
@@ -51,7 +55,7 @@ predict() {  # name, GGUF, reps, plan --model
   else
     nice -n 10 $SPECMOE bench --engine llama.cpp --whole-pass --model "$gguf" --depths "$DEPTHS" \
       --reps "$reps" --fit "$FIT" ${GRAPH_REUSE:+--graph-reuse} \
-      ${PASS_TRAIN:+--pass-train "$PASS_TRAIN"} --out "$out/bench"
+      ${PASS_TRAIN:+--pass-train "$PASS_TRAIN"} ${KV_TYPE:+--kv-type "$KV_TYPE"} --out "$out/bench"
   fi
   if [ -n "$OUT" ]; then  # the processor beyond its name, checked before each campaign unit
     if [ -n "$REFIT" ] && [ -f "$P0/$name/machine.json" ]; then

@@ -198,6 +198,10 @@ def test_the_build_script_and_the_adapter_agree_on_version_and_tools():
         (["--model", "bundled"], "make llama-cpp"),
         (["--model", "bundled", "--depths", "0"], "--depths"),
         (["--model", "bundled", "--n-max", "99"], "--n-max"),
+        (
+            ["--model", "bundled", "--kv-type", "q8_0", "--whole-pass", "--from", "x.json"],
+            "--kv-type",
+        ),
     ],
 )
 def test_bench_engine_llamacpp_bad_input_exits_2(argv, words, tmp_path, monkeypatch, capsys):
@@ -257,3 +261,50 @@ def test_synthetic_rates_are_the_powers_of_the_acceptance():
         synthetic_rates(1.5, 2)
     with pytest.raises(InputError, match="k"):
         synthetic_rates(0.5, 0)
+
+
+def test_kv_flags_are_llama_cpps_cache_type_arguments():
+    """f16 is llama.cpp's default (no flag); q8_0 quantizes the keys only (the values stay f16:
+    llama.cpp quantizes V only with flash attention); f32 sets both; the draft's cache takes the
+    same with -ctkd/-ctvd; llama-bench knows no f32 cache."""
+    assert llamacpp.kv_flags("f16") == [] and llamacpp.kv_flags("f16", draft=True) == []
+    assert llamacpp.kv_flags("q8_0") == ["-ctk", "q8_0"]
+    assert llamacpp.kv_flags("q8_0", draft=True) == ["-ctk", "q8_0", "-ctkd", "q8_0"]
+    assert llamacpp.kv_flags("f32") == ["-ctk", "f32", "-ctv", "f32"]
+    assert llamacpp.kv_flags("q8_0", bench=True) == ["-ctk", "q8_0"]
+    with pytest.raises(InputError, match="llama-bench"):
+        llamacpp.kv_flags("f32", bench=True)
+    with pytest.raises(InputError, match="q4_0"):
+        llamacpp.kv_flags("q4_0")
+
+
+def test_bench_json_reports_the_kv_cache_types():
+    """llama-bench's own type_k/type_v fields; a record without them is llama.cpp's default
+    f16."""
+    raw = json.loads((FIX / "llama-bench-verify.json").read_text())
+    assert all(t.type_k == t.type_v == "f16" for t in parse_bench_json(json.dumps(raw)))
+    q8 = [{**r, "type_k": "q8_0", "type_v": "f16"} for r in raw]
+    assert [t.type_k for t in parse_bench_json(json.dumps(q8))] == ["q8_0"] * len(raw)
+    bare = [{k: v for k, v in r.items() if k not in ("type_k", "type_v")} for r in raw]
+    assert all(t.type_k == "f16" for t in parse_bench_json(json.dumps(bare)))
+
+
+@pytest.mark.parametrize("kv", ["q4_0", "f32"])
+def test_bench_kv_type_outside_llama_benchs_is_a_usage_error(kv, tmp_path, capsys):
+    from specmoe.cli import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--engine", "llama.cpp", "--kv-type", kv, "--out", str(out)])
+    assert exc.value.code == 2
+    assert "--kv-type" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not out.exists()
+
+
+def test_bench_kv_type_is_for_llama_cpp_only(tmp_path, capsys):
+    from specmoe.cli import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "--model", "bundled", "--kv-type", "q8_0", "--out", str(out)]) == 2
+    assert "--kv-type: only with --engine llama.cpp" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())

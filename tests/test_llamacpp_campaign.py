@@ -347,3 +347,15 @@ def test_a_throughput_design_and_depths_of_its_own(lc, gguf, tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and name in err[0], (flags, err)
         assert (out / "runs_campaign.json").read_text() == before
+
+
+def test_units_run_the_kv_cache_the_prediction_was_benchmarked_with(lc, tmp_path):
+    """The units open the engine with the KV cache type of the prediction's profile
+    (whole_pass.kv_type), llama.cpp's default f16 where the profile names none."""
+    c = tmp_path / "llamacpp-bundled"
+    c.mkdir()
+    (c / "profile.json").write_text(json.dumps({"whole_pass": {"kv_type": "q8_0"}}))
+    assert lc.prediction_kv_type("llamacpp-bundled", tmp_path) == "q8_0"
+    (c / "profile.json").write_text(json.dumps({"whole_pass": {"engine": "llama.cpp"}}))
+    assert lc.prediction_kv_type("llamacpp-bundled", tmp_path) == "f16"
+    assert lc.prediction_kv_type("llamacpp-lifted", tmp_path) == "f16"  # no profile

@@ -597,3 +597,28 @@ def test_benchmark_records_write_the_home_directory_as_a_tilde(monkeypatch, tmp_
         "benchmarks/b.py", ["--gguf", f"{home}/m.gguf", f"{home}x/m.gguf", "/srv/m.gguf", "3"]
     )
     assert got == f"python benchmarks/b.py --gguf ~/m.gguf {home}x/m.gguf /srv/m.gguf 3"
+
+
+class _Meta:
+    """An engine that answers GGUF metadata from a dict, as strings (libllama's
+    llama_model_meta_val_str: what Dims.of reads)."""
+
+    def __init__(self, meta, vocab=50):
+        self._m, self.vocab_size, self.path = meta, vocab, "fake.gguf"
+
+    def meta(self, key):
+        v = self._m.get(key)
+        return None if v is None else str(v)
+
+
+def test_attention_bytes_follow_the_kv_caches_type():
+    """K·Q and V·P read a cell's keys and values: 2 bytes each for f16, 4 for f32, and for q8_0
+    keys ggml's block_q8_0 (32 int8 and one f16 scale: 34 bytes a 32) beside f16 values."""
+    m = {"general.architecture": "olmoe", "general.file_type": 0, "olmoe.block_count": 4,
+         "olmoe.embedding_length": 128, "olmoe.attention.head_count": 4,
+         "olmoe.expert_count": 8, "olmoe.expert_used_count": 2,
+         "olmoe.expert_feed_forward_length": 64}  # fmt: skip
+    k = 4 * 32  # kv heads x head width
+    for kv, k_bytes, v_bytes in (("f16", 2, 2), ("f32", 4, 4), ("q8_0", 34 / 32, 2)):
+        dims = LO.Dims.of(_Meta(m), kv)
+        assert dims.shape("attention")["bytes_nd"] == pytest.approx(2.0 * k * (k_bytes + v_bytes))

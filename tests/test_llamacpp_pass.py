@@ -506,3 +506,24 @@ def test_round_passes_benchmark_pairs_each_variant_with_the_sweep(gguf, tmp_path
         (["--tokens", "4"], "--tokens"),
         (["--n-ctx", "40"], "--n-ctx"),
     ])  # fmt: skip
+
+
+def test_q8_0_keys_move_the_logits_and_keep_the_tokens(gguf, ids):
+    """Keys in q8_0 (llama.cpp's -ctk q8_0): the same pass after the same prompt gives other
+    top-2 margins than f16 keys (the cache's type took effect: 8-bit keys are not f16's) and
+    the same argmax wherever f16's margin is not a near tie."""
+    from specmoe.engine.speculative import new_cache
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    got = {}
+    for kv in ("f16", "q8_0"):
+        with LlamaCppEngine(gguf, n_ctx=1024, kv_type=kv) as eng:
+            cache = new_cache(eng.model)
+            eng.prefill(cache, ids[:512])
+            got[kv] = eng.forward(cache, ids[512:528])
+    f16, q8 = got["f16"], got["q8_0"]
+    diff = np.abs(np.asarray(f16.margin) - np.asarray(q8.margin))
+    assert diff.max() > 1e-4, diff
+    clear = [j for j, m in enumerate(f16.margin) if m >= NEAR_TIE]
+    assert len(clear) >= 8
+    assert [f16.tokens[j] for j in clear] == [q8.tokens[j] for j in clear]

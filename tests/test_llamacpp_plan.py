@@ -148,6 +148,29 @@ def test_server_flags_plain_and_speculative():
     argv = server_flags(k=3, target="t", draft="d", threads=2)
     assert argv[argv.index("--spec-draft-n-max") + 1] == "3"
     assert argv[argv.index("-t") + 1] == "2"
+    assert "-ctk" not in argv and "-ctkd" not in argv  # f16: llama.cpp's default
+
+
+def test_server_flags_and_the_plan_carry_the_profiles_kv_cache_type(tmp_path):
+    """A profile benchmarked with q8_0 keys plans llama-server with them: the target's cache
+    (-ctk) always, the draft's (-ctkd) when drafting; a profile without the field is f16; a
+    type llama-bench cannot have timed is one error naming the file."""
+    assert server_flags(k=0, target="t", draft=None, kv_type="q8_0")[-2:] == ["-ctk", "q8_0"]
+    argv = server_flags(k=2, target="t", draft="d", kv_type="q8_0")
+    assert argv[-4:] == ["-ctk", "q8_0", "-ctkd", "q8_0"]
+    prof = load_llamacpp_profile(_profile(tmp_path / "q8.json", kv_type="q8_0"))
+    assert prof.meta["kv_type"] == "q8_0"
+    plan = llamacpp_plan(
+        prof, [0.2, 0.99], depth=512, k_max=8, target_model="t.gguf", draft_model="d.gguf"
+    )
+    assert plan["kv_type"] == "q8_0"
+    for p in plan["plans"]:
+        assert p["command"][-2:] == (["-ctkd", "q8_0"] if p["draft_length"] else ["-ctk", "q8_0"])
+        assert "-ctk q8_0" in p["shell"]
+    assert {p["draft_length"] > 0 for p in plan["plans"]} == {False, True}
+    assert load_llamacpp_profile(_profile(tmp_path / "old.json")).meta["kv_type"] == "f16"
+    with pytest.raises(InputError, match=r"bad\.json.*kv_type 'q4_0'"):
+        load_llamacpp_profile(_profile(tmp_path / "bad.json", kv_type="q4_0"))
 
 
 def _bad_cases(tmp_path):
@@ -230,9 +253,11 @@ def _free_port() -> int:
 
 
 @needs_llamacpp
-def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
-    """bench times the target and the draft model; the plan's printed command, run as it is
-    (plus a port), starts llama-server: its /health answers 200."""
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_bench_plan_and_llama_server_starts_with_the_flags(kv, tmp_path, capsys):
+    """bench times the target and the draft model (their KV caches in ``kv``: llama-bench
+    reports the type it ran); the plan's printed command, run as it is (plus a port), starts
+    llama-server: its /health answers 200."""
     gguf = {}
     for name, model in [("target", "bundled"), ("draft", "bundled-draft")]:
         gguf[name] = tmp_path / f"{name}.gguf"
@@ -241,8 +266,9 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
     prof = tmp_path / "bench"
     argv = ["bench", "--engine", "llama.cpp", "--model", str(gguf["target"])]
     argv += ["--draft-model", str(gguf["draft"]), "--depths", "64", "--n-max", "4", "--reps", "2"]
-    assert main([*argv, "--out", str(prof)]) == 0
+    assert main([*argv, "--kv-type", kv, "--out", str(prof)]) == 0
     data = json.loads((prof / "llamacpp_verify.json").read_text())
+    assert data["kv_type"] == kv
     assert [r["n"] for r in data["draft"]["verify"]["64"]] == [1, 2, 3, 4]
     rows = data["output_rows"]["depths"]["64"]  # libllama's paired passes, 6 blocks of 3 counted
     assert [r["n"] for r in rows] == [1, 2, 3, 4]
@@ -267,8 +293,10 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(tmp_path, capsys):
     if plans[0]["draft_length"] == 0:
         cmd = [
             "llama-server",
-            *server_flags(k=1, target=str(gguf["target"]), draft=str(gguf["draft"])),
+            *server_flags(k=1, target=str(gguf["target"]), draft=str(gguf["draft"]), kv_type=kv),
         ]
+    assert s["kv_type"] == kv
+    assert ("-ctk" in cmd) == (kv != "f16") and ("-ctkd" in cmd) == (kv != "f16")
     port = _free_port()
     argv = [
         str(llamacpp.tool("llama-server")),

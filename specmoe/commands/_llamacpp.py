@@ -69,6 +69,7 @@ def _verify_rows(
     what: str,
     *,
     graph_reuse: bool = True,
+    kv_type: str = "f16",
 ):
     from specmoe.engines import llamacpp
 
@@ -83,6 +84,7 @@ def _verify_rows(
             repeats=reps,
             threads=threads,
             graph_reuse=graph_reuse,
+            kv_type=kv_type,
         )
         verify[str(d)] = [
             {
@@ -115,6 +117,7 @@ def run_bench(args: argparse.Namespace) -> int:
     check_at_most(threads, "--threads", 4096)
     check_int(threads, "--threads", low=1)
     outtype = _outtype(args)
+    kv = getattr(args, "kv_type", None) or "f16"
     draft_name = getattr(args, "draft_model", None)
     if draft_name is not None and str(draft_name).endswith(".gguf"):
         if not Path(draft_name).is_file():
@@ -125,20 +128,29 @@ def run_bench(args: argparse.Namespace) -> int:
         if draft_name is not None:  # exported first: a bad folder fails before any timing
             draft_gguf, draft_dtype = _gguf_of(args, outtype, tmp, model=str(draft_name))
         gguf, dtype = _gguf_of(args, outtype, tmp)
-        verify = _verify_rows(gguf, depths, n_max, reps, threads, "target")
+        verify = _verify_rows(gguf, depths, n_max, reps, threads, "target", kv_type=kv)
         extra = None
         if not getattr(args, "no_output_rows", False):
             from specmoe.engines.llamacpp_rows import output_rows
 
-            extra = output_rows(gguf, depths, n_max, threads=threads)
+            extra = output_rows(gguf, depths, n_max, threads=threads, kv_type=kv)
         if draft_name is not None:
             draft = {
                 "model": str(draft_name),
                 "dtype": draft_dtype,
-                "verify": _verify_rows(draft_gguf, depths, n_max, reps, threads, "draft"),
+                "verify": _verify_rows(
+                    draft_gguf, depths, n_max, reps, threads, "draft", kv_type=kv
+                ),
                 # the draft context alternates 1 and k + 1 tokens: two graph builds a round
                 "verify_rebuilt": _verify_rows(
-                    draft_gguf, depths, n_max, reps, threads, "draft", graph_reuse=False
+                    draft_gguf,
+                    depths,
+                    n_max,
+                    reps,
+                    threads,
+                    "draft",
+                    graph_reuse=False,
+                    kv_type=kv,
                 ),
             }
     result = {
@@ -148,6 +160,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "dtype": dtype,
         "threads": threads,
         "flash_attn": False,
+        "kv_type": kv,
         "reps": reps,
         "verify": verify,
         **({"output_rows": extra} if extra is not None else {}),
@@ -159,7 +172,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps_json({**result, "files": files}))
         return 0
-    print(f"llama.cpp {llamacpp.VERSION} verify pass, {dtype}, {threads} thread(s), median ms")
+    print(
+        f"llama.cpp {llamacpp.VERSION} verify pass, {dtype}, KV cache {kv}, {threads} thread(s), "
+        "median ms"
+    )
     print("depth " + " ".join(f"{'n=' + str(n):>7}" for n in range(1, n_max + 1)))
     for d, rows in verify.items():
         print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
@@ -262,6 +278,7 @@ def run_whole_pass(args: argparse.Namespace) -> int:
             source={**source, "gguf": str(args.model)}, fit=form,
             prime=bool(getattr(args, "graph_reuse", False)),
             train=int(getattr(args, "pass_train", None) or 0),
+            kv_type=getattr(args, "kv_type", None) or "f16",
         )  # fmt: skip
     files = []
     if args.out:

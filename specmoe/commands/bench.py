@@ -138,6 +138,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "llama.cpp --llamacpp-profile`",
     )
     parser.add_argument(
+        "--kv-type",
+        default=None,
+        choices=("f16", "q8_0"),
+        help="--engine llama.cpp: the KV cache's type (default f16, llama.cpp's); q8_0: keys in "
+        "q8_0, values in f16 (llama.cpp's -ctk q8_0: it quantizes V only with flash attention, "
+        "off here). On an AVX-512 CPU without AVX512-FP16 and heads not a multiple of 64 wide, "
+        "an f16 cache's one-token attention is ggml's scalar loop and a q8_0 one is not "
+        "(results/cpu/llamacpp/kv-width/); the plan then prints -ctk q8_0",
+    )
+    parser.add_argument(
         "--no-output-rows",
         action="store_true",
         help="--engine llama.cpp: skip timing the target's passes with every row's logits "
@@ -317,6 +327,10 @@ def run(args: argparse.Namespace) -> int:
         args.engine != "llama.cpp" or getattr(args, "whole_pass", False)
     ):
         raise InputError("--no-output-rows: only with --engine llama.cpp (not --whole-pass)")
+    if getattr(args, "kv_type", None) is not None and (
+        args.engine != "llama.cpp" or getattr(args, "from_profile", None) is not None
+    ):
+        raise InputError("--kv-type: only with --engine llama.cpp, measuring (not --from)")
     if getattr(args, "fit", None) is not None and not (
         args.engine == "llama.cpp" and getattr(args, "whole_pass", False)
     ):

@@ -248,6 +248,10 @@ def load_llamacpp_profile(
         raise _bad(name, f"threads {threads!r} is not a positive integer")
     meta = {k: data.get(k) for k in ("llama_cpp", "model", "dtype", "reps", "flash_attn")}
     meta["rows_fit"] = rows_fit
+    kv = data.get("kv_type", "f16")  # profiles written before it: llama.cpp's default
+    if kv not in ("f16", "q8_0"):
+        raise _bad(name, f"kv_type {kv!r} is not f16 or q8_0")
+    meta["kv_type"] = kv
     if isinstance(data.get("draft"), dict):
         meta["draft_model"] = data["draft"].get("model")
         meta["draft_dtype"] = data["draft"].get("dtype")
@@ -321,18 +325,24 @@ def step_times(
     return V, parts
 
 
-def server_flags(*, k: int, target: str, draft: str | None, threads: int = 1) -> list[str]:
+def server_flags(
+    *, k: int, target: str, draft: str | None, threads: int = 1, kv_type: str = "f16"
+) -> list[str]:
     """llama-server's arguments (after the program) drafting ``k`` tokens a round with the
     draft model (draft-simple, every round exactly k drafts: n-min 0, p-min 0), or plain
     decoding at k = 0; ``threads`` for the target, its batches and the draft (``-td`` and
-    ``-tb`` default to ``-t`` in ``common/arg.cpp``); flash attention off, as llama-bench timed."""
+    ``-tb`` default to ``-t`` in ``common/arg.cpp``); flash attention off, as llama-bench timed;
+    the KV caches (the target's, and the draft's when drafting) in ``kv_type``, as llama-bench
+    timed them (:func:`specmoe.engines.llamacpp.kv_flags`: ``-ctk q8_0 -ctkd q8_0``)."""
+    from specmoe.engines.llamacpp import kv_flags
+
     argv = ["-m", str(target)]
     if k > 0:
         if not draft:
             raise InputError("k > 0 needs a draft model", argument="draft")
         argv += ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k)]
         argv += ["--spec-draft-n-min", "0", "--spec-draft-p-min", "0"]
-    return [*argv, "-t", str(int(threads)), "-fa", "off"]
+    return [*argv, "-t", str(int(threads)), "-fa", "off", *kv_flags(kv_type, draft=k > 0)]
 
 
 def llamacpp_plan(
@@ -364,7 +374,11 @@ def llamacpp_plan(
             for k in range(k_max + 1)
         ]  # fmt: skip
         argv = server_flags(
-            k=k_best, target=target_model, draft=draft_model, threads=profile.threads
+            k=k_best,
+            target=target_model,
+            draft=draft_model,
+            threads=profile.threads,
+            kv_type=profile.meta.get("kv_type", "f16"),
         )
         rows.append(
             {
@@ -387,6 +401,7 @@ def llamacpp_plan(
         "statistic": profile.statistic,
         "depth": depth,
         "threads": profile.threads,
+        "kv_type": profile.meta.get("kv_type", "f16"),
         "k_max": k_max,
         "step_ms": V,
         "step_parts_ms": parts,

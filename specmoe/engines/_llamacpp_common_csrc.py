@@ -141,8 +141,9 @@ static struct llama_model * sm_load_model(const char * path, int n_over, const c
 }
 
 /* one sequence of n_ctx tokens, n_batch = n_ubatch = batch, flash attention off, the KV cache
-   in float32 when kv_f32 (else llama.cpp's default float16), no performance counters */
-static struct llama_context_params sm_context_params(int n_ctx, int batch, int threads, int kv_f32) {
+   in kv: 0 llama.cpp's default float16, 1 float32, 2 keys in q8_0 and values in float16
+   (llama.cpp quantizes V only with flash attention), no performance counters */
+static struct llama_context_params sm_context_params(int n_ctx, int batch, int threads, int kv) {
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t) n_ctx;
     cp.n_batch = (uint32_t) batch;
@@ -151,9 +152,11 @@ static struct llama_context_params sm_context_params(int n_ctx, int batch, int t
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-    if (kv_f32) {
+    if (kv == 1) {
         cp.type_k = GGML_TYPE_F32;
         cp.type_v = GGML_TYPE_F32;
+    } else if (kv == 2) {
+        cp.type_k = GGML_TYPE_Q8_0;
     }
     cp.no_perf = true;
     return cp;

@@ -88,9 +88,9 @@ static bool lp_callback(struct ggml_tensor * t, bool ask, void * user) {
 
 const char * lp_version(void) { return "specmoe-pass-1"; }
 
-/* kv_f32: the KV cache in float32 (else llama.cpp's default float16); n_over float metadata
+/* kv: the KV cache's type (sm_context_params: 0 f16, 1 f32, 2 q8_0 keys); n_over float metadata
    overrides (llama.cpp's --override-kv KEY=float:VALUE); batch: n_batch = n_ubatch */
-void * lp_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
+void * lp_open(const char * path, int n_ctx, int batch, int threads, int kv,
                int n_over, const char ** over_keys, const double * over_vals,
                char * err, int errlen) {
     lp_state * st = (lp_state *) calloc(1, sizeof(lp_state));
@@ -101,7 +101,7 @@ void * lp_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
         return NULL;
     }
     st->n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(st->model));
-    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv_f32);
+    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv);
     st->cp = cp;
     cp.cb_eval = lp_callback;
     cp.cb_eval_user_data = st;

@@ -53,10 +53,10 @@ static bool rr_callback(struct ggml_tensor * t, bool ask, void * user) {
 
 const char * rr_version(void) { return "specmoe-routing-1"; }
 
-/* kv_f32: the KV cache in float32 (llama.cpp's default, kv_f32 = 0, is float16);
+/* kv: the KV cache's type (sm_context_params: 0 f16, 1 f32, 2 q8_0 keys);
    n_over float metadata overrides, keys over_keys[i] and values over_vals[i] (llama.cpp's
    --override-kv KEY=float:VALUE) */
-void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
+void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv,
                int n_over, const char ** over_keys, const double * over_vals,
                char * err, int errlen) {
     rr_state * st = (rr_state *) calloc(1, sizeof(rr_state));
@@ -66,7 +66,7 @@ void * rr_open(const char * path, int n_ctx, int batch, int threads, int kv_f32,
         free(st);
         return NULL;
     }
-    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv_f32);
+    struct llama_context_params cp = sm_context_params(n_ctx, batch, threads, kv);
     cp.cb_eval = rr_callback;
     cp.cb_eval_user_data = st;
     st->ctx = llama_init_from_model(st->model, cp);

@@ -169,13 +169,56 @@ def export_gguf(
 GRAPH_REUSE_OFF = {"LLAMA_GRAPH_REUSE_DISABLE": "1"}
 
 
+# the KV cache types llama-bench and llama-server take for specmoe's (llamacpp_shim.KV_TYPES);
+# llama-bench's -ctk/-ctv know no f32 (its ggml_type_from_name), the server's do
+BENCH_KV_TYPES = ("f16", "q8_0")
+
+
+def kv_flags(kv_type: str, *, draft: bool = False, bench: bool = False) -> list[str]:
+    """The command-line flags of a KV cache in ``kv_type`` (``llamacpp_shim.KV_TYPES``): none
+    for llama.cpp's default f16; ``-ctk q8_0`` for keys in q8_0 (values stay f16: llama.cpp
+    quantizes V only with flash attention, off here); ``-ctk f32 -ctv f32`` for float32.
+    ``draft``: also the draft model's cache (llama-server's ``-ctkd``/``-ctvd``). ``bench``:
+    for llama-bench, which takes no f32 cache (an ``InputError``)."""
+    from specmoe.engines.llamacpp_shim import KV_TYPES
+
+    if kv_type not in KV_TYPES:
+        raise InputError(
+            f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
+        )
+    if bench and kv_type not in BENCH_KV_TYPES:
+        raise InputError(
+            f"{kv_type!r}: llama-bench takes a KV cache in {' or '.join(BENCH_KV_TYPES)} only",
+            argument="kv_type",
+        )
+    k, v = {"f16": (None, None), "q8_0": ("q8_0", None), "f32": ("f32", "f32")}[kv_type]
+    flags = []
+    for flag, t in (("-ctk", k), ("-ctv", v)):
+        if t is not None:
+            flags += [flag, t] + ([flag + "d", t] if draft else [])
+    return flags
+
+
 def _bench(
-    model: Path, args: list[str], *, threads: int, repeats: int, graph_reuse: bool = True
+    model: Path,
+    args: list[str],
+    *,
+    threads: int,
+    repeats: int,
+    graph_reuse: bool = True,
+    kv_type: str = "f16",
 ) -> list[PassTime]:
     cmd = [str(tool("llama-bench")), "-m", str(model), "-t", str(threads), "-r", str(repeats)]
-    cmd += ["-fa", "off", "-o", "json", *args]
+    cmd += ["-fa", "off", *kv_flags(kv_type, bench=True), "-o", "json", *args]
     env = None if graph_reuse else GRAPH_REUSE_OFF
-    return parse_bench_json(_run(cmd, what="llama-bench", env=env).stdout)
+    times = parse_bench_json(_run(cmd, what="llama-bench", env=env).stdout)
+    bad = [t for t in times if t.type_k != kv_type or t.type_v != "f16"]  # V: f16 (kv_flags)
+    if bad:
+        raise InputError(
+            f"llama-bench ran a KV cache of {bad[0].type_k}/{bad[0].type_v}, asked for "
+            f"{kv_type} keys and f16 values"
+        )
+    return times
 
 
 def bench_verify(
@@ -186,10 +229,11 @@ def bench_verify(
     repeats: int = 50,
     threads: int = 1,
     graph_reuse: bool = True,
+    kv_type: str = "f16",
 ) -> list[PassTime]:
     """The time of one pass of n tokens on a KV cache of ``depth`` tokens, for each n of
     ``n_values`` (``llama-bench -p n,... -n 0 -d depth -fa off``; flash attention, llama.cpp's
-    default, is several times slower on a CPU).
+    default, is several times slower on a CPU), the cache in ``kv_type`` (:func:`kv_flags`).
 
     llama-bench repeats each n, so from its second repetition on a pass reuses the graph the
     one before it built (``llama_context::process_ubatch``: same token and output counts, same
@@ -202,7 +246,12 @@ def bench_verify(
     p = ",".join(str(int(n)) for n in n_values)
     args = ["-p", p, "-n", "0", "-d", str(int(depth))]
     return _bench(
-        _model_file(model), args, threads=threads, repeats=repeats, graph_reuse=graph_reuse
+        _model_file(model),
+        args,
+        threads=threads,
+        repeats=repeats,
+        graph_reuse=graph_reuse,
+        kv_type=kv_type,
     )
 
 

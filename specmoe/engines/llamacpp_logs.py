@@ -42,7 +42,8 @@ __all__ = [
 class PassTime:
     """One ``llama-bench`` test: ``n_prompt`` tokens in one batch (a pass of n tokens), or
     ``n_gen`` one-token passes, after a KV cache of ``depth`` tokens; ``samples_ms`` [r], the
-    time of each repetition (of all ``n_gen`` passes for a generation test)."""
+    time of each repetition (of all ``n_gen`` passes for a generation test); ``type_k`` and
+    ``type_v``, the KV cache's types as llama-bench reports them (lower case)."""
 
     n_prompt: int
     n_gen: int
@@ -52,6 +53,8 @@ class PassTime:
     flash_attn: bool
     model_type: str
     model_size: int
+    type_k: str = "f16"
+    type_v: str = "f16"
 
     @property
     def median_ms(self) -> float:
@@ -89,6 +92,8 @@ def parse_bench_json(text: str) -> list[PassTime]:
                     flash_attn=bool(r["flash_attn"]) and r["flash_attn"] != -1,
                     model_type=str(r["model_type"]),
                     model_size=int(r["model_size"]),
+                    type_k=str(r.get("type_k", "f16")).lower(),
+                    type_v=str(r.get("type_v", "f16")).lower(),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -182,6 +182,9 @@ def group_pass(
 
 
 _FILE_TYPES = {0: ("float32", 4), 1: ("float16", 2), 32: ("bfloat16", 2)}
+# bytes an element of K and of V for each KV cache type of llamacpp_shim.KV_TYPES: q8_0 stores
+# 32 int8 values and one f16 scale a block (34 bytes), its values stay f16
+KV_ELEMENT_BYTES = {"f16": (2.0, 2.0), "f32": (4.0, 4.0), "q8_0": (34 / 32, 2.0)}
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,7 @@ class Dims:
     vocab: int
     dtype: str
     es: int
-    kv_es: int
+    kv_es: float  # bytes an element of the KV cache, the mean of K's and V's
 
     @classmethod
     def of(cls, engine: Any, kv_type: str = "f16") -> Dims:
@@ -236,7 +239,7 @@ class Dims:
             vocab=int(engine.vocab_size),
             dtype=dtype,
             es=es,
-            kv_es=4 if kv_type == "f32" else 2,
+            kv_es=sum(KV_ELEMENT_BYTES[kv_type]) / 2,
         )
 
     def shape(self, op: str) -> dict[str, float]:

@@ -182,7 +182,8 @@ class LlamaCppEngine(llamacpp_shim.Closing):
     """A GGUF model in libllama with specmoe's Engine interface (module docstring).
 
     ``n_ctx``: the context's tokens; ``threads``: decode threads (1: the compute runs in the
-    calling thread); ``kv_type``: ``f16`` (llama.cpp's default) or ``f32``; ``record_routing``:
+    calling thread); ``kv_type``: ``f16`` (llama.cpp's default), ``f32``, or
+    ``q8_0`` (keys in q8_0, values in f16: ``-ctk q8_0``); ``record_routing``:
     record each pass's experts (cuts the graph, see the module docstring); ``clock``: ``cpu``
     (thread CPU time of the decode) or ``wall``; ``overrides``: float GGUF metadata in place of
     the file's (llama.cpp's ``--override-kv KEY=float:VALUE``). A context manager.

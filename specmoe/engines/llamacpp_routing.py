@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 _ERRLEN = llamacpp_shim.SHIM_ERRLEN
-KV_TYPES = llamacpp_shim.KV_TYPES  # the KV cache's type: llama.cpp's default, or float32
+KV_TYPES = llamacpp_shim.KV_TYPES  # the KV cache's type (llamacpp_shim.KV_TYPES)
 
 
 build_recorder, _lib = llamacpp_shim.shim(
@@ -77,7 +77,7 @@ class Recorded:
 class LlamaRouting(llamacpp_shim.Closing):
     """One GGUF model loaded in libllama with a context of ``n_ctx`` tokens that decodes in
     ubatches of ``batch`` tokens on ``threads`` threads, its KV cache in ``kv_type`` (``f16``,
-    llama.cpp's default, or ``f32``); ``overrides``: float metadata values in place of the
+    llama.cpp's default, ``f32``, or ``q8_0``: keys in q8_0, values in f16); ``overrides``: float metadata values in place of the
     file's (llama.cpp's ``--override-kv KEY=float:VALUE``); a context manager."""
 
     def __init__(

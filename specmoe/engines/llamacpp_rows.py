@@ -105,14 +105,17 @@ def output_rows(
     block: int = 4,
     seed: int = 0,
     progress: bool = True,
+    kv_type: str = "f16",
 ) -> dict[str, Any]:
     """The ``output_rows`` section of ``llamacpp_verify.json``: per depth, :func:`summarize`'s
-    rows at n = 1..``n_max`` (thread-CPU clock at one thread, wall clock with more)."""
+    rows at n = 1..``n_max`` (thread-CPU clock at one thread, wall clock with more), the KV
+    cache in ``kv_type``."""
     from specmoe.engines.llamacpp_pass import LlamaCppEngine
 
     clock = "cpu" if threads == 1 else "wall"
     by_depth: dict[str, list[dict[str, Any]]] = {}
-    with LlamaCppEngine(gguf, n_ctx=max(depths) + n_max + 16, threads=threads, clock=clock) as e:
+    n_ctx = max(depths) + n_max + 16
+    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=threads, clock=clock, kv_type=kv_type) as e:
         for d in depths:
             if progress:
                 print(

@@ -26,7 +26,9 @@ __all__ = [
     "shim",
 ]
 
-KV_TYPES = ("f16", "f32")  # the KV cache's type: llama.cpp's default, or float32
+# the KV cache's type: llama.cpp's default, float32, or keys in q8_0 and values in f16
+# (``-ctk q8_0``; llama.cpp quantizes V only with flash attention): the shim's code is the index
+KV_TYPES = ("f16", "f32", "q8_0")
 LIBLLAMA = ["llama", "ggml-base", "ggml"]  # the libraries of a shim against libllama
 
 # the ctypes of the letters in load_shim's signatures
@@ -118,7 +120,7 @@ def open_model(
         int(n_ctx),
         int(batch),
         int(threads),
-        int(kv_type == "f32"),
+        KV_TYPES.index(kv_type),
         *kv_overrides(overrides),
         err,
         SHIM_ERRLEN,
