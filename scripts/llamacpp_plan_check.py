@@ -393,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         "in n on n >= 2; the plan picks the cells, and the other form is scored beside it "
         "(first bench and bracketed)",
     )
+    ap.add_argument(
+        "--kv-type",
+        default="f16",
+        choices=("f16", "q8_0"),
+        help="the KV caches' type in the bench and so in every server (the plan's -ctk/-ctkd): "
+        "f16, llama.cpp's default, or keys in q8_0 (results/cpu/llamacpp/kv-width/)",
+    )
     args = ap.parse_args(argv)
     if args.last_row_only and args.rows_fit != "median":
         ap.error("--rows-fit: the rows' form needs the rows (not with --last-row-only)")
@@ -428,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_argv += ["--reps", str(args.reps), "--out", str(Path(tmp) / "bench")]
         if args.last_row_only:
             bench_argv.append("--no-output-rows")
+        if args.kv_type != "f16":  # the plan's flags then carry it (-ctk/-ctkd)
+            bench_argv += ["--kv-type", args.kv_type]
         assert specmoe(bench_argv) == 0
         profile_path = Path(tmp) / "bench" / "llamacpp_verify.json"
         plan_argv = ["plan", "--engine", "llama.cpp", "--llamacpp-profile", str(profile_path)]

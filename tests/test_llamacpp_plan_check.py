@@ -69,6 +69,7 @@ def test_a_lifted_target_of_fewer_layers_than_the_bundled_model_is_refused(pc, c
         (["--k-max", "-1"], ("--k-max", "-1")),
         (["--tokens", "0"], ("--tokens", "0")),
         (["--last-row-only", "--rows-fit", "line"], ("--rows-fit",)),
+        (["--kv-type", "f32"], ("--kv-type", "'f32'")),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_built(pc, capsys, monkeypatch, argv, names):
