@@ -308,3 +308,60 @@ def test_bench_kv_type_is_for_llama_cpp_only(tmp_path, capsys):
     assert main(["bench", "--model", "bundled", "--kv-type", "q8_0", "--out", str(out)]) == 2
     assert "--kv-type: only with --engine llama.cpp" in capsys.readouterr().err
     assert not out.exists() or not any(out.iterdir())
+
+
+def _simd_sections():
+    """The AVX-512 and AVX sections of the vendored simd-mappings.h (skipped unbuilt)."""
+    import re
+
+    path = llamacpp.cache_root() / "src" / "ggml" / "src" / "ggml-cpu" / "simd-mappings.h"
+    if not path.is_file():
+        pytest.skip("llama.cpp's source is not there (make llama-cpp)")
+    text = path.read_text()
+    avx512 = text.split("#elif defined(__AVX512F__)", 1)[1].split("#elif defined(__AVX__)", 1)[0]
+    avx = text.split("#elif defined(__AVX__)", 1)[1].split("#elif defined(__POWER9_VECTOR__)")[0]
+    step = re.compile(r"#define GGML_F(16|32)_STEP\s+(\d+)")
+    return {
+        k: {(m[0], int(m[1])) for m in step.findall(v)}
+        for k, v in (("avx512", avx512), ("avx", avx))
+    }
+
+
+def test_the_f16_dot_steps_are_ggmls_own():
+    """f16_dot_step against the vendored ggml: on AVX-512 the f16 dot steps 64 elements (its
+    fallback GGML_F16_STEP 64, or with AVX512-FP16 GGML_F32_STEP 64), on AVX 32."""
+    sec = _simd_sections()
+    assert ("16", 64) in sec["avx512"] and ("32", 64) in sec["avx512"]
+    assert ("16", 32) in sec["avx"]
+    assert llamacpp.f16_dot_step({"avx512f", "avx2", "f16c"}) == 64
+    assert llamacpp.f16_dot_step({"avx512f", "avx512_fp16"}) == 64
+    assert llamacpp.f16_dot_step({"avx2", "f16c"}) == 32 == llamacpp.f16_dot_step({"avx"})
+    assert llamacpp.f16_dot_step({"neon"}) is None
+
+
+@pytest.mark.parametrize(
+    ("head", "flags", "rest"),
+    [
+        (32, {"avx512f"}, 32),  # the bundled model on the Zen 4 and Zen 5 cores
+        (96, {"avx512f"}, 32),
+        (80, {"avx512f"}, 16),
+        (128, {"avx512f"}, None),  # OLMoE-1B-7B, the lifted model
+        (64, {"avx512f"}, None),
+        (32, {"avx2", "f16c"}, None),
+        (80, {"avx2", "f16c"}, 16),
+        (32, set(), None),
+    ],
+)
+def test_scalar_attention_note_names_the_heads_remainder(head, flags, rest):
+    note = llamacpp.scalar_attention_note(head, frozenset(flags))
+    if rest is None:
+        assert note is None
+    else:
+        assert f"{rest} of each head's {head} elements" in note and "-ctk q8_0" in note
+
+
+def test_cpu_flags_reads_the_first_processors_line(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nflags\t: x\n")
+    assert llamacpp.cpu_flags(str(info)) == {"fpu", "avx2", "avx512f"}
+    assert llamacpp.cpu_flags(str(tmp_path / "none")) == frozenset()

@@ -269,6 +269,10 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(kv, tmp_path, capsys)
     assert main([*argv, "--kv-type", kv, "--out", str(prof)]) == 0
     data = json.loads((prof / "llamacpp_verify.json").read_text())
     assert data["kv_type"] == kv
+    # the bundled model's heads are 32 wide: an f16 cache gets the note where this CPU's f16
+    # dot product steps past 32 (AVX-512), a q8_0 one never
+    want = llamacpp.scalar_attention_note(32, llamacpp.cpu_flags()) if kv == "f16" else None
+    assert data.get("notes", []) == ([want] if want else [])
     assert [r["n"] for r in data["draft"]["verify"]["64"]] == [1, 2, 3, 4]
     rows = data["output_rows"]["depths"]["64"]  # libllama's paired passes, 6 blocks of 3 counted
     assert [r["n"] for r in rows] == [1, 2, 3, 4]
@@ -295,7 +299,7 @@ def test_bench_plan_and_llama_server_starts_with_the_flags(kv, tmp_path, capsys)
             "llama-server",
             *server_flags(k=1, target=str(gguf["target"]), draft=str(gguf["draft"]), kv_type=kv),
         ]
-    assert s["kv_type"] == kv
+    assert s["kv_type"] == kv and s["notes"] == data.get("notes", [])
     assert ("-ctk" in cmd) == (kv != "f16") and ("-ctkd" in cmd) == (kv != "f16")
     port = _free_port()
     argv = [

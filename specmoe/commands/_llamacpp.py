@@ -99,6 +99,33 @@ def _verify_rows(
     return verify
 
 
+def head_dim(gguf: Path) -> int:
+    """The width of one attention head of a GGUF model, from its metadata through libllama:
+    ``<arch>.attention.key_length``, else the embedding length over the heads."""
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    with LlamaCppEngine(gguf, n_ctx=16) as eng:
+        arch = eng.meta("general.architecture")
+        key = eng.meta(f"{arch}.attention.key_length")
+        if key is not None:
+            return int(float(key))
+        h, heads = eng.meta(f"{arch}.embedding_length"), eng.meta(f"{arch}.attention.head_count")
+        if h is None or heads is None:
+            raise InputError(f"{gguf}: no {arch}.embedding_length or head_count in the GGUF")
+        return int(float(h)) // int(float(heads))
+
+
+def _attention_notes(gguf: Path, kv: str) -> list[str]:
+    """What the user of this CPU should know of the KV cache's type (printed and recorded):
+    with an f16 cache, :func:`specmoe.engines.llamacpp.scalar_attention_note`."""
+    from specmoe.engines import llamacpp
+
+    if kv != "f16":
+        return []
+    note = llamacpp.scalar_attention_note(head_dim(gguf), llamacpp.cpu_flags())
+    return [note] if note else []
+
+
 def run_bench(args: argparse.Namespace) -> int:
     if getattr(args, "whole_pass", False):
         return run_whole_pass(args)
@@ -129,6 +156,7 @@ def run_bench(args: argparse.Namespace) -> int:
             draft_gguf, draft_dtype = _gguf_of(args, outtype, tmp, model=str(draft_name))
         gguf, dtype = _gguf_of(args, outtype, tmp)
         verify = _verify_rows(gguf, depths, n_max, reps, threads, "target", kv_type=kv)
+        notes = _attention_notes(gguf, kv)
         extra = None
         if not getattr(args, "no_output_rows", False):
             from specmoe.engines.llamacpp_rows import output_rows
@@ -165,6 +193,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "verify": verify,
         **({"output_rows": extra} if extra is not None else {}),
         **({"draft": draft} if draft is not None else {}),
+        **({"notes": notes} if notes else {}),
     }
     files = []
     if args.out:
@@ -179,6 +208,8 @@ def run_bench(args: argparse.Namespace) -> int:
     print("depth " + " ".join(f"{'n=' + str(n):>7}" for n in range(1, n_max + 1)))
     for d, rows in verify.items():
         print(f"{d:>5} " + " ".join(f"{r['median_ms']:7.3f}" for r in rows))
+    for note in notes:
+        print(f"note: {note}")
     if extra is not None:
         print("extra ms of every row's logits over the last row's (llama-server's verification)")
         for d, rr in extra["depths"].items():

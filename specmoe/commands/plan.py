@@ -732,6 +732,7 @@ def llamacpp_summary(data: dict[str, Any]) -> str:
                 "plain decoding"
             )
         lines.append(f"    {p['shell']}")
+    lines += [f"note: {n}" for n in s.get("notes", [])]
     return "\n".join(lines)
 
 

@@ -252,6 +252,10 @@ def load_llamacpp_profile(
     if kv not in ("f16", "q8_0"):
         raise _bad(name, f"kv_type {kv!r} is not f16 or q8_0")
     meta["kv_type"] = kv
+    notes = data.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise _bad(name, "notes is not a list of lines")
+    meta["notes"] = notes
     if isinstance(data.get("draft"), dict):
         meta["draft_model"] = data["draft"].get("model")
         meta["draft_dtype"] = data["draft"].get("dtype")
@@ -402,6 +406,7 @@ def llamacpp_plan(
         "depth": depth,
         "threads": profile.threads,
         "kv_type": profile.meta.get("kv_type", "f16"),
+        "notes": list(profile.meta.get("notes", [])),
         "k_max": k_max,
         "step_ms": V,
         "step_parts_ms": parts,

@@ -199,6 +199,50 @@ def kv_flags(kv_type: str, *, draft: bool = False, bench: bool = False) -> list[
     return flags
 
 
+def f16_dot_step(cpu_flags: set[str] | frozenset[str]) -> int | None:
+    """The elements a SIMD step of ggml's f16 dot product takes on a CPU with ``cpu_flags``
+    (``/proc/cpuinfo``'s names), as this llama.cpp builds it with ``GGML_NATIVE``
+    (``ggml/src/ggml-cpu/simd-mappings.h``, ``GGML_F16_DOT_STEP``): 64 with AVX-512
+    (``GGML_F16_STEP`` 64, or with AVX512-FP16 ``GGML_F32_STEP`` 64), 32 with AVX or AVX2
+    (``GGML_F16_STEP`` 32); None where this table does not know the CPU (other ISAs)."""
+    if "avx512f" in cpu_flags:
+        return 64
+    if "avx" in cpu_flags or "avx2" in cpu_flags:
+        return 32
+    return None
+
+
+def scalar_attention_note(head_dim: int, cpu_flags: set[str] | frozenset[str]) -> str | None:
+    """A line for the user when llama.cpp's one-token attention over an f16 KV cache runs
+    ggml's scalar loop on this CPU: without flash attention a one-token K·Q goes to
+    ``ggml_vec_dot_f16`` (``llamafile_sgemm`` takes two or more columns), whose SIMD loop steps
+    :func:`f16_dot_step` elements and leaves the rest of each head (``head_dim`` modulo the
+    step) to a scalar loop of table lookups and dependent double-precision adds. None when the
+    head has no remainder or the CPU is not known. Keys in q8_0 (``-ctk q8_0``) take ggml's
+    q8_0 dot product, SIMD in blocks of 32 (results/cpu/llamacpp/kv-width/)."""
+    step = f16_dot_step(cpu_flags)
+    if step is None or head_dim % step == 0:
+        return None
+    rest = head_dim % step
+    return (
+        f"llama.cpp's one-token attention over an f16 KV cache runs ggml's scalar loop on "
+        f"{rest} of each head's {head_dim} elements on this CPU (its f16 dot product steps "
+        f"{step}): keys in q8_0 (--kv-type q8_0 here, -ctk q8_0 in llama.cpp) avoid it"
+    )
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's flags in ``cpuinfo`` (empty where it cannot be read)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def _bench(
     model: Path,
     args: list[str],
