@@ -69,10 +69,13 @@ from specmoe.cost import theory
 from specmoe.errors import InputError
 
 __all__ = [
+    "BENCH_KV_TYPES",
+    "KV_TYPES",
     "ROWS_FITS",
     "STATISTICS",
     "LlamaCppProfile",
     "extra_ms",
+    "kv_flags",
     "llamacpp_plan",
     "load_llamacpp_profile",
     "server_flags",
@@ -80,6 +83,11 @@ __all__ = [
 ]
 
 STATISTICS = ("median_ms", "min_ms", "mean_ms")
+# the KV cache types of specmoe's llama.cpp engine (specmoe.engines.llamacpp_shim.KV_TYPES:
+# f16, llama.cpp's default; f32; keys in q8_0, values f16), and those llama-bench takes: its
+# -ctk/-ctv know no f32 (its ggml_type_from_name), the server's do
+KV_TYPES = ("f16", "f32", "q8_0")
+BENCH_KV_TYPES = ("f16", "q8_0")
 ROWS_FITS = ("median", "line")
 MAX_PROFILE_BYTES = 64 << 20
 
@@ -249,8 +257,8 @@ def load_llamacpp_profile(
     meta = {k: data.get(k) for k in ("llama_cpp", "model", "dtype", "reps", "flash_attn")}
     meta["rows_fit"] = rows_fit
     kv = data.get("kv_type", "f16")  # profiles written before it: llama.cpp's default
-    if kv not in ("f16", "q8_0"):
-        raise _bad(name, f"kv_type {kv!r} is not f16 or q8_0")
+    if kv not in BENCH_KV_TYPES:
+        raise _bad(name, f"kv_type {kv!r} is not {' or '.join(BENCH_KV_TYPES)}")
     meta["kv_type"] = kv
     notes = data.get("notes", [])
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
@@ -329,6 +337,29 @@ def step_times(
     return V, parts
 
 
+def kv_flags(kv_type: str, *, draft: bool = False, bench: bool = False) -> list[str]:
+    """The command-line flags of a KV cache in ``kv_type`` (:data:`KV_TYPES`): none
+    for llama.cpp's default f16; ``-ctk q8_0`` for keys in q8_0 (values stay f16: llama.cpp
+    quantizes V only with flash attention, off here); ``-ctk f32 -ctv f32`` for float32.
+    ``draft``: also the draft model's cache (llama-server's ``-ctkd``/``-ctvd``). ``bench``:
+    for llama-bench, which takes no f32 cache (an ``InputError``)."""
+    if kv_type not in KV_TYPES:
+        raise InputError(
+            f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
+        )
+    if bench and kv_type not in BENCH_KV_TYPES:
+        raise InputError(
+            f"{kv_type!r}: llama-bench takes a KV cache in {' or '.join(BENCH_KV_TYPES)} only",
+            argument="kv_type",
+        )
+    k, v = {"f16": (None, None), "q8_0": ("q8_0", None), "f32": ("f32", "f32")}[kv_type]
+    flags = []
+    for flag, t in (("-ctk", k), ("-ctv", v)):
+        if t is not None:
+            flags += [flag, t] + ([flag + "d", t] if draft else [])
+    return flags
+
+
 def server_flags(
     *, k: int, target: str, draft: str | None, threads: int = 1, kv_type: str = "f16"
 ) -> list[str]:
@@ -337,9 +368,7 @@ def server_flags(
     decoding at k = 0; ``threads`` for the target, its batches and the draft (``-td`` and
     ``-tb`` default to ``-t`` in ``common/arg.cpp``); flash attention off, as llama-bench timed;
     the KV caches (the target's, and the draft's when drafting) in ``kv_type``, as llama-bench
-    timed them (:func:`specmoe.engines.llamacpp.kv_flags`: ``-ctk q8_0 -ctkd q8_0``)."""
-    from specmoe.engines.llamacpp import kv_flags
-
+    timed them (:func:`kv_flags`: ``-ctk q8_0 -ctkd q8_0``)."""
     argv = ["-m", str(target)]
     if k > 0:
         if not draft:

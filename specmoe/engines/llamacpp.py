@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from specmoe._io import atomic_path
+from specmoe.cost.llamacpp_plan import kv_flags  # the tools' KV cache flags
 from specmoe.engines.llamacpp_logs import (
     PassTime,
     SpecRun,
@@ -53,12 +54,16 @@ __all__ = [
     "bench_verify",
     "cache_root",
     "compile_shim",
+    "cpu_flags",
     "export_gguf",
+    "f16_dot_step",
     "greedy_text",
     "is_built",
+    "kv_flags",
     "replay_routing",
     "require_built",
     "run_speculative",
+    "scalar_attention_note",
     "tokenize",
     "tool",
     "write_round_log",
@@ -167,36 +172,6 @@ def export_gguf(
 
 # llama-context.cpp reads it once per context: every decode builds and allocates its graph
 GRAPH_REUSE_OFF = {"LLAMA_GRAPH_REUSE_DISABLE": "1"}
-
-
-# the KV cache types llama-bench and llama-server take for specmoe's (llamacpp_shim.KV_TYPES);
-# llama-bench's -ctk/-ctv know no f32 (its ggml_type_from_name), the server's do
-BENCH_KV_TYPES = ("f16", "q8_0")
-
-
-def kv_flags(kv_type: str, *, draft: bool = False, bench: bool = False) -> list[str]:
-    """The command-line flags of a KV cache in ``kv_type`` (``llamacpp_shim.KV_TYPES``): none
-    for llama.cpp's default f16; ``-ctk q8_0`` for keys in q8_0 (values stay f16: llama.cpp
-    quantizes V only with flash attention, off here); ``-ctk f32 -ctv f32`` for float32.
-    ``draft``: also the draft model's cache (llama-server's ``-ctkd``/``-ctvd``). ``bench``:
-    for llama-bench, which takes no f32 cache (an ``InputError``)."""
-    from specmoe.engines.llamacpp_shim import KV_TYPES
-
-    if kv_type not in KV_TYPES:
-        raise InputError(
-            f"unknown {kv_type!r} (choose from {', '.join(KV_TYPES)})", argument="kv_type"
-        )
-    if bench and kv_type not in BENCH_KV_TYPES:
-        raise InputError(
-            f"{kv_type!r}: llama-bench takes a KV cache in {' or '.join(BENCH_KV_TYPES)} only",
-            argument="kv_type",
-        )
-    k, v = {"f16": (None, None), "q8_0": ("q8_0", None), "f32": ("f32", "f32")}[kv_type]
-    flags = []
-    for flag, t in (("-ctk", k), ("-ctv", v)):
-        if t is not None:
-            flags += [flag, t] + ([flag + "d", t] if draft else [])
-    return flags
 
 
 def f16_dot_step(cpu_flags: set[str] | frozenset[str]) -> int | None:

@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from specmoe.cost.llamacpp_plan import KV_TYPES as _PLAN_KV_TYPES
 from specmoe.engines import llamacpp
 from specmoe.errors import InputError
 
@@ -28,7 +29,7 @@ __all__ = [
 
 # the KV cache's type: llama.cpp's default, float32, or keys in q8_0 and values in f16
 # (``-ctk q8_0``; llama.cpp quantizes V only with flash attention): the shim's code is the index
-KV_TYPES = ("f16", "f32", "q8_0")
+KV_TYPES = _PLAN_KV_TYPES
 LIBLLAMA = ["llama", "ggml-base", "ggml"]  # the libraries of a shim against libllama
 
 # the ctypes of the letters in load_shim's signatures
