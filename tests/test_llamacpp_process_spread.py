@@ -59,7 +59,8 @@ def _bench_json(ms_by_n: dict[int, float]) -> str:
     return json.dumps(rows)
 
 
-def test_modes_are_written_before_each_process_and_restored(ps, tmp_path, monkeypatch, capsys):
+def _fake_machine(ps, tmp_path, monkeypatch):
+    """A THP file found at madvise, a GGUF file and a llama-bench path, all under tmp_path."""
     thp = tmp_path / "enabled"
     thp.write_text("always [madvise] never\n")
     monkeypatch.setattr(ps, "THP", thp)
@@ -68,6 +69,11 @@ def test_modes_are_written_before_each_process_and_restored(ps, tmp_path, monkey
     import specmoe.engines.llamacpp as lc
 
     monkeypatch.setattr(lc, "tool", lambda name: tmp_path / name)
+    return thp, gguf
+
+
+def test_modes_are_written_before_each_process_and_restored(ps, tmp_path, monkeypatch, capsys):
+    thp, gguf = _fake_machine(ps, tmp_path, monkeypatch)
     seen = []
     times = iter([1.0, 2.0, 4.0, 3.0])  # n = 1 medians of processes 0..3
 
@@ -90,14 +96,7 @@ def test_modes_are_written_before_each_process_and_restored(ps, tmp_path, monkey
 
 
 def test_the_mode_found_comes_back_after_an_error(ps, tmp_path, monkeypatch):
-    thp = tmp_path / "enabled"
-    thp.write_text("always [madvise] never\n")
-    monkeypatch.setattr(ps, "THP", thp)
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    import specmoe.engines.llamacpp as lc
-
-    monkeypatch.setattr(lc, "tool", lambda name: tmp_path / name)
+    thp, gguf = _fake_machine(ps, tmp_path, monkeypatch)
 
     def boom(cmd, cpu=None):
         raise SystemExit("llamacpp_process_spread: llama-bench failed: no output")
