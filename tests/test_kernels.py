@@ -497,6 +497,21 @@ def test_c_f32_zmm_path_matches_the_avx2_blocks_and_the_reference(f32_zmm, h, in
     assert differs
 
 
+@pytest.mark.parametrize("h,inter", [(64, 32), (37, 19), (2048, 48)])
+def test_c_f32_zmm_blocks_of_many_tokens_sum_as_one_token_blocks(f32_zmm, h, inter):
+    """A block of 2-9 tokens sums its accumulators with a transposing tree (sm_hsum16) where a
+    one-token block reduces each on its own (_mm512_reduce_add_ps); the tree adds every
+    vector's lanes in the same order, so with one expert per token the deduplicating kernel
+    (all n tokens in one group) equals the per-slot kernel (one token per group) bit for bit."""
+    cpu = f32_zmm
+    for n in range(2, 10):
+        x, wgu, wd, ids, w, _ = make_case(n, 1, 2, "same_set", torch.float32, h=h, inter=inter)
+        assert int(ids.unique().numel()) == 1
+        y_dedup, y_slot = cpu.dedup(x, wgu, wd, ids, w), cpu.per_slot(x, wgu, wd, ids, w)
+        assert torch.equal(y_dedup, y_slot)
+        assert rel_err(y_dedup, reference.expert_op(x, wgu, wd, ids, w)) < 1e-5
+
+
 def test_c_bf16_dot_path_is_bitwise_deterministic_across_threads(bf16_dot):
     cpu = bf16_dot
     # 3·h·I·2 bytes = 1.5 MiB per expert: above the size from which the C kernel threads.

@@ -263,8 +263,9 @@ def flag_sets(cpuinfo: str = "/proc/cpuinfo") -> tuple[tuple[str, ...], ...]:
     ab-2026-12-03-amd-avx512/``), and ``-DSM_F32Z=1``: fp32 weights on 16-lane AVX-512F
     register blocks instead of the AVX2 ones, 5-29% ahead on the recorded-like routing and
     11-39% with many tokens on one expert there (``results/cpu/kernels/many-tokens/``), and
-    ``-DSM_ZFAR=1``: the AVX-512 blocks of 1-4 tokens on 8 or 6 far-apart rows, each a stream
-    prefetching its row 8 KiB ahead (bf16 11-21% faster, fp32 6-16%), and ``-DSM_READ_PF=4096``:
+    ``-DSM_ZFAR=1``: the AVX-512 blocks of 1-4 tokens on far-apart rows (8 for 1-2 tokens, 4
+    for 3-4: ``SM_FAR34``), each a stream prefetching its row 8 KiB ahead (with 8 and 6 rows,
+    bf16 11-21% faster, fp32 6-16%), and ``-DSM_READ_PF=4096``:
     the read ceiling's eight streams prefetch 4 KiB ahead too (median 29-30 GB/s where the plain
     streams read 20-24 and the kernels with their prefetches already read more).
     On AMD family 26 with AVX-512 BF16 (Zen 5) they add ``-DSM_F32Z=1`` (fp32 per-slot

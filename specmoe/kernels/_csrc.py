@@ -224,7 +224,14 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
                         ab-2026-12-04-zen5/) */
 #endif
 /* AVX-512 blocks of 1-4 tokens with SM_ZFAR: as many far-apart rows as 32 registers hold */
-static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? 6 : 0); }
+#ifndef SM_FAR34
+#define SM_FAR34 4  /* far-apart rows of the blocks of 3 and 4 tokens: 4 or 6. GCC 12 keeps
+                       part of the 6x4 block's accumulators on the stack (about 35 stack loads
+                       and stores a step; 4x3 and 4x4 have 0-2). On a Zen 4 core, groups of 3
+                       and 4 tokens: 4 rows 5-6% faster in fp32, in bf16 7% faster at 3 and 6%
+                       slower at 4 (results/cpu/kernels/ab-2026-12-07-zen4-tree-vact/) */
+#endif
+static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? SM_FAR34 : 0); }
 /* AVX-512 blocks (bf16 and fp32), rows per block of tb tokens: as many as the 32 vector
    registers hold (RB * TB accumulators + RB weight vectors + one activation vector). */
 #ifndef SM_DP_RB24
@@ -260,8 +267,10 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
                 float *o = out + (size_t)t * ldo + r + (int)i;                          \
                 if (tb == 1) PFX##_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);          \
                 else if (tb == 2) PFX##_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
-                else if (tb == 3) PFX##_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
-                else PFX##_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);                  \
+                else if (fr == 6 && tb == 3) PFX##_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q); \
+                else if (fr == 6) PFX##_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
+                else if (tb == 3) PFX##_4x3(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
+                else PFX##_4x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);                  \
             }                                                                           \
             r += (int)q * fr;                                                           \
         }                                                                               \
@@ -295,6 +304,54 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
 #define SM_PIN(V, RB, TB)                                                                   \
     if (SM_WPIN && (TB) > 1)                                                                \
         for (int r_ = 0; r_ < (RB); r_++) __asm__("" : "+v"(V[r_]));
+/* The sums of a register block's RB * TB accumulators, out[t * ldo + r * rs] = the sum of the
+   lanes of acc[r][t]. SM_TREE=1 (blocks of 2 or more tokens), 2 (every block) or 3 (blocks of
+   one token): by sm_hsum16,
+   a transposing tree that sums 16 vectors with 30 shuffles and 15 adds, where a reduction of
+   each vector on its own takes 16 x 8; else each accumulator reduced on its own. A block of TB
+   tokens reduces TB accumulators a row, so its reductions grow with TB while its reads do not:
+   on the down projection's rows (2 KiB in bf16) they are the same order as a row's read. */
+#ifndef SM_TREE
+#define SM_TREE 3  /* 3: one-token blocks only. On the blocks of 2 or more tokens the tree's
+                      16 live vectors made GCC 12 spill accumulators inside their loops */
+#endif
+/* dst[i] = the sum of the lanes of v[i] for i < m <= 16 (v[m..15] taken as zero). Step 1 adds
+   the 256-bit halves of pairs (v[2i], v[2i+1]), step 2 the 128-bit quarters of fours, steps 3-4
+   the lanes in each quarter; the result's lane 4q + p holds the sum of v[4p + q]. Every
+   vector's lanes are added in the order _mm512_reduce_add_ps adds them (GCC's: the 256-bit
+   halves, the 128-bit halves, then (e0 + e2) + (e1 + e3)), so the sums are the same bits. */
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void sm_hsum16(const __m512 *v, int m, float *dst) {
+    const __m512 z = _mm512_setzero_ps();
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) {
+        __m512 x = 2 * i < m ? v[2 * i] : z, y = 2 * i + 1 < m ? v[2 * i + 1] : z;
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    for (int j = 0; j < 4; j++)
+        b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+                             _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xDD));
+    for (int j = 0; j < 2; j++)
+        c[j] = _mm512_add_ps(_mm512_unpacklo_ps(b[2 * j], b[2 * j + 1]),
+                             _mm512_unpackhi_ps(b[2 * j], b[2 * j + 1]));
+    __m512d c0 = _mm512_castps_pd(c[0]), c1 = _mm512_castps_pd(c[1]);
+    __m512 d = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c0, c1)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(c0, c1)));
+    float s[16];
+    _mm512_storeu_ps(s, d);
+    for (int i = 0; i < m; i++) dst[i] = s[(i & 3) * 4 + (i >> 2)];
+}
+#endif
+#define SM_SUMS(RB, TB, acc, out, ldo, rs)                                                  \
+    if (SM_TREE == 2 || (SM_TREE == 1 && (TB) > 1) || (SM_TREE == 3 && (TB) == 1)) {          \
+        float s_[(RB) * (TB)];                                                              \
+        for (int i_ = 0; i_ < (RB) * (TB); i_ += 16)                                        \
+            sm_hsum16(&acc[0][0] + i_, (RB) * (TB) - i_ < 16 ? (RB) * (TB) - i_ : 16, s_ + i_); \
+        for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                           \
+            out[(size_t)t * ldo + r * rs] = s_[r * (TB) + t];                               \
+    } else                                                                                  \
+        for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                           \
+            out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);
 /* An AVX-512 register block PFX_<RB>x<TB> for weights of type T (bf16 or fp32): RB rows (row
    stride ldw) by TB tokens, 16-lane fp32 accumulators, STEP(RB, TB, column, masked) on L
    weights of each row per step, a masked STEP for the tail. Each step prefetches (PFON) with
@@ -323,8 +380,7 @@ static inline __attribute__((always_inline)) void PFX##_##RB##x##TB(            
         mk = (MT)((1ull << (cols - cl)) - 1);                                           \
         STEP(RB, TB, cl, 1)                                                             \
     }                                                                                   \
-    for (int r = 0; r < RB; r++) for (int t = 0; t < TB; t++)                           \
-        out[(size_t)t * ldo + r * rs] = _mm512_reduce_add_ps(acc[r][t]);                \
+    SM_SUMS(RB, TB, acc, out, ldo, rs)                                                  \
 }
 /* The block of RB rows for a token block of tb (1..9) tokens: PFX_<RB>x<tb>(...) */
 #define SM_TB_CALL(PFX, RB, tb, ...)                                                        \
@@ -335,7 +391,7 @@ static inline __attribute__((always_inline)) void PFX##_##RB##x##TB(            
     default: PFX##_##RB##x9(__VA_ARGS__); break;                                            \
     }
 /* Every block the passes call: 1-4 rows by 1-9 tokens (ROW), the one-token blocks of 8 and 6
-   rows and the far-row blocks 8x2, 6x3, 6x4 (BLOCK). */
+   rows and the far-row blocks 8x2, 6x3, 6x4 (BLOCK; 4x3 and 4x4 are ROW's). */
 #define SM_AVX512_BLOCKS(ROW, BLOCK)                                                        \
     ROW(1) ROW(2) ROW(3) ROW(4)                                                             \
     BLOCK(8, 1) BLOCK(6, 1) BLOCK(8, 2) BLOCK(6, 3) BLOCK(6, 4)
@@ -783,6 +839,64 @@ static inline float sm_act(float g, float u, int act, float alpha, float limit) 
     return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
 }
 
+/* SM_VACT=1: the SwiGLU activations of a slot on 16 lanes (AVX-512F, BW, VL). Scalar, the expf per
+   element costs about as much as streaming 1/60 of an expert's bytes per slot, in a phase
+   between two weight streams where nothing is read: a group of k tokens pays it k times per
+   expert read, so it weighs on the deduplicating kernel's groups most. */
+#ifndef SM_VACT
+#define SM_VACT 1
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && SM_VACT
+#define SM_VACT_ON 1
+/* exp(x) on 16 lanes: Cephes' expf (x = n ln 2 + r, |r| <= ln 2 / 2, a degree-7 polynomial in
+   r, 2^n by scalef), within 2 ulp of expf where expf is finite and normal; x is clamped to
+   [-103, 88.7], so the result is 0 or huge where expf's is 0 or inf. */
+static inline __m512 sm_exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.72283f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+/* sm_f32_to_bf16 on 16 lanes, bit for bit (round to nearest even; NaN stays NaN) */
+static inline __m256i sm_bf16x16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+/* silu(g) * u = g / (1 + exp(-g)) * u for j in [a0, a1): gate gi[j], up gi[I + j], biases
+   b[j], b[I + j] (b may be NULL); into dst (fp32) or dst16 (bf16) */
+static void sm_swiglu16(const float *gi, int I, int a0, int a1, const float *b, float *dst,
+                        uint16_t *dst16) {
+    for (int j = a0; j < a1; j += 16) {
+        __mmask16 mk = a1 - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (a1 - j)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(mk, gi + j), u = _mm512_maskz_loadu_ps(mk, gi + I + j);
+        if (b) {
+            g = _mm512_add_ps(g, _mm512_maskz_loadu_ps(mk, b + j));
+            u = _mm512_add_ps(u, _mm512_maskz_loadu_ps(mk, b + I + j));
+        }
+        __m512 e = sm_exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 av = _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+        if (dst16) _mm256_mask_storeu_epi16(dst16 + j, mk, sm_bf16x16(av));
+        else _mm512_mask_storeu_ps(dst + j, mk, av);
+    }
+}
+#else
+#define SM_VACT_ON 0
+#endif
+
 static void *sm_alloc(size_t bytes) {  /* 64-byte aligned: vector loads never split lines */
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
@@ -936,6 +1050,13 @@ int specmoe_expert_op(const float *x, int n, int h, const void *wgu, const void 
                 }
                 for (int i = 0; i < k; i++) {
                     float *gi = G + (size_t)i * 2 * I;
+#if SM_VACT_ON
+                    if (act == 0) {
+                        sm_swiglu16(gi, I, a0, a1, bgu ? bgu + (size_t)e * 2 * I : NULL,
+                                    Ab + (size_t)i * lda, dp ? Ab16 + (size_t)i * lda16 : NULL);
+                        continue;
+                    }
+#endif
                     for (int j = a0; j < a1; j++) {
                         float gv = gi[j], uv = gi[I + j];
                         if (bgu) { gv += bgu[(size_t)e * 2 * I + j]; uv += bgu[(size_t)e * 2 * I + I + j]; }
