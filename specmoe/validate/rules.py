@@ -207,6 +207,15 @@ class RuleSet:
         return str(m.get("verify_side", "sweep")) if m is not None else "sweep"
 
     @property
+    def throughput_side(self) -> str:
+        """How T(k, a) is measured: ``"generations"`` (the median over prompts x repeats of
+        each generation's tokens per second, the default) or ``"steps"``
+        (``definitions.measured.throughput_side``: G_a(k) over the measured step time V(k),
+        :func:`specmoe.validate.whole_pass.steps_throughput`)."""
+        m = self.measured_side
+        return str(m.get("throughput_side", "generations")) if m is not None else "generations"
+
+    @property
     def interval_settings(self) -> tuple[float, int, int]:
         """(level, resamples, seed) of ``definitions.intervals``, else of ``sign_interval``."""
         iv = self.definitions.get("intervals")
@@ -274,6 +283,14 @@ def load_rules(path: str | os.PathLike | None = None) -> RuleSet:
     if side is not None and side not in ("sweep", "rounds"):
         raise _bad(
             name, f"definitions.measured.verify_side must be 'sweep' or 'rounds', got {side!r}"
+        )
+    tside = (
+        defs["measured"].get("throughput_side") if isinstance(defs.get("measured"), dict) else None
+    )
+    if tside is not None and tside not in ("generations", "steps"):
+        raise _bad(
+            name,
+            f"definitions.measured.throughput_side must be 'generations' or 'steps', got {tside!r}",
         )
     ps = _get(defs, "pass_sizes", name, dict, "definitions.")
     n_min = _get(ps, "min", name, int, "definitions.pass_sizes.")

@@ -39,6 +39,7 @@ __all__ = [
     "check_recorded_prediction",
     "measured_side",
     "scored_version",
+    "steps_throughput",
     "version_intervals",
     "whole_pass_version",
 ]
@@ -191,6 +192,18 @@ def _repeats(x: np.ndarray | None) -> int | None:
     return None if x is None else int(np.max(np.sum(~np.isnan(x), axis=-1)))
 
 
+def steps_throughput(V: np.ndarray, acceptance: Sequence[float]) -> np.ndarray:
+    """T(k, a) = 1000 G_a(k) / V(k) tokens per second, G_a(k) = 1 + a + ... + a^k (the
+    expected tokens of a step of k drafts, each accepted with probability a until the first
+    rejection; Eq. (9) of paper 002) and V(k) the measured step time in ms: [A, K] from
+    ``V`` [K], or [B, A, K] from [B, K]."""
+    V = np.asarray(V, dtype=np.float64)
+    a = np.asarray(acceptance, dtype=np.float64)[:, None]
+    k = np.arange(V.shape[-1])[None, :]
+    G = np.cumsum(np.broadcast_to(a, (a.shape[0], k.shape[1])) ** k, axis=1)  # [A, K]
+    return 1000.0 * G / V[..., None, :]
+
+
 def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int) -> MeasuredSide:
     """The statistics of ``rules.measured_side`` on the runs ``m`` at n = 1..n_top and
     k = 0..K, with prompts resampled as ``definitions.intervals`` says. Without per-prompt
@@ -217,7 +230,29 @@ def measured_side(m: Measured, rules: RuleSet, *, n_top: int, K: int, n_hi: int)
         tau_how = "verify_ms of the runs (no per-prompt times)"
         notes.append("no per-prompt verify times: tau(n) is verify_ms as given, no interval")
     T_b = None
-    if m.per_prompt_tokens_per_s is not None:
+    if rules.throughput_side == "steps":
+        from specmoe.formats.runs import rounds_verify_side
+
+        r = m if rules.verify_side == "rounds" else rounds_verify_side(m)
+        pp_v = r.per_prompt_on_ms[:, : K + 1]
+        h = np.zeros(K + 1) if m.draft_ms is None else np.asarray(m.draft_ms[: K + 1], float)
+        T = steps_throughput(pp_v.mean(axis=0) + h, m.acceptance)
+        idx = iv.resample_prompts(pp_v.shape[0], resamples=resamples, seed=seed)
+        T_b = steps_throughput(iv.mean_of_medians(pp_v, idx) + h, m.acceptance)
+        thr_how = (
+            "1000 G_a(k) / V(k), V(k) = tau_r(k + 1) + h(k): tau_r the mean over prompts of "
+            "each prompt's median over its oracle generations at k of each generation's "
+            "median verification pass"
+        )
+        real = iv.median_of_generations(m.per_prompt_tokens_per_s[:, : K + 1])
+        notes.append(
+            "throughput side: the expected tokens per second of the measured steps, "
+            "G_a(k) / (tau_r(k + 1) + h(k)) from the rounds' own passes, not each "
+            "generation's realised tokens per second (whose k* is "
+            + " ".join(str(int(k)) for k in iv.kstar_samples(real))
+            + ")"
+        )
+    elif m.per_prompt_tokens_per_s is not None:
         X = m.per_prompt_tokens_per_s[:, : K + 1]
         T = iv.median_of_generations(X)
         idx = iv.resample_prompts(X.shape[2], resamples=resamples, seed=seed)
