@@ -154,15 +154,22 @@ def test_rule_set_changes_the_verify_side_alone():
     assert load_rules(RULES_LC).verify_side == "sweep"
 
 
-def test_bad_rounds_input_is_one_line_and_exit_2(tmp_path, capsys):
+def refuses_runs_without_rounds(tmp_path: Path, capsys, rules: Path) -> tuple[Path, Path]:
+    """``specmoe validate`` under ``rules`` on runs without the rounds' passes: exit 2, one
+    line naming throughput.json and the missing field, nothing written. Returns (plan, runs)."""
     plan, runs = _world(tmp_path, one_kernel=True)
     out = tmp_path / "out"
-    argv = ["validate", "--plan", str(plan), "--runs", str(runs), "--rules", str(RULES_RD)]
+    argv = ["validate", "--plan", str(plan), "--runs", str(runs), "--rules", str(rules)]
     assert main([*argv, "--out", str(out)]) == 2
     errs = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
     assert len(errs) == 1 and errs[0].startswith("specmoe validate: error: ")
     assert "throughput.json" in errs[0] and "per_prompt_round_verify_ms" in errs[0]
     assert not out.exists()
+    return plan, runs
+
+
+def test_bad_rounds_input_is_one_line_and_exit_2(tmp_path, capsys):
+    _, runs = refuses_runs_without_rounds(tmp_path, capsys, RULES_RD)
     _add_rounds(runs)
     t = json.loads((runs / "throughput.json").read_text())
     t["configurations"][0]["per_prompt_round_verify_ms"][0][1] = [[1.0]]  # one prompt, not 5

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 from _synthetic_runs import ACC, K
 from test_validate_one_kernel import _world
-from test_validate_rounds import P, R, _add_rounds, _brute
+from test_validate_rounds import P, R, _add_rounds, _brute, refuses_runs_without_rounds
 
-from specmoe.cli import main
 from specmoe.errors import InputError
 from specmoe.formats.runs import load_runs
 from specmoe.validate import intervals as iv
@@ -155,14 +154,7 @@ def test_rule_set_changes_the_throughput_side_alone():
 
 
 def test_bad_steps_input_is_one_line_and_exit_2(tmp_path, capsys):
-    plan, runs = _world(tmp_path, one_kernel=True)
-    out = tmp_path / "out"
-    argv = ["validate", "--plan", str(plan), "--runs", str(runs), "--rules", str(RULES_ST)]
-    assert main([*argv, "--out", str(out)]) == 2
-    errs = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
-    assert len(errs) == 1 and errs[0].startswith("specmoe validate: error: ")
-    assert "throughput.json" in errs[0] and "per_prompt_round_verify_ms" in errs[0]
-    assert not out.exists()
+    refuses_runs_without_rounds(tmp_path, capsys, RULES_ST)
     raw = json.loads(RULES_ST.read_text())
     raw["definitions"]["measured"]["throughput_side"] = "step"
     bad = tmp_path / "rules.json"
