@@ -45,6 +45,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _record import emit  # noqa: E402
 
+from specmoe.commands.efficiency import parse_ints  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 
 
@@ -88,10 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     try:
-        ns = [int(v) for v in a.n.split(",")]
-        if not ns or min(ns) < 1:
-            raise ValueError
-    except ValueError:
+        ns = parse_ints(a.n, "--n", low=1)
+    except InputError:
         print(f"kernel_q8.py: --n: need positive integers, got {a.n!r}", file=sys.stderr)
         return 2
     if a.threads < 1 or (a.clock == "cpu" and a.threads != 1):

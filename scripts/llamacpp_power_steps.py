@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from specmoe._io import atomic_write_json, atomic_write_text  # noqa: E402
+from specmoe.commands.efficiency import parse_ints  # noqa: E402
 from specmoe.errors import InputError  # noqa: E402
 
 ACCEPTANCE = [round(0.2 + i * 0.078, 3) for i in range(11)]
@@ -118,14 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     try:
-        counts = [int(x) for x in args.prompts.split(",")]
-        if not counts or min(counts) < 1:
-            raise ValueError
-    except ValueError:
-        print(
-            f"llamacpp_power_steps: error: --prompts: {args.prompts!r} is not a list of counts >= 1",
-            file=sys.stderr,
-        )
+        counts = parse_ints(args.prompts, "--prompts", low=1)
+    except InputError as exc:
+        print(f"llamacpp_power_steps: error: {exc}", file=sys.stderr)
         return 2
     if args.sims < 1 or not 0 <= args.floor < 1:
         print(

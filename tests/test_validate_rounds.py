@@ -168,6 +168,17 @@ def refuses_runs_without_rounds(tmp_path: Path, capsys, rules: Path) -> tuple[Pa
     return plan, runs
 
 
+def refuses_measured_field(tmp_path: Path, rules: Path, key: str, value: str, allowed: str) -> None:
+    """``rules`` with ``definitions.measured[key] = value`` is refused, naming the field and
+    what it may be."""
+    raw = json.loads(rules.read_text())
+    raw["definitions"]["measured"][key] = value
+    bad = tmp_path / "rules.json"
+    bad.write_text(json.dumps(raw))
+    with pytest.raises(InputError, match=f"{key} must be {allowed}"):
+        load_rules(bad)
+
+
 def test_bad_rounds_input_is_one_line_and_exit_2(tmp_path, capsys):
     _, runs = refuses_runs_without_rounds(tmp_path, capsys, RULES_RD)
     _add_rounds(runs)
@@ -181,9 +192,4 @@ def test_bad_rounds_input_is_one_line_and_exit_2(tmp_path, capsys):
     (runs / "throughput.json").write_text(json.dumps(t))
     with pytest.raises(InputError, match="needs per_prompt_tokens_per_s"):
         load_runs(runs)
-    raw = json.loads(RULES_RD.read_text())
-    raw["definitions"]["measured"]["verify_side"] = "sweeps"
-    bad = tmp_path / "rules.json"
-    bad.write_text(json.dumps(raw))
-    with pytest.raises(InputError, match="verify_side must be 'sweep' or 'rounds'"):
-        load_rules(bad)
+    refuses_measured_field(tmp_path, RULES_RD, "verify_side", "sweeps", "'sweep' or 'rounds'")

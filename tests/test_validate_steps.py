@@ -15,9 +15,15 @@ import numpy as np
 import pytest
 from _synthetic_runs import ACC, K
 from test_validate_one_kernel import _world
-from test_validate_rounds import P, R, _add_rounds, _brute, refuses_runs_without_rounds
+from test_validate_rounds import (
+    P,
+    R,
+    _add_rounds,
+    _brute,
+    refuses_measured_field,
+    refuses_runs_without_rounds,
+)
 
-from specmoe.errors import InputError
 from specmoe.formats.runs import load_runs
 from specmoe.validate import intervals as iv
 from specmoe.validate.rules import load_rules
@@ -155,9 +161,6 @@ def test_rule_set_changes_the_throughput_side_alone():
 
 def test_bad_steps_input_is_one_line_and_exit_2(tmp_path, capsys):
     refuses_runs_without_rounds(tmp_path, capsys, RULES_ST)
-    raw = json.loads(RULES_ST.read_text())
-    raw["definitions"]["measured"]["throughput_side"] = "step"
-    bad = tmp_path / "rules.json"
-    bad.write_text(json.dumps(raw))
-    with pytest.raises(InputError, match="throughput_side must be 'generations' or 'steps'"):
-        load_rules(bad)
+    refuses_measured_field(
+        tmp_path, RULES_ST, "throughput_side", "step", "'generations' or 'steps'"
+    )
