@@ -628,3 +628,88 @@ def test_attention_bytes_follow_the_kv_caches_type():
     for kv, k_bytes, v_bytes in (("f16", 2, 2), ("f32", 4, 4), ("q8_0", 34 / 32, 2)):
         dims = LO.Dims.of(_Meta(m), kv)
         assert dims.shape("attention")["bytes_nd"] == pytest.approx(2.0 * k * (k_bytes + v_bytes))
+
+
+# ------------------------------------------------------------------------------------------
+# the level of a saved profile today (specmoe bench --level-of)
+
+
+def test_pass_level_is_the_ratio_of_sums_exactly():
+    from fractions import Fraction as F
+
+    then, now = [1.0, 2.0, 3.0], [2.0, 2.0, 5.0]
+    got = LO.pass_level(then, now)
+    assert F(got["level"]).limit_denominator(100) == F(9, 6)
+    assert [F(x).limit_denominator(100) for x in got["ratio"]] == [F(2), F(1), F(5, 3)]
+    for bad in (([1.0], [1.0, 2.0]), ([1.0, 0.0], [1.0, 1.0]), ([], []), ([1.0], [float("nan")])):
+        with pytest.raises(InputError):
+            LO.pass_level(*bad)
+
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+_LC_PROFILE = _ROOT / "results/cpu/llamacpp/whole-pass/predictions/llamacpp-bundled/profile.json"
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--level-of", str(_LC_PROFILE)], "--level-of: only with --engine llama.cpp --whole-pass"),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of", str(_LC_PROFILE),
+          "--pass-train", "12"], "--level-of: not with --pass-train"),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of", str(_LC_PROFILE),
+          "--kv-type", "q8_0"], "--level-of: not with --kv-type"),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of", str(_LC_PROFILE),
+          "--depths", "333"], "--depths: "),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of", str(_LC_PROFILE),
+          "--n-max", "3"], "--n-max: not with --level-of"),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of",
+          str(_ROOT / "results/cpu/whole-pass/predictions/bundled/profile.json")],
+         "not a llama.cpp whole-pass profile"),
+        (["--engine", "llama.cpp", "--whole-pass", "--level-of", "no-such-profile.json"],
+         "no-such-profile.json"),
+    ],
+)  # fmt: skip
+def test_level_of_refuses_bad_input_in_one_line_writing_nothing(extra, words, tmp_path, capsys):
+    from specmoe.cli import main
+
+    out = tmp_path / "out"
+    assert main(["bench", "--model", "bundled", *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (out / "profile.json").exists() and not (out / "level.json").exists()
+
+
+@needs_llamacpp
+def test_level_of_times_the_profiles_own_passes_again(bench_out, gguf, tmp_path, capsys):
+    """The level written is the ratio of the sums of the passes it wrote, against the
+    profile's own pass_ms at that depth; the profile written loads with whole_pass.level and
+    is the saved one otherwise; and a GGUF of other bytes is refused, naming --model."""
+    from specmoe.cli import main
+    from specmoe.formats.profile import load_profile
+
+    src = bench_out / "profile.json"
+    saved = json.loads(src.read_text())["whole_pass"]
+    out = tmp_path / "lv"
+    argv = ["bench", "--engine", "llama.cpp", "--whole-pass", "--model", str(gguf),
+            "--level-of", str(src), "--depths", str(DEPTHS[-1]), "--reps", "1"]  # fmt: skip
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    rec = json.loads((out / "level.json").read_text())
+    cell = rec["depths"][str(DEPTHS[-1])]
+    then = saved["pass_ms"][saved["d"].index(DEPTHS[-1])]
+    assert cell["then_ms"] == pytest.approx(then)
+    assert len(cell["now_ms"]) == len(saved["n"]) == N_MAX
+    assert cell["level"] == pytest.approx(sum(cell["now_ms"]) / sum(then))
+    assert 0.2 < cell["level"] < 5  # the same machine, minutes apart
+    assert rec["train"] == saved["train"] and rec["kv_type"] == saved["kv_type"]
+    prof = load_profile(out / "profile.json")
+    assert prof.whole_pass["level"] == {str(DEPTHS[-1]): cell["level"]}
+    assert prof.whole_pass["pass_ms"] == saved["pass_ms"] and prof.whole_pass["ops"] == saved["ops"]
+    capsys.readouterr()
+    other = tmp_path / "bf16.gguf"
+    assert main(["export", "--format", "gguf", "--model", "bundled", "--out", str(other)]) == 0
+    capsys.readouterr()
+    bad = [*argv[:5], str(other), *argv[6:]]
+    assert main([*bad, "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--model" in err[-1] and "bytes" in err[-1], err
+    assert not (tmp_path / "bad" / "level.json").exists()

@@ -276,6 +276,8 @@ def run_whole_pass(args: argparse.Namespace) -> int:
     from specmoe.engines.llamacpp_ops import benchmark_profile
 
     check_out_dir(args.out)
+    if getattr(args, "level_of", None) is not None:
+        return _level_of(args)
     form = getattr(args, "fit", None) or "step1"
     if getattr(args, "from_profile", None):
         return _refit_whole_pass(args, form)
@@ -325,6 +327,95 @@ def run_whole_pass(args: argparse.Namespace) -> int:
         + f" GB/s, epsilon {prof.epsilon['dedup']:.3f}"
     )
     print(f"{wp['wall_s']:.1f} s")
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+def _level_of(args: argparse.Namespace) -> int:
+    """``specmoe bench --engine llama.cpp --whole-pass --level-of PROFILE``: the profile's
+    passes timed again as its benchmark timed them
+    (:func:`specmoe.engines.llamacpp_ops.level_of_profile`); ``--out`` gets ``level.json``
+    (every depth's n, then and now) and ``profile.json``, the profile with
+    ``whole_pass.level`` (which ``specmoe validate`` applies to its whole-pass version)."""
+    import hashlib
+    import os
+
+    from specmoe._io import atomic_write_json, dumps_json
+    from specmoe.commands._common import check_int
+    from specmoe.commands.bench import MAX_REPS, parse_depths
+    from specmoe.engine.models import load_tokenizer
+    from specmoe.engine.runner import validation_prompts
+    from specmoe.engines import llamacpp
+    from specmoe.engines.llamacpp_ops import LEVEL_TOLERANCE, level_of_profile
+    from specmoe.formats.profile import load_profile
+
+    path = Path(args.level_of)
+    prof = load_profile(path, argument="level-of")
+    wp = prof.whole_pass
+    if wp is None or wp.get("engine") != "llama.cpp":
+        raise InputError(f"--level-of: {path}: not a llama.cpp whole-pass profile")
+    ds_prof = [int(d) for d in wp["d"]]
+    depths = ds_prof if args.depths is None else parse_depths(args.depths)
+    bad = [d for d in depths if d not in ds_prof]
+    if bad:
+        raise InputError(f"--depths: {path} has the depths {ds_prof}, not {bad[0]}")
+    reps = 2 if args.reps is None else args.reps
+    check_int(reps, "--reps", low=1, high=MAX_REPS)
+    if args.n_max is not None:
+        raise InputError("--n-max: not with --level-of (the profile's n are timed)")
+    outtype = _outtype(args)
+    llamacpp.require_built()
+    ((_, ids),) = validation_prompts(load_tokenizer("bundled"), count=1, context=ds_prof[-1] + 256)
+    with tempfile.TemporaryDirectory(prefix="specmoe-gguf-") as tmp:
+        gguf, _ = _gguf_of(args, outtype, tmp)
+        size, want = os.path.getsize(gguf), wp.get("weight_bytes")
+        if want is not None and int(want) != size:
+            raise InputError(
+                f"--model: {args.model} is not the model {path} timed "
+                f"({size} bytes of weights, the profile's {want})"
+            )
+        res = level_of_profile(gguf, ids, wp, depths=depths, reps=reps)
+    levels = {d: v["level"] for d, v in res["depths"].items()}
+    far = {d: x for d, x in levels.items() if abs(x - 1) > LEVEL_TOLERANCE}
+    verdict = (
+        f"beyond {LEVEL_TOLERANCE:.0%} at d = {', '.join(far)}: the profile's pass times are "
+        "off by that much on this machine now; benchmark again before planning from it"
+        if far
+        else f"within {LEVEL_TOLERANCE:.0%} at every depth: the profile's level holds"
+    )
+    record = {
+        "profile": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "command": "specmoe " + " ".join(sys.argv[1:]),
+        "levels": levels,
+        "tolerance": LEVEL_TOLERANCE,
+        "verdict": verdict,
+        **res,
+    }
+    files = []
+    if args.out:
+        out = Path(args.out)
+        new_wp = {
+            **wp,
+            "level": levels,
+            "level_how": "sum over n of the passes timed again over the profile's pass_ms "
+            "(specmoe bench --engine llama.cpp --whole-pass --level-of)",
+            "level_base": {"profile": str(path), "sha256": record["sha256"]},
+        }
+        files.append(str(atomic_write_json(out / "level.json", record)))
+        files.append(str(dataclasses.replace(prof, whole_pass=new_wp).save(out / "profile.json")))
+    if args.json:
+        print(dumps_json({**record, "files": files}))
+        return 0
+    for d, v in res["depths"].items():
+        print(f"d = {d}: level {v['level']:.3f} (today's passes over {path.name}'s)")
+        print("  n      " + " ".join(f"{n:>8}" for n in res["n"]))
+        print("  then ms" + " ".join(f"{x:8.3f}" for x in v["then_ms"]))
+        print("  now ms " + " ".join(f"{x:8.3f}" for x in v["now_ms"]))
+        print("  ratio  " + " ".join(f"{x:8.3f}" for x in v["ratio"]))
+    print(verdict)
+    print(f"{res['wall_s']:.1f} s")
     for f in files:
         print(f"wrote {f}")
     return 0

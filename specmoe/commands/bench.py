@@ -87,8 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--depths",
-        default="512,2048",
-        help="--whole-pass: comma-separated KV-cache depths in tokens (default 512,2048)",
+        default=None,
+        help="--whole-pass: comma-separated KV-cache depths in tokens (default 512,2048; "
+        "with --level-of, the profile's)",
     )
     parser.add_argument(
         "--engine",
@@ -128,6 +129,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(the first untimed), before any profiled pass, as the verification passes of "
         "speculative rounds at one draft length follow each other (at least 2; not with "
         "--graph-reuse)",
+    )
+    parser.add_argument(
+        "--level-of",
+        default=None,
+        dest="level_of",
+        metavar="PROFILE",
+        help="--engine llama.cpp --whole-pass: time a saved llama.cpp whole-pass profile's "
+        "passes again as its benchmark timed them (its n, trains, primed passes and KV type; "
+        "its depths or those of --depths; --reps, default 2) and write it with "
+        "whole_pass.level: at each depth today's pass times summed over the profile's, what "
+        "a reused profile is off by now (level.json has every n)",
     )
     parser.add_argument(
         "--draft-model",
@@ -298,8 +310,14 @@ def _check_args(args: argparse.Namespace) -> None:
 MAX_DEPTH = 1 << 20
 
 
-def parse_depths(text: str) -> list[int]:
-    """``--depths`` as sorted distinct integers in 1..2^20; anything else one line."""
+DEFAULT_DEPTHS = (512, 2048)
+
+
+def parse_depths(text: str | None) -> list[int]:
+    """``--depths`` as sorted distinct integers in 1..2^20 (None: the default 512, 2048);
+    anything else one line."""
+    if text is None:
+        return list(DEFAULT_DEPTHS)
     parts = [p.strip() for p in str(text).split(",")]
     try:
         vals = [int(p) for p in parts]
@@ -357,6 +375,18 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--pass-train: {train}: must be 2..64 passes")
         if getattr(args, "graph_reuse", False):
             raise InputError("--pass-train: not with --graph-reuse (a train's passes reuse it)")
+    if getattr(args, "level_of", None) is not None:
+        if not (args.engine == "llama.cpp" and getattr(args, "whole_pass", False)):
+            raise InputError("--level-of: only with --engine llama.cpp --whole-pass")
+        for flag, given in (
+            ("--from", getattr(args, "from_profile", None) is not None),
+            ("--fit", getattr(args, "fit", None) is not None),
+            ("--pass-train", train is not None),
+            ("--graph-reuse", getattr(args, "graph_reuse", False)),
+            ("--kv-type", getattr(args, "kv_type", None) is not None),
+        ):
+            if given:
+                raise InputError(f"--level-of: not with {flag} (the profile says how it timed)")
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench

@@ -814,3 +814,73 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return ""
+
+
+# ------------------------------------------------------------------------------------------
+# the level of a saved profile today
+
+LEVEL_TOLERANCE = 0.10  # the verify rule's (rules-llamacpp.json): a level beyond it misses it
+
+
+def pass_level(then_ms: Sequence[float], now_ms: Sequence[float]) -> dict[str, Any]:
+    """Today's passes of one depth against a profile's: ``level`` = Σ_n now(n) / Σ_n then(n)
+    (the ratio ``scripts/llamacpp_level.py`` takes of a probe, r_u), and each n's own ratio.
+    A whole-pass prediction carries its benchmark's level (results/cpu/llamacpp/whole-pass/,
+    rounds 15-16: the same file and procedure 6-20% slower a few hours later on one core)."""
+    then, now = np.asarray(then_ms, float), np.asarray(now_ms, float)
+    if then.shape != now.shape or then.ndim != 1 or then.size == 0:
+        raise InputError(f"need one time per n on both sides, got {then.shape} and {now.shape}")
+    if (
+        not (np.all(np.isfinite(then)) and np.all(np.isfinite(now)))
+        or min(then.min(), now.min()) <= 0
+    ):
+        raise InputError("pass times must be finite and positive")
+    return {"level": float(now.sum() / then.sum()), "ratio": (now / then).tolist()}
+
+
+def level_of_profile(
+    gguf: Any,
+    tokens: Sequence[int],
+    whole_pass: Mapping[str, Any],
+    *,
+    depths: Sequence[int],
+    reps: int = 2,
+    warmup: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Time a saved llama.cpp whole-pass profile's passes again, as its benchmark timed them:
+    the same n, the given ``depths`` (a subset of its own), its trains (``train``), primed
+    passes (``primed``) and KV cache type (``kv_type``), on ``tokens`` (the benchmark's
+    prompt), ``reps`` repetitions (the median kept, as ``pass_ms`` is). Per depth
+    :func:`pass_level` against the profile's ``pass_ms``; no per-node profile is fitted."""
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    ds_prof, ns = [int(d) for d in whole_pass["d"]], [int(n) for n in whole_pass["n"]]
+    ds = _ints("depths", depths, 1)
+    missing = [d for d in ds if d not in ds_prof]
+    if missing:
+        raise InputError(
+            f"the profile has the depths {ds_prof}, not {missing[0]}", argument="depths"
+        )
+    train = int(whole_pass.get("train") or 0)
+    prime = bool(whole_pass.get("primed", False))
+    kv_type = str(whole_pass.get("kv_type") or "f16")
+    t0 = time.perf_counter()
+    n_ctx = ds[-1] + ns[-1] + max(train - 1, 0) + 16
+    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
+        rec, _ = time_llamacpp_operations(
+            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
+            prime=prime, train=train,
+        )  # fmt: skip
+    now = np.median(rec.ms["fwd"], axis=2)
+    out: dict[str, Any] = {"n": ns, "depths": {}}
+    for i, d in enumerate(ds):
+        then = whole_pass["pass_ms"][ds_prof.index(d)]
+        out["depths"][str(d)] = {
+            **pass_level(then, now[i]),
+            "then_ms": [float(x) for x in then],
+            "now_ms": now[i].tolist(),
+        }
+    out.update(reps=reps, train=train, primed=prime, kv_type=kv_type,
+               wall_s=time.perf_counter() - t0)  # fmt: skip
+    return out
