@@ -21,9 +21,9 @@ def run_fields(load_before: tuple[float, ...], t0: float) -> dict:
 def command_line(script: str, argv: list[str]) -> str:
     """The command that made a record, the user's home directory written ``~``: a record names
     no particular machine's paths."""
-    home = os.path.expanduser("~").rstrip("/")
-    words = [("~" + a[len(home) :]) if home and a.startswith(home + "/") else a for a in argv]
-    return " ".join(["python", script, *words])
+    from specmoe._io import home_as_tilde
+
+    return " ".join(["python", script, *home_as_tilde(argv)])
 
 
 def pass_fields(name: str, args) -> dict:

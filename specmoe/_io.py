@@ -181,6 +181,14 @@ def dumps_json(obj: Any, *, indent: int | None = 2) -> str:
     return json.dumps(to_jsonable(obj), indent=indent)
 
 
+def home_as_tilde(words: list[str]) -> list[str]:
+    """``words`` with the user's home directory written ``~`` where a word starts with it: a
+    record names no particular machine's paths (a word that only starts with the home's name
+    is kept)."""
+    home = os.path.expanduser("~").rstrip("/")
+    return [("~" + a[len(home) :]) if home and a.startswith(home + "/") else a for a in words]
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, dumps_json(obj) + "\n")
 

@@ -341,7 +341,7 @@ def _level_of(args: argparse.Namespace) -> int:
     import hashlib
     import os
 
-    from specmoe._io import atomic_write_json, dumps_json
+    from specmoe._io import atomic_write_json, dumps_json, home_as_tilde
     from specmoe.commands._common import check_int
     from specmoe.commands.bench import MAX_REPS, parse_depths
     from specmoe.engine.models import load_tokenizer
@@ -360,7 +360,7 @@ def _level_of(args: argparse.Namespace) -> int:
     bad = [d for d in depths if d not in ds_prof]
     if bad:
         raise InputError(f"--depths: {path} has the depths {ds_prof}, not {bad[0]}")
-    reps = 2 if args.reps is None else args.reps
+    reps = 6 if args.reps is None else args.reps
     check_int(reps, "--reps", low=1, high=MAX_REPS)
     if args.n_max is not None:
         raise InputError("--n-max: not with --level-of (the profile's n are timed)")
@@ -385,9 +385,9 @@ def _level_of(args: argparse.Namespace) -> int:
         else f"within {LEVEL_TOLERANCE:.0%} at every depth: the profile's level holds"
     )
     record = {
-        "profile": str(path),
+        "profile": home_as_tilde([str(path)])[0],
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "command": "specmoe " + " ".join(sys.argv[1:]),
+        "command": " ".join(["specmoe", *home_as_tilde(sys.argv[1:])]),
         "levels": levels,
         "tolerance": LEVEL_TOLERANCE,
         "verdict": verdict,
@@ -401,7 +401,7 @@ def _level_of(args: argparse.Namespace) -> int:
             "level": levels,
             "level_how": "sum over n of the passes timed again over the profile's pass_ms "
             "(specmoe bench --engine llama.cpp --whole-pass --level-of)",
-            "level_base": {"profile": str(path), "sha256": record["sha256"]},
+            "level_base": {"profile": record["profile"], "sha256": record["sha256"]},
         }
         files.append(str(atomic_write_json(out / "level.json", record)))
         files.append(str(dataclasses.replace(prof, whole_pass=new_wp).save(out / "profile.json")))

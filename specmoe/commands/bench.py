@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PROFILE",
         help="--engine llama.cpp --whole-pass: time a saved llama.cpp whole-pass profile's "
         "passes again as its benchmark timed them (its n, trains, primed passes and KV type; "
-        "its depths or those of --depths; --reps, default 2) and write it with "
+        "its depths or those of --depths; --reps, default 6) and write it with "
         "whole_pass.level: at each depth today's pass times summed over the profile's, what "
         "a reused profile is off by now (level.json has every n)",
     )

@@ -844,7 +844,7 @@ def level_of_profile(
     whole_pass: Mapping[str, Any],
     *,
     depths: Sequence[int],
-    reps: int = 2,
+    reps: int = 6,
     warmup: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
