@@ -709,6 +709,19 @@ def expert_fit(rec: _Records, dims: Dims, *, n_values: Sequence[int]) -> dict[st
     }
 
 
+def _time_gguf(gguf, tokens, ns, ds, reps, warmup, progress, prime, train, kv_type):
+    """:func:`time_llamacpp_operations` on a one-thread engine of ``gguf`` whose context holds
+    the deepest depth, the largest pass and a train's extra windows."""
+    from specmoe.engines.llamacpp_pass import LlamaCppEngine
+
+    n_ctx = ds[-1] + ns[-1] + max(train - 1, 0) + 16
+    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
+        return time_llamacpp_operations(
+            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
+            prime=prime, train=train,
+        )  # fmt: skip
+
+
 def benchmark_profile(
     gguf: Any,
     tokens: Sequence[int],
@@ -730,7 +743,6 @@ def benchmark_profile(
     operation's (module docstring)."""
     from specmoe.bench.machine import last_level_cache_bytes, measure_ceiling
     from specmoe.engines import llamacpp
-    from specmoe.engines.llamacpp_pass import LlamaCppEngine
     from specmoe.formats.profile import BandwidthProfile
 
     t_start = time.perf_counter()
@@ -741,12 +753,7 @@ def benchmark_profile(
         c = measure_ceiling("cpu", clock="cpu", threads=[1])
         gbps, method = float(c.gbps), c.method
         notes.append(f"read ceiling {c.gbps:.2f} GB/s ({c.method})")
-    n_ctx = ds[-1] + ns[-1] + max(train - 1, 0) + 16
-    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
-        rec, dims = time_llamacpp_operations(
-            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
-            prime=prime, train=train,
-        )  # fmt: skip
+    rec, dims = _time_gguf(gguf, tokens, ns, ds, reps, warmup, progress, prime, train, kv_type)
     wp = refit(summarize(rec, dims, n_values=ns, depths=ds), fit)
     exp = expert_fit(rec, dims, n_values=ns)
     llc = last_level_cache_bytes("cpu")
@@ -853,7 +860,6 @@ def level_of_profile(
     passes (``primed``) and KV cache type (``kv_type``), on ``tokens`` (the benchmark's
     prompt), ``reps`` repetitions (the median kept, as ``pass_ms`` is). Per depth
     :func:`pass_level` against the profile's ``pass_ms``; no per-node profile is fitted."""
-    from specmoe.engines.llamacpp_pass import LlamaCppEngine
 
     ds_prof, ns = [int(d) for d in whole_pass["d"]], [int(n) for n in whole_pass["n"]]
     ds = _ints("depths", depths, 1)
@@ -866,12 +872,7 @@ def level_of_profile(
     prime = bool(whole_pass.get("primed", False))
     kv_type = str(whole_pass.get("kv_type") or "f16")
     t0 = time.perf_counter()
-    n_ctx = ds[-1] + ns[-1] + max(train - 1, 0) + 16
-    with LlamaCppEngine(gguf, n_ctx=n_ctx, threads=1, kv_type=kv_type, clock="cpu") as engine:
-        rec, _ = time_llamacpp_operations(
-            engine, tokens, n_values=ns, depths=ds, reps=reps, warmup=warmup, progress=progress,
-            prime=prime, train=train,
-        )  # fmt: skip
+    rec, _ = _time_gguf(gguf, tokens, ns, ds, reps, warmup, progress, prime, train, kv_type)
     now = np.median(rec.ms["fwd"], axis=2)
     out: dict[str, Any] = {"n": ns, "depths": {}}
     for i, d in enumerate(ds):
