@@ -73,6 +73,7 @@ from whole_pass_campaign import (  # noqa: E402
     finish_unit,
     open_record,
     oracle_generations,
+    parse_design,
     record_qualifying,
     start_unit,
     too_few_prompts,
@@ -356,12 +357,7 @@ def redesign(
                 f"--depths: {depths!r} is not a comma-separated list of depths"
             ) from None
     if design is not None:
-        try:
-            thr = tuple(int(x) for x in design.split(","))
-        except ValueError:
-            thr = ()
-        if len(thr) != 3 or min(thr) < 1:
-            raise ValueError(f"--throughput-design: {design!r} is not P,R,T (positive integers)")
+        thr = parse_design(design)
     for c in names:
         cfg = table[c]
         if ds is not None:

@@ -34,6 +34,7 @@ Usage: ``python scripts/whole_pass_campaign.py [--configs bundled,...] [--budget
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -590,6 +591,17 @@ def add_campaign_args(ap: argparse.ArgumentParser, results: str, configs: dict) 
     )
 
 
+def parse_design(design: str) -> tuple[int, int, int]:
+    """``--throughput-design P,R,T``: prompts, repeats, tokens (positive integers)."""
+    try:
+        thr = tuple(int(x) for x in design.split(","))
+    except ValueError:
+        thr = ()
+    if len(thr) != 3 or min(thr) < 1:
+        raise ValueError(f"--throughput-design: {design!r} is not P,R,T (positive integers)")
+    return thr  # type: ignore[return-value]
+
+
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """``--budget``, ``--quick`` and ``--seed``."""
     ap.add_argument("--budget", type=float, default=1e9, help="minutes; no unit starts after")
@@ -703,6 +715,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_campaign_args(ap, "results/cpu/whole-pass", CONFIGS)
     add_run_args(ap)
+    ap.add_argument(
+        "--throughput-design",
+        default=None,
+        metavar="P,R,T",
+        help="the throughput design of the named configurations: prompts, repeats, tokens "
+        "(the protocol's amendment 11), instead of the configuration's",
+    )
     args = ap.parse_args(argv)
     table = QUICK if args.quick else CONFIGS
     names = [c for c in args.configs.split(",") if c] if not args.quick else list(QUICK)
@@ -710,6 +729,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"whole_pass_campaign: error: --configs: unknown {bad[0]!r}", file=sys.stderr)
         return 2
+    if args.throughput_design is not None:
+        try:
+            thr = parse_design(args.throughput_design)
+        except ValueError as exc:
+            print(f"whole_pass_campaign: error: {exc}", file=sys.stderr)
+            return 2
+        table = {**table, **{c: dataclasses.replace(table[c], throughput=thr) for c in names}}
     out = args.out or ROOT / ("out/whole-pass-quick" if args.quick else "results/cpu/whole-pass")
     torch.set_num_threads(1)
     if not args.quick and (err := pin_kernels(names, args.predictions)):

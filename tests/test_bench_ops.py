@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from specmoe.cost import ops_fit as OF
 from specmoe.errors import InputError
@@ -214,3 +216,162 @@ def test_whole_pass_on_cuda_without_a_device_is_one_line_exit_2(tmp_path, capsys
     rc = main(["bench", "--model", "bundled", "--whole-pass", "--device", "cuda", "--no-figures"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "--device" in err and "CUDA" in err
+
+
+# ------------------------------------------------------------------- the two-path (switch) form
+
+_HEAD_FLOPS = 2.0 * 151936 * 2048  # a Qwen3-30B-A3B lm_head's flops per row
+
+
+def _two_path(n, s, per_row, t0, gflops):
+    """A product that costs ``per_row`` ms a row up to ``s`` rows, then t0 + flops / rate."""
+    n = np.asarray(n, float)
+    return np.where(n <= s, per_row * n, t0 + n * _HEAD_FLOPS * 1e-6 / gflops)
+
+
+def _head_op(times):
+    ns = list(range(1, 10))
+    fit_n, held_n = OF.held_out_split(ns)
+    return {
+        "per": "model", "count": 1, "in_sum": True, "terms": ["t0", "flops"],
+        "shape": {"flops_n": _HEAD_FLOPS}, "fit": {"t0_ms": 1.0, "gflops": 1.0}, "eps": 0.5,
+        "fit_n": fit_n, "held_n": held_n, "n": ns, "d": [512, 2048],
+        "median_ms": [list(times), list(times)], "p10_ms": [list(times)] * 2,
+        "p90_ms": [list(times)] * 2,
+    }  # fmt: skip
+
+
+@given(
+    s=st.sampled_from([1, 3, 4]),
+    per_row=st.floats(20.0, 90.0),
+    t0=st.floats(100.0, 250.0),
+    gflops=st.floats(50.0, 400.0),
+)
+@settings(max_examples=40, deadline=None)
+def test_switch_fit_recovers_a_two_path_product_at_every_n(s, per_row, t0, gflops):
+    # Exact data of a two-path product whose switch is a fit n (1, 3 or 4 of 1, 3, 4, 6, 7):
+    # the form finds the switch and predicts every n exactly, held-out ones (2, 5, 8, 9)
+    # included, where one line in n cannot (the paths differ by >= 10% somewhere).
+    ns = np.arange(1, 10.0)
+    t = _two_path(ns, s, per_row, t0, gflops)
+    line = OF.fit_op(("t0", "flops"), {"flops": ns * _HEAD_FLOPS}, t)
+    line_err = np.max(np.abs(line.predict({"flops": ns * _HEAD_FLOPS}) - t) / t)
+    assume(line_err > 0.1)
+    fit_n = np.array([1.0, 3, 4, 6, 7])
+    sw = OF.fit_switch(
+        ("t0", "flops"),
+        {"flops": fit_n * _HEAD_FLOPS, "tokens": fit_n},
+        t[fit_n.astype(int) - 1],
+        fit_n,
+    )
+    assert sw is not None and sw.switch_n == s
+    assert sw.rms == pytest.approx(0.0, abs=1e-9)
+    pred = sw.predict(ns, {"flops": ns * _HEAD_FLOPS, "tokens": ns})
+    assert pred == pytest.approx(t, rel=1e-9)
+    # stored and read back through the whole-pass sum, at every n and depth
+    from specmoe.bench.ops import refit_plain, refit_switch
+
+    wp = {"ops": {"head": _head_op(t)}, "n": list(range(1, 10)), "d": [512, 2048]}
+    new = refit_switch(wp)
+    op = new["ops"]["head"]
+    assert (
+        op["switch"] == "rows" and op["switch_n"] == s and op["eps"] == pytest.approx(0, abs=1e-9)
+    )
+    for n in range(1, 10):
+        assert OF.op_time(op, n, 2048) == pytest.approx(float(t[n - 1]), rel=1e-9)
+    # back to one line: the fit the plain benchmark makes from the same medians (fit n only)
+    back = refit_plain(new)["ops"]["head"]
+    assert "switch_n" not in back
+    i = fit_n.astype(int) - 1
+    line = OF.fit_op(("t0", "flops"), {"flops": fit_n * _HEAD_FLOPS}, t[i])
+    assert OF.op_time(back, 9, 512) == pytest.approx(
+        float(line.predict({"flops": 9 * _HEAD_FLOPS}))
+    )
+
+
+def test_switch_is_not_taken_where_one_line_fits():
+    # a line with 1% alternating noise: the two-path form cannot halve its error
+    ns = np.arange(1, 10.0)
+    t = (0.05 + ns * _HEAD_FLOPS * 1e-6 / 100.0) * (1 + 0.01 * (-1) ** ns)
+    fit_n = np.array([1.0, 3, 4, 6, 7])
+    i = fit_n.astype(int) - 1
+    assert OF.fit_switch(("t0", "flops"), {"flops": fit_n * _HEAD_FLOPS, "tokens": fit_n},
+                         t[i], fit_n) is None  # fmt: skip
+    from specmoe.bench.ops import refit_switch
+
+    op = refit_switch({"ops": {"head": _head_op(t)}})["ops"]["head"]
+    assert op["switch"] == "none" and "switch_n" not in op
+    # an exact line: the switch form ties at zero error, and the line is kept
+    exact = 0.05 + ns * _HEAD_FLOPS * 1e-6 / 100.0
+    assert OF.fit_switch(("t0", "flops"), {"flops": fit_n * _HEAD_FLOPS, "tokens": fit_n},
+                         exact[i], fit_n) is None  # fmt: skip
+
+
+def test_switch_refit_of_the_qwen3_benchmark_follows_its_head():
+    # The committed qwen3-dummy-4L benchmark: its head's medians (63.5, 124.2, 187.1 ms for
+    # 1-3 rows, then 204-250) read one row at a time up to three rows. The refit keeps every
+    # other op's fit, and its head is within 12.5% of the medians at every n and 3% at 1-3
+    # rows (the line: more than 15% off at n = 2 and 9), by the profile's own numbers.
+    from pathlib import Path
+
+    from specmoe.bench.ops import SWITCH_OPS, refit_plain, refit_switch
+    from specmoe.formats.profile import load_profile
+
+    path = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions"
+            / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    wp = load_profile(path).whole_pass
+    new = refit_switch(wp)
+    head, med = new["ops"]["head"], np.asarray(wp["ops"]["head"]["median_ms"])
+    assert head["switch"] == "rows" and head["switch_n"] == 3
+    for di, d in enumerate(wp["d"]):
+        pred = np.array([OF.op_time(head, n, d) for n in wp["n"]])
+        assert np.max(np.abs(pred / med[di] - 1)) < 0.125
+        assert np.max(np.abs(pred[:3] / med[di][:3] - 1)) < 0.03  # one row at a time
+        line = np.array([OF.op_time(wp["ops"]["head"], n, d) for n in wp["n"]])
+        assert np.abs(line[1] / med[di][1] - 1) > 0.15 and np.abs(line[8] / med[di][8] - 1) > 0.15
+    for name, op in wp["ops"].items():
+        if name not in SWITCH_OPS:
+            assert new["ops"][name] == op
+    # the plain refit gives back the committed benchmark's own fits
+    for name in SWITCH_OPS:
+        if name in wp["ops"]:
+            assert refit_plain(wp)["ops"][name]["fit"] == pytest.approx(wp["ops"][name]["fit"])
+
+
+def test_bench_fit_switch_refits_a_saved_profile_and_refuses_other_forms(tmp_path, capsys):
+    from pathlib import Path
+
+    from specmoe.cli import main
+    from specmoe.formats.profile import load_profile
+
+    src = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions"
+           / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    out = tmp_path / "refit"
+    rc = main(["bench", "--whole-pass", "--from", str(src), "--fit", "switch", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "head:" in text and "up to n = 3" in text
+    prof = load_profile(out / "profile.json")
+    assert prof.whole_pass["fit_form"] == "switch"
+    assert prof.source["refit"]["fit"] == "switch"
+    assert prof.source["refit"]["fit_form_before"] == "plain"
+    # a whole_pass.json (what --whole-pass writes without --from) is refitted the same way
+    wp_file = tmp_path / "whole_pass.json"
+    wp_file.write_text(json.dumps({"whole_pass": load_profile(src).whole_pass}))
+    rc = main(["bench", "--whole-pass", "--from", str(wp_file), "--fit", "switch", "--json",
+               "--out", str(tmp_path / "wp")])  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / "wp" / "whole_pass.json").read_text())
+    assert rc == 0 and written["whole_pass"] == printed["whole_pass"]
+    assert written["whole_pass"]["ops"] == prof.whole_pass["ops"]
+    for argv, msg in (
+        (["--fit", "pern-width"], "--fit: pern-width: a form of llama.cpp's whole pass"),
+        (["--fit", "switch", "--engine", "llama.cpp"], "--fit: switch: a form of specmoe's"),
+    ):
+        bad = tmp_path / "bad"
+        rc = main(["bench", "--whole-pass", "--from", str(src), "--out", str(bad), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and msg in err[0], err
+        assert not bad.exists()
+    rc = main(["bench", "--from", str(src), "--fit", "switch"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--fit: only with --whole-pass" in err[0], err

@@ -279,3 +279,24 @@ def test_llamacpp_campaign_runs_only_on_the_predictions_processor_and_engine(tmp
     assert lc.check_llamacpp_machine("c", tmp_path) is None
     ident.write_text(json.dumps({**cpu_identity(), "family": -1}))
     assert "family -1" in lc.check_llamacpp_machine("c", tmp_path)
+
+
+@pytest.mark.parametrize("design", ["3,1", "3,0,24", "a,b,c", "3,1,24,5"])
+def test_a_bad_throughput_design_is_one_line_exit_2_before_anything_is_written(
+    wc, tmp_path, capsys, design
+):
+    out = tmp_path / "runs"
+    rc = wc.main(["--configs", "qwen3-dummy-4L", "--throughput-design", design, "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and f"--throughput-design: {design!r}" in err[0], err
+    assert not out.exists()
+
+
+def test_a_throughput_design_replaces_the_configurations_own(wc):
+    import dataclasses
+
+    assert wc.parse_design("3,1,32") == (3, 1, 32)
+    cfg = dataclasses.replace(wc.CONFIGS["qwen3-dummy-4L"], throughput=wc.parse_design("3,1,32"))
+    oracle = [u for u in wc.units_of(cfg) if u.kind == "oracle"]
+    assert [(u.repeat, u.prompt) for u in oracle] == [(0, 0), (0, 1), (0, 2)]
+    assert len(wc.units_of(cfg)) == cfg.verify[0] + 3

@@ -79,6 +79,12 @@ OPS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
 }
 
 
+# the fit forms of specmoe's engine's whole pass (``specmoe bench --whole-pass --fit``)
+FIT_FORMS = ("plain", "switch")
+# the matrix products a one-thread GEMM may compute row by row up to a switch (the switch form)
+SWITCH_OPS = tuple(k for k, (_, _, terms) in OPS.items() if terms == ("t0", "flops"))
+
+
 @dataclass(frozen=True)
 class OpsResult:
     """What :func:`time_operations` measured: ``whole_pass`` is the profile field."""
@@ -483,3 +489,66 @@ def summarize_ops(
         "n": list(n_values),
         "d": list(depths),
     }
+
+
+def _stored_rows(op: dict[str, Any]):
+    """A stored op's rows: (n, features, medians, fit rows, held-out rows), [depths, n] each."""
+    nn_, dd_ = np.meshgrid(np.asarray(op["n"], float), np.asarray(op["d"], float))
+    feats = OF.op_features({"shape": op.get("shape", {})}, nn_, dd_)
+    feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
+    fsel = np.isin(nn_, op["fit_n"])
+    return nn_, feats, np.asarray(op["median_ms"], float), fsel, ~fsel if op["held_n"] else fsel
+
+
+def refit_switch(whole_pass: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``whole_pass`` with its matrix products (:data:`SWITCH_OPS`) refitted in the
+    two-path form (:func:`specmoe.cost.ops_fit.fit_switch`) from their stored medians, on the
+    same fit n; ε again from the held-out n. An op whose one-line fit is as good keeps it (its
+    ``switch`` says ``none``); every other op, the medians and the overheads are unchanged.
+
+    Measured here, the reason for the form: PyTorch's one-thread float32 ``linear`` over a
+    151,936 × 2048 head takes 63.5, 124.2 and 187.1 ms for 1-3 rows and 204-250 ms for 4-9
+    (``results/cpu/whole-pass``, qwen3-dummy-4L): a matrix-vector product per row up to three
+    rows, then one blocked product; a line in n misses both paths."""
+    plain = refit_plain(whole_pass)  # the one-line fits, whatever form came in
+    ops = plain["ops"]
+    for name, op in ops.items():
+        if name not in SWITCH_OPS:
+            continue
+        nn_, feats, m, fsel, hsel = _stored_rows(op)
+        sw = OF.fit_switch(op["terms"], {k: v[fsel] for k, v in feats.items()}, m[fsel], nn_[fsel])
+        if sw is None:
+            op["switch"] = "none"
+            continue
+        pred = sw.predict(nn_[hsel], {k: v[hsel] for k, v in feats.items()})
+        errs = np.abs(pred - m[hsel]) / m[hsel]
+        op.update(
+            switch="rows",
+            switch_n=sw.switch_n,
+            terms_low=list(sw.low.terms),
+            fit_low=sw.low.fit,
+            fit=sw.high.fit,
+            eps=float(min(np.median(errs), 0.999)),
+            eps_max=float(np.max(errs)),
+            switch_rms=[sw.rms_plain, sw.rms],
+        )
+    return {**plain, "ops": ops, "fit_form": "switch"}
+
+
+def refit_plain(whole_pass: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``whole_pass`` with its matrix products (:data:`SWITCH_OPS`) refitted as one
+    line in n from their stored medians (:func:`summarize_ops`'s fit, on the same fit n, ε
+    from the held-out n): the inverse of :func:`refit_switch`."""
+    ops: dict[str, Any] = {}
+    for name, op in whole_pass["ops"].items():
+        op = dict(op)
+        ops[name] = op
+        if name not in SWITCH_OPS:
+            continue
+        for key in ("switch", "switch_n", "terms_low", "fit_low", "switch_rms"):
+            op.pop(key, None)
+        _, feats, m, fsel, hsel = _stored_rows(op)
+        fit = OF.fit_op(op["terms"], {k: v[fsel] for k, v in feats.items()}, m[fsel])
+        errs = OF.relative_errors(fit, {k: v[hsel] for k, v in feats.items()}, m[hsel])
+        op.update(fit=fit.fit, eps=float(min(np.median(errs), 0.999)), eps_max=float(np.max(errs)))
+    return {**whole_pass, "ops": ops, "fit_form": "plain"}

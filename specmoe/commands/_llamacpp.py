@@ -227,7 +227,6 @@ def _refit_whole_pass(args: argparse.Namespace, form: str) -> int:
     """``--from PROFILE --fit FORM``: the saved llama.cpp whole-pass profile with its ops
     refitted from their medians (:func:`specmoe.engines.llamacpp_ops.refit`); nothing is
     measured, and the profile's source records the refit."""
-    from specmoe._io import dumps_json
     from specmoe.engines.llamacpp_ops import refit
     from specmoe.formats.profile import load_profile
 
@@ -239,26 +238,9 @@ def _refit_whole_pass(args: argparse.Namespace, form: str) -> int:
             "(`specmoe bench --engine llama.cpp --whole-pass`); this one has none",
             argument="--from",
         )
-    before = wp.get("fit_form", "linear")
-    prof = dataclasses.replace(
-        prof,
-        whole_pass=refit(wp, form),
-        source={
-            **prof.source,
-            "refit": {"from": str(args.from_profile), "fit_form_before": before, "fit": form,
-                      "command": "specmoe " + " ".join(sys.argv[1:])},
-        },
-    )  # fmt: skip
-    files = [str(prof.save(Path(args.out) / "profile.json"))] if args.out else []
-    if args.json:
-        print(dumps_json({"whole_pass": prof.whole_pass, "files": files}))
-        return 0
-    from specmoe.commands.bench import _print_ops
+    from specmoe.commands.bench import write_refit
 
-    _print_ops(prof.whole_pass)
-    for f in files:
-        print(f"wrote {f}")
-    return 0
+    return write_refit(args, prof, refit(wp, form), wp.get("fit_form", "linear"), form)
 
 
 def run_whole_pass(args: argparse.Namespace) -> int:

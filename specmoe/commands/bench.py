@@ -27,7 +27,12 @@ from specmoe.formats.profile import BandwidthProfile, load_profile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="preset name or model/config path")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="preset name or model/config path (required, except to refit a saved whole "
+        "pass: --whole-pass --from PROFILE --fit FORM)",
+    )
     parser.add_argument(
         "--trace",
         default=None,
@@ -101,8 +106,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fit",
         default=None,
-        choices=("step1", "step1-depth", "step1-width", "pern-width", "linear"),
-        help="--engine llama.cpp --whole-pass: the form of each operation's fit in n; step1 "
+        choices=("step1", "step1-depth", "step1-width", "pern-width", "linear", "plain", "switch"),
+        help="--whole-pass: the form of each operation's fit in n. specmoe's engine: plain "
+        "(default): one line in n; switch: each matrix product's time per row up to a switch "
+        "point, then a line (a one-thread GEMM that reads the weights once a row for a few "
+        "rows, then once a call), where that halves the fit's error. --engine llama.cpp: step1 "
         "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
         "products take another path for one row); step1-depth: step1 with a time per token "
         "of context in the engine's overhead outside its graph; step1-width: step1-depth on "
@@ -110,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "step1-width with a fit of its own over the depths at every benchmarked n (its kernels' "
         "tiles make the pass not monotone in n); linear: one fit over every n. "
         "With --from "
-        "PROFILE (a llama.cpp whole-pass profile): refit its medians, measure nothing",
+        "PROFILE (a whole-pass profile of that engine): refit its medians, measure nothing",
     )
     parser.add_argument(
         "--graph-reuse",
@@ -349,10 +357,19 @@ def run(args: argparse.Namespace) -> int:
         args.engine != "llama.cpp" or getattr(args, "from_profile", None) is not None
     ):
         raise InputError("--kv-type: only with --engine llama.cpp, measuring (not --from)")
-    if getattr(args, "fit", None) is not None and not (
-        args.engine == "llama.cpp" and getattr(args, "whole_pass", False)
-    ):
-        raise InputError("--fit: only with --engine llama.cpp --whole-pass")
+    fit = getattr(args, "fit", None)
+    if fit is not None:
+        if not getattr(args, "whole_pass", False):
+            raise InputError("--fit: only with --whole-pass")
+        from specmoe.bench.ops import FIT_FORMS
+
+        if (fit in FIT_FORMS) != (args.engine == "specmoe"):
+            mine = ", ".join(FIT_FORMS)
+            raise InputError(
+                f"--fit: {fit}: "
+                + (f"a form of specmoe's engine ({mine})" if fit in FIT_FORMS else
+                   f"a form of llama.cpp's whole pass; specmoe's engine's are {mine}")
+            )  # fmt: skip
     if getattr(args, "graph_reuse", False) and not (
         args.engine == "llama.cpp"
         and getattr(args, "whole_pass", False)
@@ -387,6 +404,9 @@ def run(args: argparse.Namespace) -> int:
         ):
             if given:
                 raise InputError(f"--level-of: not with {flag} (the profile says how it timed)")
+    refit = getattr(args, "whole_pass", False) and args.from_profile and fit is not None
+    if args.model is None and not refit:
+        raise InputError("--model: required (except with --whole-pass --from PROFILE --fit FORM)")
     with out_folder(args.out):
         if getattr(args, "engine", "specmoe") == "llama.cpp":
             from specmoe.commands._llamacpp import run_bench
@@ -429,7 +449,11 @@ def _run_whole_pass(args: argparse.Namespace) -> int:
         raise InputError(f"--reps: must be >= 1, got {args.reps}")
     depths = parse_depths(args.depths)
     check_out_dir(args.out)
+    if args.from_profile and args.fit is not None and _whole_pass_file(args.from_profile):
+        return _refit_whole_pass_file(args)
     base = load_profile(args.from_profile) if args.from_profile else None
+    if base is not None and base.whole_pass is not None and args.fit is not None:
+        return _refit_whole_pass(args, base)
     if args.device == "cuda":
         import torch
 
@@ -524,9 +548,103 @@ def _whole_pass_in_processes(args: argparse.Namespace, depths: list[int]) -> dic
     return wp
 
 
+def write_refit(
+    args: argparse.Namespace, prof: Any, new_wp: dict[str, Any], before: str, form: str
+) -> int:
+    """A refitted whole pass in ``prof`` (its source recording the refit: the profile it came
+    from, the form before and after, the command) saved to ``--out``, and printed."""
+    import dataclasses
+
+    prof = dataclasses.replace(
+        prof,
+        whole_pass=new_wp,
+        source={
+            **prof.source,
+            "refit": {"from": str(args.from_profile), "fit_form_before": before, "fit": form,
+                      "command": "specmoe " + " ".join(sys.argv[1:])},
+        },
+    )  # fmt: skip
+    files = [str(prof.save(Path(args.out) / "profile.json"))] if args.out else []
+    return _print_refit(args, new_wp, files)
+
+
+def _whole_pass_file(path: str) -> bool:
+    """Whether ``path`` is a ``whole_pass.json`` (``{"whole_pass": ...}`` alone, as
+    ``--whole-pass`` writes it without --from) rather than a profile."""
+    from specmoe._io import read_json
+
+    try:
+        data = read_json(Path(path), "whole-pass file")
+    except InputError:
+        return False  # load_profile says what is wrong with it
+    return isinstance(data, dict) and set(data) == {"whole_pass"}
+
+
+def _refit_whole_pass_file(args: argparse.Namespace) -> int:
+    """``--whole-pass --from whole_pass.json --fit FORM``: that file's whole pass refitted,
+    written to ``--out``/whole_pass.json."""
+    from specmoe._io import read_json
+    from specmoe.bench.ops import refit_plain, refit_switch
+    from specmoe.formats.profile import whole_pass_from_dict
+
+    wp = whole_pass_from_dict(read_json(Path(args.from_profile), "whole-pass file")["whole_pass"],
+                              str(args.from_profile))  # fmt: skip
+    if wp.get("engine") == "llama.cpp":
+        raise InputError(
+            f"{args.from_profile}: --fit {args.fit}: this whole pass is llama.cpp's",
+            argument="--from",
+        )
+    new = (refit_switch if args.fit == "switch" else refit_plain)(wp)
+    files = []
+    if args.out:
+        files.append(
+            str(atomic_write_json(Path(args.out) / "whole_pass.json", {"whole_pass": new}))
+        )
+    return _print_refit(args, new, files)
+
+
+def _print_refit(args: argparse.Namespace, new_wp: dict[str, Any], files: list[str]) -> int:
+    if args.json:
+        print(dumps_json({"whole_pass": new_wp, "files": files}))
+        return 0
+    _print_ops(new_wp)
+    for name, op in new_wp["ops"].items():
+        if op.get("switch") == "rows":
+            plain, two = op["switch_rms"]
+            print(
+                f"{name}: {op['fit_low']['per_token_ms']:.3f} ms a row up to n = "
+                f"{op['switch_n']}, then the line; fit error {plain:.3f} -> {two:.3f}, "
+                f"held-out ε {op['eps']:.3f}"
+            )
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+def _refit_whole_pass(args: argparse.Namespace, base: Any) -> int:
+    """``--whole-pass --from PROFILE --fit FORM``: the saved whole pass of specmoe's engine
+    with its matrix products refitted from their medians in FORM (:func:`refit_switch`,
+    :func:`refit_plain`); nothing is measured."""
+    from specmoe.bench.ops import refit_plain, refit_switch
+
+    wp = base.whole_pass
+    if wp.get("engine") == "llama.cpp":
+        raise InputError(
+            f"{args.from_profile}: --fit {args.fit}: this whole pass is llama.cpp's; "
+            "refit it with --engine llama.cpp and one of its forms",
+            argument="--from",
+        )
+    new = (refit_switch if args.fit == "switch" else refit_plain)(wp)
+    return write_refit(args, base, new, wp.get("fit_form", "plain"), args.fit)
+
+
 def _write_whole_pass(
     args: argparse.Namespace, wp: dict[str, Any], base: Any, *, wall_s: float
 ) -> int:
+    if getattr(args, "fit", None) == "switch":
+        from specmoe.bench.ops import refit_switch
+
+        wp = refit_switch(wp)
     files = []
     if args.out:
         from specmoe.formats.profile import whole_pass_from_dict

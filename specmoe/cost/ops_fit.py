@@ -152,6 +152,74 @@ def held_out_split(n_values: Sequence[int]) -> tuple[list[int], list[int]]:
     return fit, sorted(held)
 
 
+# how much lower the switch form's error over the fit rows must be to replace the one-line fit
+SWITCH_GAIN = 2.0
+
+
+@dataclass(frozen=True)
+class SwitchFit:
+    """A two-path fit in n (:func:`fit_switch`): ``low`` (a time per row, ``tokens``) at
+    n <= ``switch_n``, ``high`` (the op's own terms) above it; ``rms`` the relative RMS error
+    over the fit rows, and ``rms_plain`` the one-line fit's."""
+
+    switch_n: int
+    low: OpFit
+    high: OpFit
+    rms: float
+    rms_plain: float
+
+    def predict(self, n: np.ndarray, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Predicted ms at rows of pass size ``n`` and their features."""
+        n = np.asarray(n, float)
+        return np.where(n <= self.switch_n, self.low.predict(features), self.high.predict(features))
+
+
+def _rms(pred: np.ndarray, t: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+
+
+def fit_switch(
+    terms: Sequence[str],
+    features: Mapping[str, np.ndarray],
+    times_ms: np.ndarray,
+    n: np.ndarray,
+    *,
+    gain: float = SWITCH_GAIN,
+) -> SwitchFit | None:
+    """The two-path form of a one-thread matrix product, or None where one line fits as well.
+
+    Some CPU GEMM libraries (PyTorch's one-thread float32 ``linear`` among them) compute a few
+    rows as that many matrix-vector products, each reading the whole weight matrix, and switch
+    to a blocked product that reads it once per call from some row count on. Up to the switch
+    the time is a time per row, ``t = c · n``; past it, the op's own terms (``t0 + flops``).
+    For each candidate switch s -- a fit n with at least two distinct fit n above it -- the
+    rows with n <= s are fitted by ``tokens`` alone and the others by ``terms`` (both by
+    :func:`fit_op`); the s with the lowest relative RMS error over all rows is kept when that
+    error is below 1/``gain`` of the one-line fit's (``fit_op(terms)`` on every row), else
+    None. ``n`` gives each row's pass size; the arrays are those of :func:`fit_op`."""
+    t = np.asarray(times_ms, float).ravel()
+    n = np.asarray(n, float).ravel()
+    feats = {k: np.asarray(v, float).ravel() for k, v in features.items()}
+    plain = fit_op(terms, feats, t)
+    rms_plain = _rms(plain.predict(feats), t)
+    distinct = sorted(set(n.tolist()))
+    best: SwitchFit | None = None
+    for s in distinct:
+        above = [v for v in distinct if v > s]
+        if len(above) < 2 or np.sum(n > s) < len(tuple(terms)):
+            continue
+        lo, hi = n <= s, n > s
+        low = fit_op(("tokens",), {k: v[lo] for k, v in feats.items()}, t[lo])
+        high = fit_op(terms, {k: v[hi] for k, v in feats.items()}, t[hi])
+        cand = SwitchFit(int(s), low, high, 0.0, rms_plain)
+        rms = _rms(cand.predict(n, feats), t)
+        if best is None or rms < best.rms:
+            best = SwitchFit(int(s), low, high, rms, rms_plain)
+    if best is None or best.rms * gain >= rms_plain:
+        return None
+    return best
+
+
 # ---------------------------------------------------------------------------- the whole pass
 
 
@@ -186,7 +254,8 @@ def op_time(op: Mapping[str, Any], n: float, d: float, pad: int | None = None) -
     """One stored op's fitted time (ms) at (n, d), per call of it (its ``count`` not applied).
     An op with a one-row fit (``fit_n1``, ``terms_n1``: an engine whose kernels take another
     path for a single row, :func:`specmoe.engines.llamacpp_ops.refit`) uses it at n = 1 and
-    ``fit`` at n >= 2. An op with fits of its own per n (``fits_n``: ``{"n": {"terms",
+    ``fit`` at n >= 2. An op in the two-path form (``switch_n``, ``terms_low``, ``fit_low``:
+    :func:`fit_switch`) uses the low fit at n <= ``switch_n``. An op with fits of its own per n (``fits_n``: ``{"n": {"terms",
     "fit"}}``, the ``pern-width`` form) uses the one at n where it has one. ``pad``: as
     :func:`op_features`."""
     per_n = op.get("fits_n")
@@ -197,6 +266,9 @@ def op_time(op: Mapping[str, Any], n: float, d: float, pad: int | None = None) -
     elif n == 1 and op.get("fit_n1") is not None:
         terms = tuple(op["terms_n1"])
         fit = OpFit(terms, coef_from_fit(op["fit_n1"], terms))
+    elif op.get("switch_n") is not None and n <= op["switch_n"]:
+        terms = tuple(op["terms_low"])
+        fit = OpFit(terms, coef_from_fit(op["fit_low"], terms))
     else:
         terms = tuple(op["terms"])
         fit = OpFit(terms, coef_from_fit(op["fit"], terms))
