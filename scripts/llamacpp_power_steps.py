@@ -20,7 +20,7 @@ campaign folder of ``docs/runs-protocol-llamacpp.md`` (``--from-runs``, e.g.
 Prints a table and writes ``power-steps.json`` and ``power-steps.txt`` under ``--out``.
 
 Usage: ``python scripts/llamacpp_power_steps.py --from-runs FOLDER [--out DIR]
-[--prompts 2,3,4,6] [--sims 4000] [--floor 0.02] [--seed 0]``.
+[--prompts 2,3,4,6] [--sims 4000] [--floor 0.02] [--seed 0] [--configs A,B]``.
 """
 
 from __future__ import annotations
@@ -44,10 +44,15 @@ ACCEPTANCE = [round(0.2 + i * 0.078, 3) for i in range(11)]
 KS = list(range(9))
 
 
-def generations(folder: Path) -> dict[tuple[str, int], list[dict]]:
-    """{(config, depth): the oracle generations of every unit}, each with its prompt index."""
+def generations(
+    folder: Path, configs: list[str] | None = None
+) -> dict[tuple[str, int], list[dict]]:
+    """{(config, depth): the oracle generations of every unit}, each with its prompt index;
+    ``configs``: only these configurations' folders."""
     out: dict[tuple[str, int], list[dict]] = {}
     for unit in sorted(folder.glob("*/units/oracle-*.json")):
+        if configs is not None and unit.parent.parent.name not in configs:
+            continue
         try:
             u = json.loads(unit.read_text())
         except (OSError, ValueError) as exc:
@@ -117,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sims", type=int, default=4000)
     ap.add_argument("--floor", type=float, default=0.02, help="least relative deviation")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="comma-separated: only these configurations of the folder (default: every one)",
+    )
     args = ap.parse_args(argv)
     try:
         counts = parse_ints(args.prompts, "--prompts", low=1)
@@ -130,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        gens = generations(Path(args.from_runs))
+        configs = None if args.configs is None else [c for c in args.configs.split(",") if c]
+        gens = generations(Path(args.from_runs), configs)
     except InputError as exc:
         print(f"llamacpp_power_steps: error: {exc}", file=sys.stderr)
         return 2
