@@ -716,6 +716,15 @@ def main(argv: list[str] | None = None) -> int:
     add_campaign_args(ap, "results/cpu/whole-pass", CONFIGS)
     add_run_args(ap)
     ap.add_argument(
+        "--also-predictions",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a further version's <config>/plan.json and profile.json, committed before the "
+        "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
+    )
+    ap.add_argument(
         "--throughput-design",
         default=None,
         metavar="P,R,T",
@@ -759,6 +768,8 @@ def main(argv: list[str] | None = None) -> int:
             if c == "qwen3-dummy-4L":
                 continue  # recorded when its first unit starts (the protocol's amendment)
             err = check_prediction(record, c, args.predictions)
+            for extra in args.also_predictions:
+                err = err or check_prediction(record, c, extra, also=True)
             if err:
                 print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
                 return 2
@@ -784,6 +795,8 @@ def main(argv: list[str] | None = None) -> int:
                 err = check_machine(c, args.predictions)
                 if not err and c == "qwen3-dummy-4L":
                     err = check_prediction(record, c, args.predictions)
+                    for extra in args.also_predictions:
+                        err = err or check_prediction(record, c, extra, also=True)
                 if err:
                     print(f"whole_pass_campaign: error: {err}", file=sys.stderr)
                     atomic_write_json(record_path, record)
