@@ -455,15 +455,6 @@ def main(argv: list[str] | None = None) -> int:
         "the GGUF's)",
     )
     ap.add_argument(
-        "--also-predictions",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a further version's <config>/plan.json and profile.json, committed before the "
-        "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
-    )
-    ap.add_argument(
         "--verify-train",
         type=int,
         default=0,

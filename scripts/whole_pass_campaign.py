@@ -575,8 +575,8 @@ def _h(gens: list[dict[str, Any]]) -> float:
 
 
 def add_campaign_args(ap: argparse.ArgumentParser, results: str, configs: dict) -> None:
-    """``--out`` (default ``results``), ``--configs`` (of ``configs``) and ``--predictions``
-    (default ``results/predictions``)."""
+    """``--out`` (default ``results``), ``--configs`` (of ``configs``), ``--predictions``
+    (default ``results/predictions``) and ``--also-predictions``."""
     ap.add_argument("--out", type=Path, default=None, help=f"default {results}")
     ap.add_argument(
         "--configs",
@@ -588,6 +588,15 @@ def add_campaign_args(ap: argparse.ArgumentParser, results: str, configs: dict) 
         type=Path,
         default=ROOT / results / "predictions",
         help="folder of <config>/plan.json and profile.json (committed)",
+    )
+    ap.add_argument(
+        "--also-predictions",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a further version's <config>/plan.json and profile.json, committed before the "
+        "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
     )
 
 
@@ -715,15 +724,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_campaign_args(ap, "results/cpu/whole-pass", CONFIGS)
     add_run_args(ap)
-    ap.add_argument(
-        "--also-predictions",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="a further version's <config>/plan.json and profile.json, committed before the "
-        "runs and recorded beside --predictions' (scored beside it by specmoe validate)",
-    )
     ap.add_argument(
         "--throughput-design",
         default=None,
