@@ -224,6 +224,29 @@ def check_processor(cfg: str, folder: Path) -> tuple[dict[str, Any], str | None]
     return prof, None
 
 
+def pinned_source(cfg: str, folder: Path) -> tuple[Path | None, str | None]:
+    """The C kernel source a configuration's prediction pins, and an error line: its
+    ``kernels.c`` (the source its benchmark compiled), or, for a version that reuses another
+    prediction's benchmark, its ``kernels.json`` naming that file (``source``, relative to the
+    repository) with its ``sha256``, checked; (None, None) where it pins none."""
+    here = Path(folder).resolve() / cfg
+    if (here / "kernels.c").is_file():
+        return here / "kernels.c", None
+    ref = here / "kernels.json"
+    if not ref.is_file():
+        return None, None
+    try:
+        entry = json.loads(ref.read_text())
+        path, want = ROOT / entry["source"], entry["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"{ref}: not a kernel reference with source and sha256 ({exc})"
+    if not path.is_file():
+        return None, f"{ref}: its source {entry['source']} is not there"
+    if sha256(path) != want:
+        return None, f"{ref}: {entry['source']} is not the source of SHA-256 {want}"
+    return path.resolve(), None
+
+
 def check_machine(cfg: str, folder: Path) -> str | None:
     """An error line when this machine or these kernels are not the ones the configuration's
     prediction was measured on (the protocol's amendments 8 and 9): its profile's processor
@@ -236,7 +259,10 @@ def check_machine(cfg: str, folder: Path) -> str | None:
     from specmoe.kernels._cbuild import SOURCE_ENV, build, source_sha256
 
     path = Path(folder).resolve() / cfg / "profile.json"
-    pinned = Path(folder).resolve() / cfg / "kernels.c"
+    pinned, err = pinned_source(cfg, folder)
+    if err:
+        return err
+    pinned = pinned or Path(folder).resolve() / cfg / "kernels.c"
     if os.environ.get(SOURCE_ENV) and Path(os.environ[SOURCE_ENV]).resolve() != pinned:
         return (
             f"{path}: ${SOURCE_ENV} is {os.environ[SOURCE_ENV]}, not {cfg}'s kernels.c (run "
@@ -278,7 +304,7 @@ def check_machine(cfg: str, folder: Path) -> str | None:
 
 def pin_kernels(names: list[str], folder: Path) -> str | None:
     """Build the C kernels the configurations' predictions timed: where a prediction folder
-    holds ``kernels.c`` (the source its benchmark compiled, committed with it), point
+    pins a source (:func:`pinned_source`: the source its benchmark compiled), point
     ``$SPECMOE_KERNEL_SOURCE`` at it before any kernel is built, so that later changes of the
     package's kernels do not change what a campaign under way runs (amendment 8). An error
     line when two configurations of one invocation pinned different sources."""
@@ -286,8 +312,10 @@ def pin_kernels(names: list[str], folder: Path) -> str | None:
 
     pinned = {}
     for c in names:
-        path = Path(folder).resolve() / c / "kernels.c"
-        if path.is_file():
+        path, err = pinned_source(c, folder)
+        if err:
+            return err
+        if path is not None:
             try:
                 pinned.setdefault(path.read_bytes(), []).append((c, path))
             except OSError as exc:

@@ -240,6 +240,27 @@ def test_a_predictions_kernel_source_is_pinned_for_its_runs(wc, tmp_path, monkey
     assert "a and b pin different kernel sources" in err and SOURCE_ENV not in os.environ
 
 
+def test_a_version_may_pin_another_predictions_kernel_source_by_reference(wc, tmp_path):
+    # kernels.json names a committed source by its repository path and SHA-256
+    src = "results/cpu/whole-pass/predictions/qwen3-dummy-4L/kernels.c"
+    ref = tmp_path / "v" / "kernels.json"
+    ref.parent.mkdir()
+    assert wc.pinned_source("v", tmp_path) == (None, None)
+    ref.write_text(json.dumps({"source": src, "sha256": wc.sha256(ROOT / src)}))
+    assert wc.pinned_source("v", tmp_path) == ((ROOT / src).resolve(), None)
+    ref.write_text(json.dumps({"source": src, "sha256": "0" * 64}))
+    assert "is not the source of SHA-256" in wc.pinned_source("v", tmp_path)[1]
+    assert "is not the source of SHA-256" in wc.pin_kernels(["v"], tmp_path)
+    ref.write_text(json.dumps({"source": "no/such.c", "sha256": "0" * 64}))
+    assert "is not there" in wc.pinned_source("v", tmp_path)[1]
+    ref.write_text("{")
+    assert "not a kernel reference" in wc.pinned_source("v", tmp_path)[1]
+    # the committed round-2 and round-3 versions pin round 1's source this way
+    for v in ("predictions-switch", "predictions-session"):
+        path, err = wc.pinned_source("qwen3-dummy-4L", ROOT / "results/cpu/whole-pass" / v)
+        assert err is None and path == (ROOT / src).resolve()
+
+
 def test_an_invocation_of_some_configurations_keeps_the_others_design(wc, tmp_path):
     import argparse
 
