@@ -375,3 +375,117 @@ def test_bench_fit_switch_refits_a_saved_profile_and_refuses_other_forms(tmp_pat
     rc = main(["bench", "--from", str(src), "--fit", "switch"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--fit: only with --whole-pass" in err[0], err
+
+
+# ------------------------------------------------------------------------- the per-n (pern) form
+
+
+def _attn_op(ns, ds, med, half):
+    """An attention op (t0 + bytes + flops in n and d) with medians ``med`` [d][n] and a 10-90%
+    half-spread ``half`` [d][n]."""
+    fit_n, held_n = OF.held_out_split(ns)
+    med, half = np.asarray(med, float), np.asarray(half, float)
+    return {
+        "per": "layer", "count": 1, "in_sum": True, "terms": ["t0", "bytes", "flops"],
+        "shape": {"bytes_nd": 4096.0, "flops_nd": 8192.0}, "fit": {"t0_ms": 1.0},
+        "eps": 0.5, "eps_max": 0.9, "err_ms": None, "fit_n": fit_n, "held_n": held_n,
+        "n": list(ns), "d": list(ds), "median_ms": med.tolist(),
+        "p10_ms": (med - half).tolist(), "p90_ms": (med + half).tolist(),
+    }  # fmt: skip
+
+
+@given(
+    a=st.lists(st.floats(0.5, 20.0), min_size=9, max_size=9),
+    b=st.lists(st.floats(0.0, 1e-8), min_size=9, max_size=9),
+)
+@settings(max_examples=30, deadline=None)
+def test_pern_reproduces_any_pass_size_shape_exactly_over_three_depths(a, b):
+    # Times that are any function of n (not monotone, as a GEMM that changes path) plus a
+    # per-n rate on the bytes the attention reads at depth d: the per-n fit over three depths
+    # (t0 + bytes) is exact at every (n, d), its leave-one-depth-out errors are zero, and the
+    # whole-pass sum gives each cell's time (counted per layer). One line in n cannot.
+    from specmoe.bench.ops import refit_pern
+
+    ns, ds = list(range(1, 10)), [512, 1024, 2048]
+    nn_, dd_ = np.meshgrid(np.asarray(ns, float), np.asarray(ds, float))
+    med = np.asarray(a)[None, :] + np.asarray(b)[None, :] * 4096.0 * (dd_ + nn_)
+    op = _attn_op(ns, ds, med, 0.1 * med)
+    wp = {"ops": {"attention": op}, "n": ns, "d": ds, "layer_ms": med.tolist(),
+          "model_ms": med.tolist()}  # fmt: skip
+    new = refit_pern(wp)
+    got = new["ops"]["attention"]
+    assert new["fit_form"] == "pern" and set(got["fits_n"]) == {str(v) for v in ns}
+    assert got["eps"] == pytest.approx(0.0, abs=1e-6)
+    for di, d in enumerate(ds):
+        for ni, n in enumerate(ns):
+            assert OF.op_time(got, n, d) == pytest.approx(med[di, ni], rel=1e-6)
+            t, _ = OF.whole_pass_time(new, n, d, 3)
+            assert t == pytest.approx(3 * med[di, ni], rel=1e-6)
+
+
+def test_pern_at_one_depth_is_the_medians_with_their_spread_and_refits_back():
+    # One depth: each op's fit at n is its median; ε is the median over n of the 10-90%
+    # half-spread over the median (over the whole it belongs to, for an overhead). The plain
+    # refit of the result gives back the plain refit of the input, errors included.
+    from specmoe.bench.ops import refit_pern, refit_plain, refit_switch
+
+    ns = list(range(1, 10))
+    head_t = _two_path(np.arange(1, 10.0), 3, 60.0, 150.0, 200.0) * (
+        1 + 0.05 * (-1) ** np.arange(9)
+    )
+    head = _head_op(head_t)
+    head.update(d=[512], median_ms=[list(head_t)], p10_ms=[list(head_t * 0.9)],
+                p90_ms=[list(head_t * 1.1)])  # fmt: skip
+    attn_t = np.array([1.2, 7.2, 10.6, 10.7, 10.7, 12.2, 11.8, 4.7, 5.5])  # SDPA's paths
+    attn = _attn_op(ns, [512], [attn_t], [0.02 * attn_t])
+    model = attn_t * 4 + head_t + 3.0
+    over = dict(attn, terms=["t0", "tokens"], shape={}, err_ms=0.4, eps_of="model",
+                per="model", median_ms=[[-1.0, 2.0, 0.5, -3.0, 1.0, 0.0, 2.0, -2.0, 1.0]],
+                p10_ms=[[-2.0] * 9], p90_ms=[[2.0] * 9])  # fmt: skip
+    wp = {"ops": {"head": head, "attention": attn, "model_overhead": over}, "n": ns, "d": [512],
+          "layer_ms": [list(attn_t)], "model_ms": [list(model)]}  # fmt: skip
+    new = refit_pern(wp)
+    for name in ("head", "attention", "model_overhead"):
+        op, m = new["ops"][name], wp["ops"][name]["median_ms"][0]
+        assert [OF.op_time(op, n, 512) for n in ns] == pytest.approx(m, abs=1e-9)
+        assert op["fits_n"]["8"]["terms"] == ["t0"]
+    assert new["ops"]["head"]["eps"] == pytest.approx(0.1)
+    assert new["ops"]["attention"]["eps"] == pytest.approx(0.02)
+    assert new["ops"]["model_overhead"]["eps"] == pytest.approx(float(np.median(2.0 / model)))
+    assert new["ops"]["model_overhead"]["err_ms"] == pytest.approx(2.0)
+    # off the benchmarked n the switch form answers (the head's two paths)
+    sw = refit_switch(wp)["ops"]["head"]
+    assert OF.op_time(new["ops"]["head"], 12, 512) == pytest.approx(OF.op_time(sw, 12, 512))
+    back, plain = refit_plain(new), refit_plain(wp)
+    assert back["fit_form"] == "plain" and back["ops"] == plain["ops"]
+
+
+def test_pern_refit_of_the_session_benchmark_sums_its_medians(tmp_path, capsys):
+    # The committed in-session qwen3-dummy-4L benchmark (one depth): the pern refit's
+    # whole-pass sum at every n is the sum of its ops' medians, each counted as the pass runs
+    # it (norm twice a layer, layer ops 4 times), the experts left out; via the CLI.
+    from pathlib import Path
+
+    from specmoe.cli import main
+    from specmoe.formats.profile import load_profile
+
+    src = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions-session"
+           / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    out = tmp_path / "pern"
+    rc = main(["bench", "--whole-pass", "--from", str(src), "--fit", "pern", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0 and "a fit of its own over the depths at n = 1, 2" in text
+    wp = load_profile(out / "profile.json").whole_pass
+    assert wp["fit_form"] == "pern"
+    for i, n in enumerate(wp["n"]):
+        want = 0.0
+        for op in wp["ops"].values():
+            if op["in_sum"]:
+                reps = op.get("count", 1) * (wp["layers"] if op["per"] == "layer" else 1)
+                want += reps * op["median_ms"][0][i]
+        assert OF.whole_pass_time(wp, n, 512, wp["layers"])[0] == pytest.approx(want, rel=1e-9)
+    rc = main(["bench", "--whole-pass", "--from", str(src), "--fit", "pern", "--engine",
+               "llama.cpp", "--out", str(tmp_path / "bad")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--fit: pern: a form of specmoe's" in err[0], err
+    assert not (tmp_path / "bad").exists()

@@ -80,7 +80,7 @@ OPS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
 
 
 # the fit forms of specmoe's engine's whole pass (``specmoe bench --whole-pass --fit``)
-FIT_FORMS = ("plain", "switch")
+FIT_FORMS = ("plain", "switch", "pern")
 # the matrix products a one-thread GEMM may compute row by row up to a switch (the switch form)
 SWITCH_OPS = tuple(k for k, (_, _, terms) in OPS.items() if terms == ("t0", "flops"))
 
@@ -538,11 +538,14 @@ def refit_switch(whole_pass: dict[str, Any]) -> dict[str, Any]:
 def refit_plain(whole_pass: dict[str, Any]) -> dict[str, Any]:
     """A stored ``whole_pass`` with its matrix products (:data:`SWITCH_OPS`) refitted as one
     line in n from their stored medians (:func:`summarize_ops`'s fit, on the same fit n, ε
-    from the held-out n): the inverse of :func:`refit_switch`."""
+    from the held-out n): the inverse of :func:`refit_switch` and :func:`refit_pern` (whose
+    per-n fits it drops, with every op's errors as they were before them)."""
     ops: dict[str, Any] = {}
     for name, op in whole_pass["ops"].items():
         op = dict(op)
         ops[name] = op
+        op.pop("fits_n", None)  # from refit_pern, with the errors it replaced
+        op.update(op.pop("eps_line", {}))
         if name not in SWITCH_OPS:
             continue
         for key in ("switch", "switch_n", "terms_low", "fit_low", "switch_rms"):
@@ -552,3 +555,70 @@ def refit_plain(whole_pass: dict[str, Any]) -> dict[str, Any]:
         errs = OF.relative_errors(fit, {k: v[hsel] for k, v in feats.items()}, m[hsel])
         op.update(fit=fit.fit, eps=float(min(np.median(errs), 0.999)), eps_max=float(np.max(errs)))
     return {**whole_pass, "ops": ops, "fit_form": "plain"}
+
+
+def refit_pern(whole_pass: dict[str, Any]) -> dict[str, Any]:
+    """A stored ``whole_pass`` with every op given a fit of its own at every benchmarked n
+    (``fits_n``, which :func:`specmoe.cost.ops_fit.op_time` takes at those n), on top of the
+    two-path form (:func:`refit_switch`) that stays for any other n.
+
+    At each n the fit runs over the depths (:func:`specmoe.cost.ops_fit.fit_over_depths`:
+    ``t0`` and the terms that vary with the depth, at most one fewer than the depths), each
+    depth's error scored leaving it out; with one depth the fit is the op's median there, and
+    its error is the half-width of its 10-90% spread over the repetitions (over the whole it
+    is part of, for an overhead). ``eps`` is the median of those errors over every n, ``eps_max``
+    their largest. Every op, the overheads and the attention included.
+
+    What it follows that a form in n does not (``results/cpu/whole-pass``, qwen3-dummy-4L,
+    rounds 1-3 on a Zen 4 core): the one-thread float32 head is lower at n = 8 than at 7
+    (229.9 against 245.0 ms), and so is the engine's pass (390.7 against 404.2 ms in round 3's
+    runs); with one depth the attention's fit in n and d has nothing to hold its depth term
+    (held-out ε 0.999, +35 ms over four layers at n = 8)."""
+    base = refit_switch(whole_pass)
+    ns, ds = [int(v) for v in base["n"]], [int(v) for v in base["d"]]
+    nn_, dd_ = np.meshgrid(np.asarray(ns, float), np.asarray(ds, float))
+    wholes = {k: np.asarray(base[f"{k}_ms"], float) for k in ("layer", "model", "pass")
+              if f"{k}_ms" in base}  # fmt: skip
+    ops: dict[str, Any] = {}
+    for name, op in base["ops"].items():
+        op = dict(op)
+        m = np.asarray(op["median_ms"], float)
+        feats = OF.op_features({"shape": op.get("shape", {})}, nn_, dd_)
+        feats = {k: np.broadcast_to(np.asarray(v, float), nn_.shape) for k, v in feats.items()}
+        signed = op.get("err_ms") is not None or bool(np.any(m <= 0))
+        whole = wholes.get(op.get("eps_of", name)) if signed else None
+        if signed and whole is None:
+            raise InputError(f"whole_pass: the op {name!r} is a difference with no whole "
+                             f"({op.get('eps_of')!r}) to score it against", argument="whole_pass")  # fmt: skip
+        ref = whole if signed else m
+
+        def errors(fit, sel, m=m, feats=feats, ref=ref):
+            absd = np.abs(fit.predict({k: v[sel] for k, v in feats.items()}) - m[sel])
+            return absd / np.abs(ref[sel]), absd
+
+        half = (np.asarray(op["p90_ms"], float) - np.asarray(op["p10_ms"], float)) / 2
+        fits_n: dict[str, Any] = {}
+        errs: list[float] = []
+        absd: list[float] = []
+        for v in ns:
+            at = nn_ == v
+            fv, tv, ev, av = OF.fit_over_depths(at, op["terms"], feats, m, signed, errors)
+            if not ev:  # one depth: the spread of the repetitions
+                ev = (half[at] / np.abs(ref[at])).tolist()
+                av = half[at].tolist()
+            fits_n[str(v)] = {"terms": list(tv), "fit": fv.fit}
+            errs += ev
+            absd += av
+        op.update(
+            fits_n=fits_n,
+            eps_line={k: op[k] for k in ("eps", "eps_max", "err_ms") if k in op},
+            eps=float(min(np.median(errs), 0.999)),
+            eps_max=float(np.max(errs)),
+        )
+        if signed:
+            op["err_ms"] = float(np.median(absd))
+        ops[name] = op
+    return {**base, "ops": ops, "fit_form": "pern"}
+
+
+REFITS = {"plain": refit_plain, "switch": refit_switch, "pern": refit_pern}

@@ -106,11 +106,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fit",
         default=None,
-        choices=("step1", "step1-depth", "step1-width", "pern-width", "linear", "plain", "switch"),
+        choices=(
+            "step1",
+            "step1-depth",
+            "step1-width",
+            "pern-width",
+            "linear",
+            "plain",
+            "switch",
+            "pern",
+        ),
         help="--whole-pass: the form of each operation's fit in n. specmoe's engine: plain "
         "(default): one line in n; switch: each matrix product's time per row up to a switch "
         "point, then a line (a one-thread GEMM that reads the weights once a row for a few "
-        "rows, then once a call), where that halves the fit's error. --engine llama.cpp: step1 "
+        "rows, then once a call), where that halves the fit's error; pern: switch, and every "
+        "operation a fit of its own over the depths at every benchmarked n (the pass is not "
+        "monotone in n where its GEMMs change path). --engine llama.cpp: step1 "
         "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
         "products take another path for one row); step1-depth: step1 with a time per token "
         "of context in the engine's overhead outside its graph; step1-width: step1-depth on "
@@ -584,7 +595,7 @@ def _refit_whole_pass_file(args: argparse.Namespace) -> int:
     """``--whole-pass --from whole_pass.json --fit FORM``: that file's whole pass refitted,
     written to ``--out``/whole_pass.json."""
     from specmoe._io import read_json
-    from specmoe.bench.ops import refit_plain, refit_switch
+    from specmoe.bench.ops import REFITS
     from specmoe.formats.profile import whole_pass_from_dict
 
     wp = whole_pass_from_dict(read_json(Path(args.from_profile), "whole-pass file")["whole_pass"],
@@ -594,7 +605,7 @@ def _refit_whole_pass_file(args: argparse.Namespace) -> int:
             f"{args.from_profile}: --fit {args.fit}: this whole pass is llama.cpp's",
             argument="--from",
         )
-    new = (refit_switch if args.fit == "switch" else refit_plain)(wp)
+    new = REFITS[args.fit](wp)
     files = []
     if args.out:
         files.append(
@@ -616,6 +627,10 @@ def _print_refit(args: argparse.Namespace, new_wp: dict[str, Any], files: list[s
                 f"{op['switch_n']}, then the line; fit error {plain:.3f} -> {two:.3f}, "
                 f"held-out ε {op['eps']:.3f}"
             )
+    if new_wp.get("fit_form") == "pern":
+        ns = ", ".join(str(v) for v in new_wp["n"])
+        print(f"every operation: a fit of its own over the depths at n = {ns}; the form above "
+              "at any other n")  # fmt: skip
     for f in files:
         print(f"wrote {f}")
     return 0
@@ -623,9 +638,9 @@ def _print_refit(args: argparse.Namespace, new_wp: dict[str, Any], files: list[s
 
 def _refit_whole_pass(args: argparse.Namespace, base: Any) -> int:
     """``--whole-pass --from PROFILE --fit FORM``: the saved whole pass of specmoe's engine
-    with its matrix products refitted from their medians in FORM (:func:`refit_switch`,
-    :func:`refit_plain`); nothing is measured."""
-    from specmoe.bench.ops import refit_plain, refit_switch
+    with its matrix products refitted from their medians in FORM (:data:`specmoe.bench.ops.REFITS`);
+    nothing is measured."""
+    from specmoe.bench.ops import REFITS
 
     wp = base.whole_pass
     if wp.get("engine") == "llama.cpp":
@@ -634,17 +649,17 @@ def _refit_whole_pass(args: argparse.Namespace, base: Any) -> int:
             "refit it with --engine llama.cpp and one of its forms",
             argument="--from",
         )
-    new = (refit_switch if args.fit == "switch" else refit_plain)(wp)
+    new = REFITS[args.fit](wp)
     return write_refit(args, base, new, wp.get("fit_form", "plain"), args.fit)
 
 
 def _write_whole_pass(
     args: argparse.Namespace, wp: dict[str, Any], base: Any, *, wall_s: float
 ) -> int:
-    if getattr(args, "fit", None) == "switch":
-        from specmoe.bench.ops import refit_switch
+    if getattr(args, "fit", None) in ("switch", "pern"):
+        from specmoe.bench.ops import REFITS
 
-        wp = refit_switch(wp)
+        wp = REFITS[args.fit](wp)
     files = []
     if args.out:
         from specmoe.formats.profile import whole_pass_from_dict

@@ -220,6 +220,35 @@ def fit_switch(
     return best
 
 
+def fit_over_depths(at, terms, feats, m, signed, errors):
+    """One op's fit over the depths at the cells ``at`` (a boolean mask of one pass size's
+    cells in a [depths, n] grid): ``t0`` and the terms that vary there (at most one fewer than
+    the cells), with each cell's error when it is left out of the fit (``errors(fit, sel)`` ->
+    (relative, absolute ms) at the cells ``sel``): (fit, terms, errors, absolute errors in ms).
+    With one cell the fit is its median (``t0``) and nothing is left out: the lists are empty
+    and the caller gives that cell's error another way."""
+    tv = ["t0"] + [
+        t for t in terms if t in ("bytes", "flops", "depth") and np.ptp(feats[t][at]) > 0
+    ]
+    tv = tv[: max(1, int(at.sum()) - 1)]
+    fit = fit_op(tv, {k: x[at] for k, x in feats.items()}, m[at], signed=signed)
+    errs: list[float] = []
+    absd: list[float] = []
+    if int(at.sum()) < 2:
+        return fit, tv, errs, absd
+    for j in np.flatnonzero(at.ravel()):  # leave one depth out
+        keep = at.copy().ravel()
+        keep[j] = False
+        keep = keep.reshape(at.shape)
+        f = fit_op(tv, {k: x[keep] for k, x in feats.items()}, m[keep], signed=signed)
+        sel = np.zeros(at.size, bool)
+        sel[j] = True
+        e, a = errors(f, sel.reshape(at.shape))
+        errs.append(float(e[0]))
+        absd.append(float(a[0]))
+    return fit, tv, errs, absd
+
+
 # ---------------------------------------------------------------------------- the whole pass
 
 

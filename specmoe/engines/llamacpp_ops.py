@@ -527,29 +527,6 @@ DEPTH_OPS = ("engine_overhead",)
 KV_PAD = 256
 
 
-def _fit_over_depths(at, terms, feats, m, signed, errors):
-    """One op's fit over the depths at the cells ``at`` (one pass size): ``t0`` and the terms
-    that vary there (at most one fewer than the cells), with each cell's error when it is
-    left out of the fit: (fit, terms, errors, absolute errors in ms)."""
-    tv = ["t0"] + [
-        t for t in terms if t in ("bytes", "flops", "depth") and np.ptp(feats[t][at]) > 0
-    ]
-    tv = tv[: max(1, int(at.sum()) - 1)]
-    fit = OF.fit_op(tv, {k: x[at] for k, x in feats.items()}, m[at], signed=signed)
-    errs, absd = [], []
-    for j in np.flatnonzero(at.ravel()):  # leave one depth out
-        keep = at.copy().ravel()
-        keep[j] = False
-        keep = keep.reshape(at.shape)
-        f = OF.fit_op(tv, {k: x[keep] for k, x in feats.items()}, m[keep], signed=signed)
-        sel = np.zeros(at.size, bool)
-        sel[j] = True
-        e, a = errors(f, sel.reshape(at.shape))
-        errs.append(float(e[0]))
-        absd.append(float(a[0]))
-    return fit, tv, errs, absd
-
-
 def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
     """A stored ``whole_pass`` with every op refitted in ``form`` from its medians (the fits
     use only the medians over repetitions, so this is the fit the benchmark itself makes).
@@ -637,13 +614,13 @@ def refit(whole_pass: Mapping[str, Any], form: str = "step1") -> dict[str, Any]:
         for k in ("fit_n1", "terms_n1", "eps_n1", "fits_n"):
             entry.pop(k, None)
         if step and 1 in ns:
-            fit1, t1, e1, a1 = _fit_over_depths(nn_ == 1, terms, feats, m, signed, errors)
+            fit1, t1, e1, a1 = OF.fit_over_depths(nn_ == 1, terms, feats, m, signed, errors)
             errs, absd = np.concatenate([errs, e1]), np.concatenate([absd, a1])
             entry.update(fit_n1=fit1.fit, terms_n1=list(t1), eps_n1=float(np.median(e1)))
         if pern:  # a fit of its own at every n, over the depths, scored leaving one out
             fits_n, en, an = {}, [], []
             for v in ns:
-                fv, tv, ev, av = _fit_over_depths(nn_ == v, terms, feats, m, signed, errors)
+                fv, tv, ev, av = OF.fit_over_depths(nn_ == v, terms, feats, m, signed, errors)
                 fits_n[str(v)] = {"terms": list(tv), "fit": fv.fit}
                 en += ev
                 an += av

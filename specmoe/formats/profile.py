@@ -215,7 +215,7 @@ def whole_pass_from_dict(wp: Any, path: str = "profile") -> dict[str, Any]:
             if not isinstance(f1, dict):
                 raise InputError(f"{path}: {where}.fit_n1 must be an object")
             _finite_list(f"{where}.fit_n1", path, [v for v in f1.values() if v is not None])
-        if op.get("fits_n") is not None:  # fits of their own per n (llama.cpp's pern form)
+        if op.get("fits_n") is not None:  # fits of their own per n (the pern forms)
             fn = op["fits_n"]
             if not isinstance(fn, dict) or not fn:
                 raise InputError(f"{path}: {where}.fits_n must be a non-empty object of n: fit")
