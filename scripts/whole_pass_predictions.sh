@@ -7,11 +7,15 @@
 # (scripts/whole_pass_campaign.py records their SHA-256 and refuses changed ones).
 #
 # Usage: bash scripts/whole_pass_predictions.sh [bundled|olmoe-dummy-4L|qwen3-dummy-4L]...
+# Environment: PREDICTIONS (the folder written, default results/cpu/whole-pass/predictions),
+# PROCESSES (the whole-pass benchmark's processes; default 5, 1 for bundled as its first
+# prediction ran), FIT (the whole pass's fit form, specmoe bench --fit: plain, switch, pern).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPECMOE=${SPECMOE:-.venv/bin/specmoe}
 PY=${PY:-.venv/bin/python}
-P=results/cpu/whole-pass/predictions
+P=${PREDICTIONS:-results/cpu/whole-pass/predictions}
+FIT=${FIT:-plain}
 export SPECMOE_NUM_THREADS=1 OMP_NUM_THREADS=1
 VAL=specmoe/data/traces/validation.npz
 
@@ -37,8 +41,9 @@ print(json.dumps(cpu_identity(), indent=1))' > "$out/machine.json.part"
   # amendment 7: five processes, the median one kept (bundled's committed prediction used one)
   local processes=5
   [ "$name" = bundled ] && processes=1
+  processes=${PROCESSES:-$processes}
   $SPECMOE bench --model $wp_model --whole-pass --depths 512,2048 --reps 21 \
-    --processes "$processes" --from "$out/bench/profile.json" --out "$out/bench"
+    --processes "$processes" --fit "$FIT" --from "$out/bench/profile.json" --out "$out/bench"
   cp "$out/bench/profile.json" "$out/profile.json"
   echo "== $name: plan" >&2
   # shellcheck disable=SC2086

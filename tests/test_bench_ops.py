@@ -489,3 +489,38 @@ def test_pern_refit_of_the_session_benchmark_sums_its_medians(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "--fit: pern: a form of specmoe's" in err[0], err
     assert not (tmp_path / "bad").exists()
+
+
+def test_pern_at_two_depths_goes_through_both_and_takes_the_spread():
+    # Two depths (the bundled configuration's 512 and 2048): an attention that grows with the
+    # depth by a different amount at every n is met exactly at both depths (t0 + bytes), an
+    # overhead (a signed difference, no depth term of its own) through both by the depth
+    # itself, and a product whose two medians fall with the depth (noise) gets one constant
+    # between them; ε is the repetitions' half-spread.
+    from specmoe.bench.ops import refit_pern
+
+    ns, ds = list(range(1, 10)), [512, 2048]
+    rng = np.random.default_rng(3)
+    attn_t = np.stack([rng.uniform(0.5, 2, 9), rng.uniform(2.5, 6, 9)])  # grows with d
+    attn = _attn_op(ns, ds, attn_t, 0.05 * attn_t)
+    over_t = np.stack([rng.uniform(-1, 1, 9), rng.uniform(-1, 1, 9)])
+    over = dict(_attn_op(ns, ds, over_t, np.full((2, 9), 0.3)), terms=["t0", "tokens"],
+                shape={}, err_ms=0.1, eps_of="layer")  # fmt: skip
+    head_t = np.stack([np.full(9, 50.0), np.full(9, 48.0)])  # lower at 2048: noise
+    head = _head_op(head_t[0])
+    head.update(median_ms=head_t.tolist(), p10_ms=(head_t - 1).tolist(),
+                p90_ms=(head_t + 1).tolist())  # fmt: skip
+    layer = attn_t + 10.0
+    wp = {"ops": {"attention": attn, "overhead": over, "head": head}, "n": ns, "d": ds,
+          "layer_ms": layer.tolist(), "model_ms": (4 * layer + 50).tolist()}  # fmt: skip
+    new = refit_pern(wp)["ops"]
+    for di, d in enumerate(ds):
+        for ni, n in enumerate(ns):
+            assert OF.op_time(new["attention"], n, d) == pytest.approx(attn_t[di, ni], rel=1e-9)
+            assert OF.op_time(new["overhead"], n, d) == pytest.approx(over_t[di, ni], abs=1e-9)
+            assert 48.0 <= OF.op_time(new["head"], n, d) <= 50.0
+    assert new["attention"]["fits_n"]["5"]["terms"] == ["t0", "bytes"]
+    assert new["overhead"]["fits_n"]["5"]["terms"] == ["t0", "depth"]
+    assert new["attention"]["eps"] == pytest.approx(0.05)
+    assert new["overhead"]["err_ms"] == pytest.approx(0.3)
+    assert new["overhead"]["eps"] == pytest.approx(float(np.median(0.3 / layer)))

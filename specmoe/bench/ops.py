@@ -562,12 +562,16 @@ def refit_pern(whole_pass: dict[str, Any]) -> dict[str, Any]:
     (``fits_n``, which :func:`specmoe.cost.ops_fit.op_time` takes at those n), on top of the
     two-path form (:func:`refit_switch`) that stays for any other n.
 
-    At each n the fit runs over the depths (:func:`specmoe.cost.ops_fit.fit_over_depths`:
-    ``t0`` and the terms that vary with the depth, at most one fewer than the depths), each
-    depth's error scored leaving it out; with one depth the fit is the op's median there, and
-    its error is the half-width of its 10-90% spread over the repetitions (over the whole it
-    is part of, for an overhead). ``eps`` is the median of those errors over every n, ``eps_max``
-    their largest. Every op, the overheads and the attention included.
+    At each n the fit runs over the depths. With three or more
+    (:func:`specmoe.cost.ops_fit.fit_over_depths`): ``t0`` and the terms that vary with the
+    depth, at most one fewer than the depths, each depth's error scored leaving it out. With
+    one or two, through them: the op's median at one depth; at two, ``t0`` and the first of
+    its terms that varies with the depth (the ``depth`` itself for an op with none), so a
+    growing op is met at both (non-negative fits: one that falls with the depth gets the
+    constant nearest both); each cell's error the half-width of its 10-90% spread over the
+    repetitions (over the whole it is part of, for an overhead). ``eps`` is the median of
+    those errors over every n, ``eps_max`` their largest. Every op, the overheads and the
+    attention included.
 
     What it follows that a form in n does not (``results/cpu/whole-pass``, qwen3-dummy-4L,
     rounds 1-3 on a Zen 4 core): the one-thread float32 head is lower at n = 8 than at 7
@@ -602,8 +606,15 @@ def refit_pern(whole_pass: dict[str, Any]) -> dict[str, Any]:
         absd: list[float] = []
         for v in ns:
             at = nn_ == v
-            fv, tv, ev, av = OF.fit_over_depths(at, op["terms"], feats, m, signed, errors)
-            if not ev:  # one depth: the spread of the repetitions
+            if len(ds) >= 3:
+                fv, tv, ev, av = OF.fit_over_depths(at, op["terms"], feats, m, signed, errors)
+            else:  # one or two depths: through them, with the repetitions' spread
+                tv = ["t0"] + [t for t in op["terms"] if t in ("bytes", "flops", "depth")
+                               and np.ptp(feats[t][at]) > 0]  # fmt: skip
+                if len(tv) == 1 and np.ptp(feats["depth"][at]) > 0:
+                    tv.append("depth")
+                tv = tv[: int(at.sum())]
+                fv = OF.fit_op(tv, {k: x[at] for k, x in feats.items()}, m[at], signed=signed)
                 ev = (half[at] / np.abs(ref[at])).tolist()
                 av = half[at].tolist()
             fits_n[str(v)] = {"terms": list(tv), "fit": fv.fit}
