@@ -501,7 +501,8 @@ def test_pern_at_two_depths_goes_through_both_and_takes_the_spread():
 
     ns, ds = list(range(1, 10)), [512, 2048]
     rng = np.random.default_rng(3)
-    attn_t = np.stack([rng.uniform(0.5, 2, 9), rng.uniform(2.5, 6, 9)])  # grows with d
+    a512 = rng.uniform(0.5, 2, 9)  # grows with d, by 50-250%: a line with t0 > 0 through both
+    attn_t = np.stack([a512, a512 * rng.uniform(1.5, 3.5, 9)])
     attn = _attn_op(ns, ds, attn_t, 0.05 * attn_t)
     over_t = np.stack([rng.uniform(-1, 1, 9), rng.uniform(-1, 1, 9)])
     over = dict(_attn_op(ns, ds, over_t, np.full((2, 9), 0.3)), terms=["t0", "tokens"],

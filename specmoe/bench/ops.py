@@ -566,9 +566,10 @@ def refit_pern(whole_pass: dict[str, Any]) -> dict[str, Any]:
     (:func:`specmoe.cost.ops_fit.fit_over_depths`): ``t0`` and the terms that vary with the
     depth, at most one fewer than the depths, each depth's error scored leaving it out. With
     one or two, through them: the op's median at one depth; at two, ``t0`` and the first of
-    its terms that varies with the depth (the ``depth`` itself for an op with none), so a
-    growing op is met at both (non-negative fits: one that falls with the depth gets the
-    constant nearest both); each cell's error the half-width of its 10-90% spread over the
+    its terms that varies with the depth (the ``depth`` itself for an op with none), so an
+    op is met at both where the line through them has non-negative coefficients (the fits
+    are non-negative but for the overheads: one that falls with the depth gets the constant
+    nearest both); each cell's error the half-width of its 10-90% spread over the
     repetitions (over the whole it is part of, for an overhead). ``eps`` is the median of
     those errors over every n, ``eps_max`` their largest. Every op, the overheads and the
     attention included.
