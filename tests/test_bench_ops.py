@@ -229,6 +229,14 @@ def _two_path(n, s, per_row, t0, gflops):
     return np.where(n <= s, per_row * n, t0 + n * _HEAD_FLOPS * 1e-6 / gflops)
 
 
+def _qwen3_profile(version: str):
+    """A committed qwen3-dummy-4L whole-pass profile (results/cpu/whole-pass/<version>/)."""
+    from pathlib import Path
+
+    return (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass" / version
+            / "qwen3-dummy-4L/profile.json")  # fmt: skip
+
+
 def _head_op(times):
     ns = list(range(1, 10))
     fit_n, held_n = OF.held_out_split(ns)
@@ -312,13 +320,11 @@ def test_switch_refit_of_the_qwen3_benchmark_follows_its_head():
     # 1-3 rows, then 204-250) read one row at a time up to three rows. The refit keeps every
     # other op's fit, and its head is within 12.5% of the medians at every n and 3% at 1-3
     # rows (the line: more than 15% off at n = 2 and 9), by the profile's own numbers.
-    from pathlib import Path
 
     from specmoe.bench.ops import SWITCH_OPS, refit_plain, refit_switch
     from specmoe.formats.profile import load_profile
 
-    path = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions"
-            / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    path = _qwen3_profile("predictions")
     wp = load_profile(path).whole_pass
     new = refit_switch(wp)
     head, med = new["ops"]["head"], np.asarray(wp["ops"]["head"]["median_ms"])
@@ -339,13 +345,11 @@ def test_switch_refit_of_the_qwen3_benchmark_follows_its_head():
 
 
 def test_bench_fit_switch_refits_a_saved_profile_and_refuses_other_forms(tmp_path, capsys):
-    from pathlib import Path
 
     from specmoe.cli import main
     from specmoe.formats.profile import load_profile
 
-    src = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions"
-           / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    src = _qwen3_profile("predictions")
     out = tmp_path / "refit"
     rc = main(["bench", "--whole-pass", "--from", str(src), "--fit", "switch", "--out", str(out)])
     text = capsys.readouterr().out
@@ -464,13 +468,11 @@ def test_pern_refit_of_the_session_benchmark_sums_its_medians(tmp_path, capsys):
     # The committed in-session qwen3-dummy-4L benchmark (one depth): the pern refit's
     # whole-pass sum at every n is the sum of its ops' medians, each counted as the pass runs
     # it (norm twice a layer, layer ops 4 times), the experts left out; via the CLI.
-    from pathlib import Path
 
     from specmoe.cli import main
     from specmoe.formats.profile import load_profile
 
-    src = (Path(__file__).resolve().parents[1] / "results/cpu/whole-pass/predictions-session"
-           / "qwen3-dummy-4L/profile.json")  # fmt: skip
+    src = _qwen3_profile("predictions-session")
     out = tmp_path / "pern"
     rc = main(["bench", "--whole-pass", "--from", str(src), "--fit", "pern", "--out", str(out)])
     text = capsys.readouterr().out
