@@ -527,3 +527,48 @@ def test_pern_at_two_depths_goes_through_both_and_takes_the_spread():
     assert new["attention"]["eps"] == pytest.approx(0.05)
     assert new["overhead"]["err_ms"] == pytest.approx(0.3)
     assert new["overhead"]["eps"] == pytest.approx(float(np.median(0.3 / layer)))
+
+
+def test_pern_processes_takes_each_cells_median_over_the_processes(tmp_path, capsys):
+    # Three processes, one depth: the head's medians differ by process at single n (one
+    # process slow at n = 5, another at n = 8). The refit goes through the per-cell median,
+    # whichever process it comes from, with ε from the processes' half-range there; a whole
+    # pass measured without --processes is refused in one line.
+    from specmoe.bench.ops import refit_pern_processes
+
+    base = _two_path(np.arange(1, 10.0), 3, 60.0, 150.0, 200.0)
+    procs = np.stack([base, base.copy(), base.copy()])
+    procs[0, 4] *= 1.2  # n = 5
+    procs[1, 7] *= 0.8  # n = 8
+    procs[2, 0] *= 1.05
+    head = _head_op(procs[0])
+    head.update(d=[512], median_ms=[list(procs[0])], p10_ms=[list(procs[0])],
+                p90_ms=[list(procs[0])])  # fmt: skip
+    per = procs[:, None, :]  # [processes, depths, n]
+    wp = {"ops": {"head": head}, "n": list(range(1, 10)), "d": [512],
+          "layer_ms": [list(base)], "model_ms": [list(base)],
+          "processes": {"count": 3, "chosen": 0, "ops_median_ms": {"head": per.tolist()},
+                        "model_ms": [[list(p)] for p in procs]}}  # fmt: skip
+    new = refit_pern_processes(wp)
+    op = new["ops"]["head"]
+    med = np.median(procs, axis=0)
+    assert med[4] == base[4] and med[7] == base[7]  # the moved process is outvoted
+    assert [OF.op_time(op, n, 512) for n in range(1, 10)] == pytest.approx(list(med), rel=1e-12)
+    half = (procs.max(axis=0) - procs.min(axis=0)) / 2
+    assert op["eps"] == pytest.approx(float(np.median(half / med)))
+    assert new["fit_form"] == "pern-processes"
+    assert new["processes"]["kept_median_ms"]["head"] == [list(procs[0])]
+    assert new["model_ms"] == [list(med)]
+    # a profile whose benchmark kept one process and recorded no per-process medians
+    from specmoe.cli import main
+
+    rc = main(["bench", "--whole-pass", "--from", str(_qwen3_profile("predictions-session")),
+               "--fit", "pern-processes", "--out", str(tmp_path / "bad")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "needs every process's medians" in err[0], err
+    assert not (tmp_path / "bad").exists()
+    rc = main(["bench", "--whole-pass", "--model", "bundled", "--fit", "pern-processes",
+               "--out", str(tmp_path / "bad")])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--processes K, K >= 2" in err[0], err
+    assert not (tmp_path / "bad").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,3 +80,17 @@ def test_two_processes_keep_one_of_their_own_profiles(tmp_path, capsys):
     assert wp["d"] == [8, 32] and wp["n"] == [1, 2, 3, 4]
     printed = json.loads(capsys.readouterr().out)
     assert printed["whole_pass"]["processes"]["chosen"] == proc["chosen"]
+    # every process's medians of every op are recorded, the kept one's among them
+    assert set(proc["ops_median_ms"]) == set(wp["ops"]) and len(proc["layer_ms"]) == 2
+    for op, per in proc["ops_median_ms"].items():
+        assert np.asarray(per).shape == (2, 2, 4)
+        assert per[proc["chosen"]] == wp["ops"][op]["median_ms"]
+    # and refitted on the per-cell median over the processes (two: their mean)
+    rc = main(["bench", "--whole-pass", "--from", str(out / "whole_pass.json"), "--fit",
+               "pern-processes", "--json", "--out", str(tmp_path / "pp")])  # fmt: skip
+    new = json.loads(capsys.readouterr().out)["whole_pass"]
+    assert rc == 0 and new["fit_form"] == "pern-processes"
+    for op, per in proc["ops_median_ms"].items():
+        assert np.allclose(new["ops"][op]["median_ms"], np.mean(per, axis=0), rtol=1e-12)
+        assert new["processes"]["kept_median_ms"][op] == wp["ops"][op]["median_ms"]
+        assert set(new["ops"][op]["fits_n"]) == {"1", "2", "3", "4"}

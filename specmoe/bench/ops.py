@@ -80,7 +80,7 @@ OPS: dict[str, tuple[str, bool, tuple[str, ...]]] = {
 
 
 # the fit forms of specmoe's engine's whole pass (``specmoe bench --whole-pass --fit``)
-FIT_FORMS = ("plain", "switch", "pern")
+FIT_FORMS = ("plain", "switch", "pern", "pern-processes")
 # the matrix products a one-thread GEMM may compute row by row up to a switch (the switch form)
 SWITCH_OPS = tuple(k for k, (_, _, terms) in OPS.items() if terms == ("t0", "flops"))
 
@@ -633,4 +633,45 @@ def refit_pern(whole_pass: dict[str, Any]) -> dict[str, Any]:
     return {**base, "ops": ops, "fit_form": "pern"}
 
 
-REFITS = {"plain": refit_plain, "switch": refit_switch, "pern": refit_pern}
+def refit_pern_processes(whole_pass: dict[str, Any]) -> dict[str, Any]:
+    """:func:`refit_pern` on the median over the benchmark's processes of every op's median at
+    every (n, d) (``processes.ops_median_ms``, which ``specmoe bench --whole-pass --processes
+    K`` records), instead of the one process kept: each cell's own median process, so that one
+    process's move at one n does not become the prediction. The spread an op's ε is taken
+    from (one or two depths) is the processes' range at that cell (its half-range over the
+    median), the layer, model and engine-pass times the median over processes too. The kept
+    process's own medians stay in ``processes.kept_median_ms``.
+
+    Why (``results/cpu/whole-pass``, qwen3-dummy-4L round 4): the benchmarks of two sessions
+    read the lm_head at n = 5 19% apart (279.4 against 234.6 ms) where the repetitions of one
+    process spread 6%; the per-n form followed whichever the kept process read."""
+    proc = whole_pass.get("processes") or {}
+    per = proc.get("ops_median_ms")
+    if not isinstance(per, dict) or not per:
+        raise InputError(
+            "whole_pass: --fit pern-processes needs every process's medians "
+            "(processes.ops_median_ms): measure with --whole-pass --processes K, K >= 2",
+            argument="--fit",
+        )
+    ops: dict[str, Any] = {}
+    for name, op in whole_pass["ops"].items():
+        op = dict(op)
+        if name in per:
+            m = np.asarray(per[name], float)  # [processes, depths, n]
+            op.update(median_ms=np.median(m, axis=0).tolist(), p10_ms=m.min(axis=0).tolist(),
+                      p90_ms=m.max(axis=0).tolist())  # fmt: skip
+        ops[name] = op
+    wholes = {k: np.median(np.asarray(proc[k], float), axis=0).tolist()
+              for k in ("layer_ms", "model_ms", "pass_ms") if proc.get(k)}  # fmt: skip
+    kept = {name: whole_pass["ops"][name]["median_ms"] for name in per}
+    out = refit_pern({**whole_pass, **wholes, "ops": ops})
+    out["processes"] = {**proc, "kept_median_ms": kept}
+    return {**out, "fit_form": "pern-processes"}
+
+
+REFITS = {
+    "plain": refit_plain,
+    "switch": refit_switch,
+    "pern": refit_pern,
+    "pern-processes": refit_pern_processes,
+}

@@ -115,13 +115,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "plain",
             "switch",
             "pern",
+            "pern-processes",
         ),
         help="--whole-pass: the form of each operation's fit in n. specmoe's engine: plain "
         "(default): one line in n; switch: each matrix product's time per row up to a switch "
         "point, then a line (a one-thread GEMM that reads the weights once a row for a few "
         "rows, then once a call), where that halves the fit's error; pern: switch, and every "
         "operation a fit of its own over the depths at every benchmarked n (the pass is not "
-        "monotone in n where its GEMMs change path). --engine llama.cpp: step1 "
+        "monotone in n where its GEMMs change path); pern-processes: pern on each op's median "
+        "over the benchmark's --processes at every (n, d), ε their half-range. --engine llama.cpp: step1 "
         "(default): fitted on n >= 2 with a fit of its own at n = 1 (llama.cpp's matrix "
         "products take another path for one row); step1-depth: step1 with a time per token "
         "of context in the engine's overhead outside its graph; step1-width: step1-depth on "
@@ -480,6 +482,9 @@ def _run_whole_pass(args: argparse.Namespace) -> int:
     check_at_most(args.processes, "--processes", MAX_PROCESSES)
     if args.processes < 1:
         raise InputError(f"--processes: must be >= 1, got {args.processes}")
+    if args.fit == "pern-processes" and args.processes < 2:
+        raise InputError("--fit: pern-processes takes the median over processes: measure with "
+                         f"--processes K, K >= 2 (got {args.processes})")  # fmt: skip
     if args.processes > 1:
         wp = _whole_pass_in_processes(args, depths)
         return _write_whole_pass(args, wp, base, wall_s=wp["wall_s"])
@@ -554,6 +559,10 @@ def _whole_pass_in_processes(args: argparse.Namespace, depths: list[int]) -> dic
         "rule": "the median process by the sum of log engine-pass times over (depth, n)",
         "pass_ms": pass_ms,
         "model_ms": [r["model_ms"] for r in runs],
+        "layer_ms": [r["layer_ms"] for r in runs],
+        # every process's medians of every op: the per-cell median over processes
+        # (--fit pern-processes, specmoe.bench.ops.refit_pern_processes)
+        "ops_median_ms": {op: [r["ops"][op]["median_ms"] for r in runs] for op in wp["ops"]},
     }
     wp["wall_s"] = time.perf_counter() - t0
     return wp
@@ -627,7 +636,7 @@ def _print_refit(args: argparse.Namespace, new_wp: dict[str, Any], files: list[s
                 f"{op['switch_n']}, then the line; fit error {plain:.3f} -> {two:.3f}, "
                 f"held-out ε {op['eps']:.3f}"
             )
-    if new_wp.get("fit_form") == "pern":
+    if new_wp.get("fit_form") in ("pern", "pern-processes"):
         ns = ", ".join(str(v) for v in new_wp["n"])
         print(f"every operation: a fit of its own over the depths at n = {ns}; the form above "
               "at any other n")  # fmt: skip
@@ -656,7 +665,7 @@ def _refit_whole_pass(args: argparse.Namespace, base: Any) -> int:
 def _write_whole_pass(
     args: argparse.Namespace, wp: dict[str, Any], base: Any, *, wall_s: float
 ) -> int:
-    if getattr(args, "fit", None) in ("switch", "pern"):
+    if getattr(args, "fit", None) in ("switch", "pern", "pern-processes"):
         from specmoe.bench.ops import REFITS
 
         wp = REFITS[args.fit](wp)
