@@ -231,7 +231,10 @@ static inline uint16_t sm_f32_to_bf16(float f) {  /* round to nearest even; NaN 
                        and 4 tokens: 4 rows 5-6% faster in fp32, in bf16 7% faster at 3 and 6%
                        slower at 4 (results/cpu/kernels/ab-2026-12-07-zen4-tree-vact/) */
 #endif
-static inline int sm_far_rb(int tb) { return tb <= 2 ? 8 : (tb <= 4 ? SM_FAR34 : 0); }
+#ifndef SM_FAR2
+#define SM_FAR2 8  /* far-apart rows of the blocks of 2 tokens: 8 or 4 (4x2: 8 accumulators) */
+#endif
+static inline int sm_far_rb(int tb) { return tb == 1 ? 8 : (tb == 2 ? SM_FAR2 : (tb <= 4 ? SM_FAR34 : 0)); }
 /* AVX-512 blocks (bf16 and fp32), rows per block of tb tokens: as many as the 32 vector
    registers hold (RB * TB accumulators + RB weight vectors + one activation vector). */
 #ifndef SM_DP_RB24
@@ -266,6 +269,7 @@ static void NAME(const T *w, size_t ldw, int r0, int r1, const T *const *xp, int
                 const T *wr = w + (size_t)(r + (int)i) * ldw;                           \
                 float *o = out + (size_t)t * ldo + r + (int)i;                          \
                 if (tb == 1) PFX##_8x1(wr, ldw * q, xt, cols, o, ldo, pfo, q);          \
+                else if (tb == 2 && fr == 4) PFX##_4x2(wr, ldw * q, xt, cols, o, ldo, pfo, q); \
                 else if (tb == 2) PFX##_8x2(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
                 else if (fr == 6 && tb == 3) PFX##_6x3(wr, ldw * q, xt, cols, o, ldo, pfo, q); \
                 else if (fr == 6) PFX##_6x4(wr, ldw * q, xt, cols, o, ldo, pfo, q);     \
