@@ -559,6 +559,23 @@ def test_pern_processes_takes_each_cells_median_over_the_processes(tmp_path, cap
     assert new["fit_form"] == "pern-processes"
     assert new["processes"]["kept_median_ms"]["head"] == [list(procs[0])]
     assert new["model_ms"] == [list(med)]
+    # refitted again, it starts from the process it kept: --fit pern of it is the kept
+    # process's per-n form (not the per-cell medians), pern-processes of it the same again
+    from specmoe.bench.ops import REFITS, kept_process, refit_pern
+
+    again = REFITS["pern"](new)
+    direct = refit_pern(wp)
+    assert [OF.op_time(again["ops"]["head"], n, 512) for n in range(1, 10)] == pytest.approx(
+        list(procs[0]), rel=1e-12)  # fmt: skip
+    assert again["ops"]["head"]["eps"] == direct["ops"]["head"]["eps"]
+    assert again["model_ms"] == wp["model_ms"] and "kept" not in again["processes"]
+    twice = REFITS["pern-processes"](new)
+    assert twice["ops"]["head"]["median_ms"] == op["median_ms"]
+    assert twice["processes"]["kept"] == new["processes"]["kept"]
+    assert kept_process(wp) is wp
+    broken = {**new, "processes": {k: v for k, v in new["processes"].items() if k != "kept"}}
+    with pytest.raises(InputError, match=r"processes\.kept"):
+        REFITS["plain"](broken)
     # a profile whose benchmark kept one process and recorded no per-process medians
     from specmoe.cli import main
 

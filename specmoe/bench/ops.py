@@ -640,11 +640,13 @@ def refit_pern_processes(whole_pass: dict[str, Any]) -> dict[str, Any]:
     process's move at one n does not become the prediction. The spread an op's ε is taken
     from (one or two depths) is the processes' range at that cell (its half-range over the
     median), the layer, model and engine-pass times the median over processes too. The kept
-    process's own medians stay in ``processes.kept_median_ms``.
+    process's own medians, spreads and whole-pass times stay in ``processes.kept``
+    (:func:`kept_process` puts them back; its medians alone in ``processes.kept_median_ms``).
 
     Why (``results/cpu/whole-pass``, qwen3-dummy-4L round 4): the benchmarks of two sessions
     read the lm_head at n = 5 19% apart (279.4 against 234.6 ms) where the repetitions of one
     process spread 6%; the per-n form followed whichever the kept process read."""
+    whole_pass = kept_process(whole_pass)  # again from the process it kept, if refitted
     proc = whole_pass.get("processes") or {}
     per = proc.get("ops_median_ms")
     if not isinstance(per, dict) or not per:
@@ -663,15 +665,53 @@ def refit_pern_processes(whole_pass: dict[str, Any]) -> dict[str, Any]:
         ops[name] = op
     wholes = {k: np.median(np.asarray(proc[k], float), axis=0).tolist()
               for k in ("layer_ms", "model_ms", "pass_ms") if proc.get(k)}  # fmt: skip
-    kept = {name: whole_pass["ops"][name]["median_ms"] for name in per}
+    kept = {name: {k: whole_pass["ops"][name][k] for k in _KEPT_OP if k in whole_pass["ops"][name]}
+            for name in per}  # fmt: skip
+    kept_wholes = {k: whole_pass[k] for k in wholes if k in whole_pass}
     out = refit_pern({**whole_pass, **wholes, "ops": ops})
-    out["processes"] = {**proc, "kept_median_ms": kept}
+    out["processes"] = {
+        **proc,
+        "kept_median_ms": {name: v["median_ms"] for name, v in kept.items()},
+        "kept": {"ops": kept, **kept_wholes},
+    }
     return {**out, "fit_form": "pern-processes"}
 
 
+_KEPT_OP = ("median_ms", "p10_ms", "p90_ms")
+
+
+def kept_process(whole_pass: dict[str, Any]) -> dict[str, Any]:
+    """``whole_pass`` as the process its benchmark kept measured it: a whole pass refitted by
+    :func:`refit_pern_processes` carries the per-cell medians over the processes in its ops
+    and the kept process's own medians, spreads and whole-pass times in ``processes.kept``,
+    which this puts back (any other whole pass is returned as it is). Every refit starts
+    here, so that ``--fit pern`` of a ``pern-processes`` profile is the median process's
+    per-n form, not the per-cell medians under another name."""
+    proc = whole_pass.get("processes") or {}
+    if "kept" not in proc:
+        if "kept_median_ms" in proc:
+            raise InputError("whole_pass: refitted on the processes' medians without the kept "
+                             "process's spreads (processes.kept); refit the profile it came "
+                             "from", argument="--from")  # fmt: skip
+        return whole_pass
+    kept = proc["kept"]
+    ops = {name: {**op, **kept["ops"].get(name, {})} for name, op in whole_pass["ops"].items()}
+    rest = {k: v for k, v in proc.items() if k not in ("kept", "kept_median_ms")}
+    wholes = {k: v for k, v in kept.items() if k != "ops"}
+    return {**whole_pass, **wholes, "ops": ops, "processes": rest}
+
+
+def _from_kept(fn):
+    def refit(whole_pass: dict[str, Any]) -> dict[str, Any]:
+        return fn(kept_process(whole_pass))
+
+    refit.__doc__, refit.__name__ = fn.__doc__, fn.__name__
+    return refit
+
+
 REFITS = {
-    "plain": refit_plain,
-    "switch": refit_switch,
-    "pern": refit_pern,
+    "plain": _from_kept(refit_plain),
+    "switch": _from_kept(refit_switch),
+    "pern": _from_kept(refit_pern),
     "pern-processes": refit_pern_processes,
 }
