@@ -55,15 +55,31 @@ print(json.dumps({"median_ms": out, "anon_huge_bytes": huge, "weight_bytes": row
 """
 
 
-def _variants(spec: str) -> list[tuple[str, dict[str, str]]]:
+def variants_of(spec: str) -> list[tuple[str, dict[str, str]]]:
+    """``name=ENV=VALUE;ENV=VALUE,...`` as [(name, {ENV: VALUE})]; ValueError says what is
+    wrong."""
     out = []
     for part in spec.split(","):
         name, _, env = part.partition("=")
         if not name:
-            raise SystemExit(f"process_spread: --variants: empty name in {part!r}")
-        envs = dict(kv.split("=", 1) for kv in env.split(";") if kv) if env else {}
-        out.append((name, envs))
+            raise ValueError(f"empty name in {part!r}")
+        if name in dict(out):
+            raise ValueError(f"{name!r} twice")
+        pairs = [kv for kv in env.split(";") if kv]
+        if any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
+            raise ValueError(f"{part!r}: each setting is ENV=VALUE")
+        out.append((name, dict(kv.split("=", 1) for kv in pairs)))
     return out
+
+
+def summarize(runs: list[dict], ns: list[str]) -> dict:
+    """Per n, every process's median, their median and their range over it."""
+    per_n = {}
+    for n in ns:
+        v = [r["median_ms"][n] for r in runs]
+        med = statistics.median(v)
+        per_n[n] = {"median_ms": v, "median": med, "range_over_median": (max(v) - min(v)) / med}
+    return per_n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         help="name=ENV=VALUE;ENV=VALUE,... (alternated process by process)",
     )
     args = ap.parse_args(argv)
-    variants = _variants(args.variants)
+    try:
+        variants = variants_of(args.variants)
+    except ValueError as exc:
+        print(f"process_spread: --variants: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ns = [int(v) for v in args.n.split(",")]
+    except ValueError:
+        ns = [0]
+    if min(ns) < 1:
+        print(f"process_spread: --n: positive integers, comma-separated, got {args.n!r}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    for flag, v in (("--processes", args.processes), ("--reps", args.reps), ("--rows", args.rows),
+                    ("--cols", args.cols)):  # fmt: skip
+        if v < 1:
+            print(f"process_spread: {flag}: must be >= 1, got {v}", file=sys.stderr)
+            return 2
     res: dict[str, list[dict]] = {name: [] for name, _ in variants}
     t0 = time.perf_counter()
     for i in range(args.processes):
@@ -90,20 +123,15 @@ def main(argv: list[str] | None = None) -> int:
                     e.pop(k, None)
             p = subprocess.run(
                 [sys.executable, "-c", CHILD, str(args.rows), str(args.cols), str(args.reps),
-                 args.n],
+                 ",".join(str(n) for n in ns)],
                 env=e, capture_output=True, text=True, check=True,
             )  # fmt: skip
             res[name].append(json.loads(p.stdout))
             print(f"{name} process {i + 1}: {res[name][-1]['median_ms']}", file=sys.stderr)
     summary = {}
     for name, runs in res.items():
-        per_n = {}
-        for n in args.n.split(","):
-            v = [r["median_ms"][n] for r in runs]
-            med = statistics.median(v)
-            per_n[n] = {"median_ms": v, "median": med, "range_over_median": (max(v) - min(v)) / med}
         summary[name] = {
-            "per_n": per_n,
+            "per_n": summarize(runs, [str(n) for n in ns]),
             "anon_huge_share": [r["anon_huge_bytes"] / r["weight_bytes"] for r in runs],
         }
     print(json.dumps({
